@@ -1,0 +1,40 @@
+"""The frozen configuration: parsed once by `cli.py`, read everywhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.join import DEFAULT_RESOURCE_PATTERNS
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_LISTEN = ("", 9405)
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpConfig:
+    endpoint: str = ""
+    """Empty: no OTLP push."""
+    protocol: str = "grpc"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    kubelet_socket: Path = DEFAULT_SOCKET
+    listen_address: tuple[str, int] | None = DEFAULT_LISTEN
+    """None: no HTTP server (OTLP-only)."""
+    collect_interval: float = 10.0
+    collect_timeout: float = 5.0
+    node_name: str = ""
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    log_level: str = "info"
+    log_format: str = "text"
+    collectors: frozenset[str] = frozenset()
+    source_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    resource_patterns: tuple[str, ...] = DEFAULT_RESOURCE_PATTERNS
+    podresources_timeout: float = 5.0
+    podresources_max_message_bytes: int = 256 * 1024 * 1024
+    podresources_stale_after: float = 300.0
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)

@@ -1,0 +1,474 @@
+"""The one metric-spec table.
+
+Every metric the exporter can emit is a row here: its OpenTelemetry name, instrument
+kind, UCUM unit, help text and the metric-specific attributes it may carry. Both sinks
+and `docs/metrics.md` are derived from this table; nothing else knows metric names.
+
+Names follow the OpenTelemetry hardware semantic conventions (`hw.*`, `hw.gpu.*`) and
+are extended in the same pattern where no convention exists. Prometheus names and
+label names are derived with the OpenTelemetry Collector's Prometheus translation
+(`.` -> `_`, unit suffix, `_total` on monotonic counters, `_ratio` for unit "1"
+gauges), so a dashboard works whether the data arrived by scrape or by OTLP through a
+collector.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    """Monotonic sum: Prometheus counter with `_total`."""
+    UPDOWN = "updowncounter"
+    """Non-monotonic sum (OpenTelemetry UpDownCounter): Prometheus gauge."""
+
+
+class Scope(str, Enum):
+    DEVICE = "device"
+    """One series per device (never copied per pod), device and holder labels."""
+    ALLOCATION = "allocation"
+    """Built by the join from PodResources: one series per (device, holder) or resource."""
+    EXPORTER = "exporter"
+    """The exporter's own health."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    scope: Scope = Scope.DEVICE
+    attributes: tuple[str, ...] = ()
+    """Metric-specific attribute keys (device and holder attributes come on top)."""
+
+    @property
+    def prom_name(self) -> str:
+        return prometheus_name(self.name, self.unit, self.kind)
+
+    @property
+    def prom_family(self) -> str:
+        """The name of the Prometheus metric family (a counter family has no `_total`)."""
+        name = self.prom_name
+        return name.removesuffix("_total") if self.kind is Kind.COUNTER else name
+
+
+# UCUM units -> Prometheus unit words (the Collector's translator table, the part we use).
+_UNIT_WORDS = {
+    "By": "bytes",
+    "By/s": "bytes_per_second",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "V": "volts",
+    "%": "percent",
+}
+
+
+def prometheus_name(name: str, unit: str, kind: Kind) -> str:
+    """OpenTelemetry metric name -> Prometheus name, as the Collector translates it."""
+    base = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+    words = base.split("_")
+    suffix = ""
+    if unit and not unit.startswith("{"):
+        if unit == "1":
+            suffix = "ratio" if kind is Kind.GAUGE else ""
+        else:
+            suffix = _UNIT_WORDS[unit]
+    if suffix and not base.endswith(suffix) and suffix not in words:
+        base = f"{base}_{suffix}"
+    if kind is Kind.COUNTER and not base.endswith("_total"):
+        base = f"{base}_total"
+    return base
+
+
+def prometheus_label(attribute: str) -> str:
+    """OpenTelemetry attribute key -> Prometheus label name (`hw.id` -> `hw_id`)."""
+    label = re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
+    return f"key_{label}" if label[:1].isdigit() else label
+
+
+# --- attributes -----------------------------------------------------------------------
+
+NODE_ATTRIBUTE = "k8s.node.name"
+HOLDER_ATTRIBUTES = ("k8s.namespace.name", "k8s.pod.name", "k8s.container.name")
+
+ATTRIBUTES: dict[str, str] = {
+    # identity of the device (on every device series)
+    "hw.id": "Stable device id: NVIDIA GPU/MIG UUID, AMD unique_id or PCI address, "
+    "Intel PCI address, `<ibdev>/<port>` for InfiniBand ports, PCI address for NIC VFs.",
+    "hw.type": "OpenTelemetry hardware type: `gpu` or `network`.",
+    "hw.vendor": "Vendor: `nvidia`, `amd`, `intel`, `mellanox`...",
+    "hw.model": "Model name as the driver reports it.",
+    "hw.parent": "`hw.id` of the parent device (the GPU of a MIG slice, the HCA of a port, "
+    "the PF of a VF).",
+    "hw.driver_version": "Kernel driver version.",
+    "hw.serial_number": "Board serial number where the driver exposes it.",
+    "hw.pci.bus_id": "PCI address `dddd:bb:dd.f` (lower-case, 4-digit domain).",
+    "hw.gpu.index": "NVML device index.",
+    "hw.gpu.minor": "Device minor number (`/dev/nvidia<minor>`, GKE `nvidia<minor>` IDs).",
+    "hw.gpu.mig.profile": "MIG profile of a MIG slice, e.g. `1g.10gb`.",
+    "hw.gpu.mig.gpu_instance_id": "MIG GPU instance id.",
+    "hw.gpu.mig.compute_instance_id": "MIG compute instance id.",
+    "hw.gpu.partition": "AMD compute partition (`amdgpu_xcp_<N>`) or Intel card name.",
+    "hw.network.port": "InfiniBand port number.",
+    "hw.network.name": "Network interface or RDMA device name.",
+    "hw.network.stats_source": "Where SR-IOV VF statistics came from: `host_sysfs`, "
+    "`pf_netlink` or `pod_netns`.",
+    # holder (on device series held by exactly one container, and on allocations)
+    "k8s.namespace.name": "Namespace of the pod holding the device (empty when nobody or "
+    "several containers hold it).",
+    "k8s.pod.name": "Pod holding the device.",
+    "k8s.container.name": "Container holding the device.",
+    "k8s.node.name": "The node (`--node-name`); a resource attribute in OTLP.",
+    # metric-specific
+    "hw.gpu.task": "What the utilization is of: `general`, `encoder`, `decoder`.",
+    "hw.sensor_location": "Temperature sensor: `gpu`, `memory`, `edge`, `junction`.",
+    "hw.gpu.clock.type": "Clock domain: `sm`, `graphics`, `memory`.",
+    "hw.gpu.clock.throttle_reason": "Why clocks are held down (NVML clock event reason).",
+    "hw.state": "Operational state: `ok`, `degraded`, `failed`.",
+    "error.type": "Kind of error: `ecc_corrected`, `ecc_uncorrected`, `pcie_replay`, "
+    "`nvlink_crc`, `symbol`, `link_downed`, `receive`, `transmit_discard`, ...",
+    "hw.error.block": "Hardware block an error was counted in (AMD RAS: `umc`, `gfx`, ...).",
+    "hw.gpu.xid": "NVIDIA XID error code.",
+    "hw.gpu.memory.remap_cause": "Why rows were remapped: `correctable`, `uncorrectable`.",
+    "network.io.direction": "`transmit` or `receive`.",
+    "hw.network.rdma.counter": "Name of an RDMA `hw_counters` file.",
+    "hw.network.link": "NVLink link number.",
+    "process.pid": "Host PID of a process using the device.",
+    # allocation series
+    "hw.allocation.kind": "`device_plugin` or `dra`.",
+    "hw.allocation.resource": "Extended resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`"
+    ", `rdma/hca_shared_devices_a`...); the DRA driver for claims.",
+    "hw.allocation.device_id": "The device ID exactly as the kubelet reported it.",
+    "hw.allocation.replica": "Replica of a shared device (`::N` time-slicing/MPS, GKE `vgpuN`).",
+    "hw.allocation.shared": "`true` when the device is shared between containers.",
+    "hw.allocation.claim": "DRA ResourceClaim name.",
+    "hw.allocation.pool": "DRA pool name.",
+    "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated.",
+    # exporter self-metrics
+    "source": "Exporter source (collector) name.",
+    "method": "PodResources RPC (`List`, `GetAllocatableResources`, `Get`).",
+    "code": "gRPC status code name.",
+    "result": "`success` or `failure`.",
+    "version": "Exporter version.",
+    "python_version": "Python version.",
+    "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
+    "sink": "Sink name (`otlp`).",
+}
+
+DEVICE_ATTRIBUTES = (
+    "hw.id",
+    "hw.type",
+    "hw.vendor",
+    "hw.model",
+    "hw.parent",
+)
+"""Attributes every device series carries (sources add vendor ones from ATTRIBUTES)."""
+
+
+# --- the table ------------------------------------------------------------------------
+
+_D = Scope.DEVICE
+_A = Scope.ALLOCATION
+_E = Scope.EXPORTER
+G, C, U = Kind.GAUGE, Kind.COUNTER, Kind.UPDOWN
+
+SPECS_LIST: tuple[MetricSpec, ...] = (
+    # identity and health
+    MetricSpec("hw.info", G, "", "Device identity; always 1. Carries every device attribute."),
+    MetricSpec(
+        "hw.status",
+        U,
+        "1",
+        "Operational status: 1 for the current state, 0 for the others.",
+        attributes=("hw.state",),
+    ),
+    # GPU activity
+    MetricSpec(
+        "hw.gpu.utilization",
+        G,
+        "1",
+        "Fraction of time the GPU (or MIG slice) spent on a task over the last sample period.",
+        attributes=("hw.gpu.task",),
+    ),
+    MetricSpec(
+        "hw.gpu.memory.bandwidth.utilization",
+        G,
+        "1",
+        "Fraction of time device memory was being read or written (NVML memory utilization, "
+        "AMD mem_busy_percent).",
+    ),
+    MetricSpec("hw.gpu.memory.usage", U, "By", "Device memory in use (NVIDIA FB, AMD VRAM)."),
+    MetricSpec("hw.gpu.memory.limit", U, "By", "Device memory size."),
+    MetricSpec("hw.gpu.memory.free", U, "By", "Device memory free."),
+    MetricSpec("hw.gpu.memory.reserved", U, "By", "Device memory reserved by the driver."),
+    MetricSpec("hw.gpu.memory.visible.usage", U, "By", "CPU-visible VRAM in use (AMD)."),
+    MetricSpec("hw.gpu.memory.visible.limit", U, "By", "CPU-visible VRAM size (AMD)."),
+    MetricSpec(
+        "hw.gpu.memory.gtt.usage", U, "By", "GTT (system memory mapped for the GPU) in use."
+    ),
+    MetricSpec("hw.gpu.memory.gtt.limit", U, "By", "GTT size."),
+    MetricSpec(
+        "hw.gpu.clock", G, "Hz", "Current clock frequency.", attributes=("hw.gpu.clock.type",)
+    ),
+    MetricSpec(
+        "hw.gpu.clock.throttled",
+        G,
+        "",
+        "1 while the reason holds clocks down, else 0 (NVML clock event reasons).",
+        attributes=("hw.gpu.clock.throttle_reason",),
+    ),
+    MetricSpec(
+        "hw.gpu.idle.time",
+        C,
+        "s",
+        "Time the GPU spent idle (Intel RC6 / GT idle residency); busy = 1 - rate.",
+    ),
+    MetricSpec(
+        "hw.gpu.io",
+        C,
+        "By",
+        "Bytes the GPU received and transmitted over PCIe.",
+        attributes=("network.io.direction",),
+    ),
+    MetricSpec(
+        "hw.gpu.nvlink.io",
+        C,
+        "By",
+        "Bytes over NVLink, all links.",
+        attributes=("network.io.direction",),
+    ),
+    # power and thermals
+    MetricSpec("hw.power", G, "W", "Power drawn by the device."),
+    MetricSpec("hw.power.limit", G, "W", "Enforced power limit."),
+    MetricSpec("hw.energy", C, "J", "Energy consumed by the device since the driver loaded."),
+    MetricSpec("hw.temperature", G, "Cel", "Temperature.", attributes=("hw.sensor_location",)),
+    # errors
+    MetricSpec(
+        "hw.errors",
+        C,
+        "{error}",
+        "Errors counted by the device or driver.",
+        attributes=("error.type", "hw.error.block", "network.io.direction"),
+    ),
+    MetricSpec(
+        "hw.gpu.xid.errors",
+        C,
+        "{error}",
+        "NVIDIA XID errors, counted once per event, by XID code.",
+        attributes=("hw.gpu.xid",),
+    ),
+    MetricSpec(
+        "hw.gpu.memory.remapped_rows",
+        U,
+        "{row}",
+        "Device memory rows remapped.",
+        attributes=("hw.gpu.memory.remap_cause",),
+    ),
+    MetricSpec(
+        "hw.gpu.memory.row_remap.pending",
+        G,
+        "",
+        "1 when a row remap is pending (needs a GPU reset).",
+    ),
+    MetricSpec("hw.gpu.memory.row_remap.failed", G, "", "1 when a row remap has failed."),
+    # per process
+    MetricSpec(
+        "hw.gpu.process.memory.usage",
+        U,
+        "By",
+        "Device memory used by a host process.",
+        attributes=("process.pid",),
+    ),
+    MetricSpec(
+        "hw.gpu.process.utilization",
+        G,
+        "1",
+        "Fraction of time a host process kept the GPU busy.",
+        attributes=("process.pid",),
+    ),
+    # network
+    MetricSpec(
+        "hw.network.io",
+        C,
+        "By",
+        "Bytes received and transmitted (InfiniBand data counters are already multiplied by 4).",
+        attributes=("network.io.direction",),
+    ),
+    MetricSpec(
+        "hw.network.packets",
+        C,
+        "{packet}",
+        "Packets received and transmitted.",
+        attributes=("network.io.direction",),
+    ),
+    MetricSpec(
+        "hw.network.dropped",
+        C,
+        "{packet}",
+        "Packets dropped or discarded.",
+        attributes=("network.io.direction",),
+    ),
+    MetricSpec("hw.network.up", U, "1", "1 when the link is up (InfiniBand state ACTIVE)."),
+    MetricSpec("hw.network.bandwidth.limit", U, "By/s", "Link speed."),
+    MetricSpec(
+        "hw.network.ib.transmit_wait",
+        C,
+        "{tick}",
+        "Ticks the port had data to send but no flow-control credits (port_xmit_wait).",
+    ),
+    MetricSpec(
+        "hw.network.rdma.hw_counter",
+        C,
+        "",
+        "RDMA driver hardware counters (hw_counters/), by counter name.",
+        attributes=("hw.network.rdma.counter",),
+    ),
+    # allocations (from PodResources, built by the join)
+    MetricSpec(
+        "hw.allocation.info",
+        G,
+        "",
+        "One series per (device, holder) from PodResources; always 1. `hw_id` is empty when no "
+        "source knows the device. Join any device series to pods with `on(hw_id)`.",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.type",
+            "hw.vendor",
+            "hw.model",
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.container.name",
+            "hw.allocation.kind",
+            "hw.allocation.resource",
+            "hw.allocation.device_id",
+            "hw.allocation.replica",
+            "hw.allocation.shared",
+            "hw.allocation.claim",
+            "hw.allocation.pool",
+            "hw.numa_node",
+        ),
+    ),
+    MetricSpec(
+        "hw.allocatable.devices",
+        U,
+        "{device}",
+        "Device IDs the node can allocate (GetAllocatableResources), by resource.",
+        scope=_A,
+        attributes=("hw.allocation.resource",),
+    ),
+    MetricSpec(
+        "hw.allocated.devices",
+        U,
+        "{device}",
+        "Device IDs held by containers (List), by resource.",
+        scope=_A,
+        attributes=("hw.allocation.resource",),
+    ),
+    # the exporter itself
+    MetricSpec(
+        "kube_device_exporter.build.info",
+        G,
+        "",
+        "Build information; always 1.",
+        scope=_E,
+        attributes=("version", "python_version"),
+    ),
+    MetricSpec(
+        "kube_device_exporter.source.success",
+        G,
+        "",
+        "1 when the source's last collection succeeded.",
+        scope=_E,
+        attributes=("source",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.source.duration",
+        G,
+        "s",
+        "How long the source's last collection took.",
+        scope=_E,
+        attributes=("source",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.source.field_errors",
+        C,
+        "{error}",
+        "Fields a source skipped (unreadable, garbage, driver error).",
+        scope=_E,
+        attributes=("source",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.podresources.requests",
+        C,
+        "{request}",
+        "PodResources calls by method and gRPC status code.",
+        scope=_E,
+        attributes=("method", "code"),
+    ),
+    MetricSpec(
+        "kube_device_exporter.podresources.request.duration",
+        G,
+        "s",
+        "Latency of the last PodResources call by method.",
+        scope=_E,
+        attributes=("method",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.podresources.up",
+        G,
+        "",
+        "1 when the last List succeeded.",
+        scope=_E,
+        attributes=("api_version",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.podresources.last_success",
+        G,
+        "s",
+        "Unix time of the last successful List.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.cycle.duration", G, "s", "How long the last cycle took.", scope=_E
+    ),
+    MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
+    MetricSpec(
+        "kube_device_exporter.cycle.last_success",
+        G,
+        "s",
+        "Unix time the last cycle finished.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.series",
+        G,
+        "{series}",
+        "Series in the last rendered /metrics output.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.export.batches",
+        C,
+        "{batch}",
+        "Export attempts by sink and result.",
+        scope=_E,
+        attributes=("sink", "result"),
+    ),
+)
+
+SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in SPECS_LIST}
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec for `name`; a KeyError names the unknown metric."""
+    return SPECS[name]

@@ -1,0 +1,211 @@
+"""The data that flows one way: sources -> join -> snapshot -> sinks.
+
+Sources return `SourceResult`s (devices and their samples, in base units). The
+PodResources client returns a `PodResourcesState`. `join.join()` turns both into an
+immutable `Snapshot`, which the sinks only read. Attribute keys are OpenTelemetry
+attribute names (`hw.id`, `k8s.pod.name`); the Prometheus sink translates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+Attributes = tuple[tuple[str, str], ...]
+"""Ordered (key, value) pairs; keys are OpenTelemetry attribute names."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One physical or logical device a source can see (a GPU, a MIG slice, an IB port...).
+
+    `id` is the stable `hw.id` (an NVIDIA UUID, an AMD unique id or PCI address...).
+    `aliases` are every device-plugin ID form that names this device, already in the
+    normalized form of `join.normalize_device_id` (PCI addresses lower-case, no replica
+    suffixes). `pools` are resource names whose every device ID means "this device,
+    shared" (RDMA shared-device pools hand opaque "0","1"... IDs).
+    """
+
+    id: str
+    type: str
+    vendor: str
+    model: str
+    source: str
+    parent: str = ""
+    attributes: Attributes = ()
+    aliases: frozenset[str] = frozenset()
+    pools: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of one metric (a key of `metrics.SPECS`) for one device, in base units."""
+
+    metric: str
+    value: float
+    attributes: Attributes = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    device: Device
+    samples: tuple[Sample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """A host process using a device (from NVML process lists, KFD, DRM fdinfo)."""
+
+    device_id: str
+    pid: int
+    memory_bytes: float | None = None
+    utilization: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    source: str
+    readings: tuple[DeviceReading, ...] = ()
+    processes: tuple[ProcessUsage, ...] = ()
+    field_errors: int = 0
+    """Fields skipped this cycle (unreadable files, driver errors): counted, never fatal."""
+
+
+# --- the kubelet's view -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerMemory:
+    memory_type: str
+    size_bytes: int
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResource:
+    driver_name: str
+    pool_name: str
+    device_name: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResource:
+    claim_name: str
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    devices: tuple[ContainerDevices, ...] = ()
+    cpu_ids: tuple[int, ...] = ()
+    memory: tuple[ContainerMemory, ...] = ()
+    dynamic_resources: tuple[DynamicResource, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str
+    namespace: str
+    containers: tuple[Container, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesState:
+    """One consistent read of the kubelet: who holds what, and what the node can allocate."""
+
+    pods: tuple[Pod, ...] = ()
+    allocatable: tuple[ContainerDevices, ...] = ()
+    allocatable_known: bool = False
+    api_version: str = ""
+
+
+# --- the joined result ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    namespace: str
+    pod: str
+    container: str
+
+
+class AllocationKind(str, Enum):
+    DEVICE_PLUGIN = "device_plugin"
+    DRA = "dra"
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One (device, holder) pair, as PodResources reported it."""
+
+    holder: Holder
+    resource_name: str
+    raw_id: str
+    device_id: str = ""
+    """`hw.id` of the device the raw ID resolved to; empty when no source knows it."""
+    replica: str = ""
+    shared: bool = False
+    numa_nodes: tuple[int, ...] = ()
+    kind: AllocationKind = AllocationKind.DEVICE_PLUGIN
+    claim: str = ""
+    driver: str = ""
+    pool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedDevice:
+    reading: DeviceReading
+    holder: Holder | None = None
+    """The one container holding the device, or None when nobody or several do."""
+    holders: int = 0
+    allocatable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth:
+    name: str
+    success: bool
+    duration_seconds: float
+    field_errors_total: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesHealth:
+    api_version: str = ""
+    connected: bool = False
+    last_success_timestamp: float = 0.0
+    requests_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """(method, grpc code name) -> count."""
+    last_duration_seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one cycle learned. Immutable; the sinks only read it."""
+
+    timestamp: float
+    node: str
+    devices: tuple[JoinedDevice, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    allocatable: tuple[ContainerDevices, ...] = ()
+    processes: tuple[ProcessUsage, ...] = ()
+    sources: tuple[SourceHealth, ...] = ()
+    podresources: PodResourcesHealth = field(default_factory=PodResourcesHealth)
+    cycle_duration_seconds: float = 0.0
+    cycles_total: int = 0
+    last_success_timestamp: float = 0.0
+    self_samples: tuple[Sample, ...] = ()
+    """Exporter-scope samples contributed by other parts (e.g. the OTLP sink's export counts)."""

@@ -1,0 +1,299 @@
+"""Kubelet PodResources client (grpc.aio over the kubelet's unix socket).
+
+Called once per cycle by the poller, never on a scrape. What it handles, and why:
+- `List` + `GetAllocatableResources` (the latter refreshed every `allocatable_interval`,
+  since capacity rarely changes and the kubelet's rate limit is shared by all clients);
+- v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
+- a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
+- a deadline on every call (a hung kubelet must not stall the cycle);
+- a kubelet restart (new socket inode, or the socket gone and back): the channel is
+  rebuilt instead of waiting out gRPC's reconnect back-off;
+- RESOURCE_EXHAUSTED ("rejected by rate limit", 100 qps / burst 10 across ALL clients):
+  exponential back-off during which no call is made.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
+from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
+from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
+from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from exporter.model import (
+    ClaimResource,
+    Container,
+    ContainerDevices,
+    ContainerMemory,
+    DynamicResource,
+    Pod,
+    PodResourcesHealth,
+    PodResourcesState,
+)
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class PodResourcesError(Exception):
+    """A failed poll; `code` is the gRPC status name or a local reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class PodResourcesClient:
+    def __init__(
+        self,
+        socket_path: str | Path,
+        *,
+        timeout: float = 5.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        v1_retry_interval: float = 300.0,
+        allocatable_interval: float = 60.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self.max_message_bytes = max_message_bytes
+        self.v1_retry_interval = v1_retry_interval
+        self.allocatable_interval = allocatable_interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._channel: grpc.aio.Channel | None = None
+        self._inode: int | None = None
+        self._api = "v1"
+        self._v1alpha1_since = 0.0
+        self._allocatable: tuple[ContainerDevices, ...] = ()
+        self._allocatable_known = False
+        self._allocatable_at: float | None = None
+        self._backoff = 0.0
+        self._backoff_until = 0.0
+        self._requests: Counter[tuple[str, str]] = Counter()
+        self._durations: dict[str, float] = {}
+        self._connected = False
+        self._last_success = 0.0
+
+    # --- public -------------------------------------------------------------------
+
+    @property
+    def api_version(self) -> str:
+        return self._api
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(
+            api_version=self._api if self._connected else "",
+            connected=self._connected,
+            last_success_timestamp=self._last_success,
+            requests_total=dict(self._requests),
+            last_duration_seconds=dict(self._durations),
+        )
+
+    async def poll(self) -> PodResourcesState:
+        """One consistent read of the kubelet, or PodResourcesError."""
+        try:
+            state = await self._poll()
+        except PodResourcesError:
+            self._connected = False
+            raise
+        self._connected = True
+        self._last_success = self._wall_clock()
+        return state
+
+    async def get(self, name: str, namespace: str) -> Pod:
+        """`Get` one pod (v1 only; the kubelet needs the KubeletPodResourcesGet gate)."""
+        stub = v1_grpc.PodResourcesListerStub(self._ensure_channel())
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        response: v1_pb2.GetPodResourcesResponse = await self._call("Get", stub.Get, request)
+        return pod_from_proto(response.pod_resources)
+
+    async def close(self) -> None:
+        await self._drop_channel()
+
+    # --- internals ----------------------------------------------------------------
+
+    async def _poll(self) -> PodResourcesState:
+        now = self._clock()
+        if now < self._backoff_until:
+            raise PodResourcesError(
+                "BACKOFF", f"rate limited; next try in {self._backoff_until - now:.1f}s"
+            )
+        await self._check_socket()
+        channel = self._ensure_channel()
+        if self._api == "v1alpha1" and now - self._v1alpha1_since >= self.v1_retry_interval:
+            self._api = "v1"
+        if self._api == "v1":
+            try:
+                pods = await self._list_v1(channel)
+            except PodResourcesError as exc:
+                if exc.code != "UNIMPLEMENTED":
+                    raise
+                self._api, self._v1alpha1_since = "v1alpha1", now
+                self._allocatable, self._allocatable_known = (), False
+        if self._api == "v1alpha1":
+            pods = await self._list_v1alpha1(channel)
+        else:
+            await self._refresh_allocatable(channel, now)
+        return PodResourcesState(
+            pods=pods,
+            allocatable=self._allocatable,
+            allocatable_known=self._allocatable_known,
+            api_version=self._api,
+        )
+
+    async def _list_v1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
+        stub = v1_grpc.PodResourcesListerStub(channel)
+        response: v1_pb2.ListPodResourcesResponse = await self._call(
+            "List", stub.List, v1_pb2.ListPodResourcesRequest()
+        )
+        return tuple(pod_from_proto(p) for p in response.pod_resources)
+
+    async def _list_v1alpha1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
+        stub = v1alpha1_grpc.PodResourcesListerStub(channel)
+        response: v1alpha1_pb2.ListPodResourcesResponse = await self._call(
+            "List", stub.List, v1alpha1_pb2.ListPodResourcesRequest()
+        )
+        return tuple(pod_from_proto(p) for p in response.pod_resources)
+
+    async def _refresh_allocatable(self, channel: grpc.aio.Channel, now: float) -> None:
+        if self._allocatable_at is not None:
+            interval = (
+                self.allocatable_interval if self._allocatable_known else self.v1_retry_interval
+            )
+            if now - self._allocatable_at < interval:
+                return
+        stub = v1_grpc.PodResourcesListerStub(channel)
+        self._allocatable_at = now
+        try:
+            response: v1_pb2.AllocatableResourcesResponse = await self._call(
+                "GetAllocatableResources",
+                stub.GetAllocatableResources,
+                v1_pb2.AllocatableResourcesRequest(),
+            )
+        except PodResourcesError as exc:
+            # Old kubelets (< 1.21) or the gate off: carry on without capacity.
+            if exc.code in ("UNIMPLEMENTED", "UNKNOWN"):
+                self._allocatable, self._allocatable_known = (), False
+                return
+            self._allocatable_at = None
+            raise
+        self._allocatable = tuple(devices_from_proto(d) for d in response.devices)
+        self._allocatable_known = True
+
+    async def _call(self, method: str, rpc: Any, request: Any) -> Any:
+        started = self._clock()
+        code = "OK"
+        try:
+            return await rpc(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._backoff = min(self.backoff_max, max(self.backoff_initial, self._backoff * 2))
+                self._backoff_until = self._clock() + self._backoff
+            elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self._drop_channel()
+            raise PodResourcesError(code, exc.details() or code) from exc
+        finally:
+            self._requests[(method, code)] += 1
+            self._durations[method] = self._clock() - started
+            if code == "OK":
+                self._backoff = 0.0
+
+    async def _check_socket(self) -> None:
+        try:
+            inode = os.stat(self.socket_path).st_ino
+        except FileNotFoundError:
+            await self._drop_channel()
+            raise PodResourcesError(
+                "NO_SOCKET", f"kubelet socket {self.socket_path} does not exist"
+            ) from None
+        except OSError as exc:
+            await self._drop_channel()
+            raise PodResourcesError("NO_SOCKET", f"{self.socket_path}: {exc.strerror}") from exc
+        if inode != self._inode:
+            await self._drop_channel()
+            self._inode = inode
+
+    def _ensure_channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                f"unix://{self.socket_path.absolute()}",
+                options=[
+                    ("grpc.max_receive_message_length", self.max_message_bytes),
+                    ("grpc.enable_retries", 0),
+                    ("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 2000),
+                ],
+            )
+        return self._channel
+
+    async def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close(grace=None)
+
+
+# --- proto -> model -----------------------------------------------------------------------
+
+
+def _numa(topology: Any) -> tuple[int, ...]:
+    return tuple(node.ID for node in topology.nodes) if topology is not None else ()
+
+
+def devices_from_proto(msg: Any) -> ContainerDevices:
+    topology = msg.topology if msg.HasField("topology") else None
+    return ContainerDevices(msg.resource_name, tuple(msg.device_ids), _numa(topology))
+
+
+def _fields(msg: Any) -> set[str]:
+    return {f.name for f in msg.DESCRIPTOR.fields}
+
+
+def pod_from_proto(msg: Any) -> Pod:
+    """A v1 or v1alpha1 PodResources message -> Pod (v1alpha1 has only devices)."""
+    containers = []
+    for c in msg.containers:
+        names = _fields(c)
+        devices = tuple(
+            ContainerDevices(
+                d.resource_name, tuple(d.device_ids), _numa(getattr(d, "topology", None))
+            )
+            for d in c.devices
+        )
+        if "cpu_ids" not in names:
+            containers.append(Container(c.name, devices))
+            continue
+        memory = tuple(ContainerMemory(m.memory_type, m.size, _numa(m.topology)) for m in c.memory)
+        dynamic = tuple(
+            DynamicResource(
+                d.claim_name,
+                d.claim_namespace,
+                tuple(
+                    ClaimResource(
+                        r.driver_name,
+                        r.pool_name,
+                        r.device_name,
+                        tuple(cdi.name for cdi in r.cdi_devices),
+                        r.share_id if r.HasField("share_id") else "",
+                    )
+                    for r in d.claim_resources
+                ),
+            )
+            for d in c.dynamic_resources
+        )
+        containers.append(Container(c.name, devices, tuple(c.cpu_ids), memory, dynamic))
+    return Pod(msg.name, msg.namespace, tuple(containers))

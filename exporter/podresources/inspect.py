@@ -1,0 +1,47 @@
+"""`kube-device-exporter podresources`: print what the kubelet reports, to debug attribution.
+
+Missing pod labels are the most common complaint about GPU exporters; this shows the
+raw device IDs, resource names and topology the kubelet hands out, as the exporter sees
+them, with `Get` for one pod where the kubelet allows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from exporter.config import DEFAULT_SOCKET
+from exporter.podresources.client import PodResourcesClient, PodResourcesError
+
+
+def run_inspect(argv: Sequence[str]) -> int:
+    from exporter.cli import UsageError, _Parser
+
+    parser = _Parser(prog="kube-device-exporter podresources", description=__doc__)
+    parser.add_argument("--kubelet-socket", type=Path, default=DEFAULT_SOCKET)
+    parser.add_argument("--pod", help="NAMESPACE/NAME: use Get for this pod only")
+    args = parser.parse_args(list(argv))
+    if args.pod is not None and args.pod.count("/") != 1:
+        raise UsageError(f"--pod: expected NAMESPACE/NAME, got {args.pod!r}")
+    try:
+        print(json.dumps(asyncio.run(_inspect(args.kubelet_socket, args.pod)), indent=2))
+    except PodResourcesError as exc:
+        print(f"kube-device-exporter podresources: {exc}")
+        return 1
+    return 0
+
+
+async def _inspect(socket: Path, pod: str | None) -> dict[str, Any]:
+    client = PodResourcesClient(socket, backoff_initial=0)
+    try:
+        if pod is not None:
+            namespace, name = pod.split("/")
+            return {"pod": asdict(await client.get(name, namespace))}
+        state = await client.poll()
+        return asdict(state)
+    finally:
+        await client.close()

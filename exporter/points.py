@@ -1,0 +1,146 @@
+"""Snapshot -> points: the neutral form both sinks render.
+
+A `Point` is one value of one metric-spec row with its OpenTelemetry attributes. The
+Prometheus sink translates names and attribute keys; the OTLP sink uses them as they
+are (with `k8s.node.name` moved to the resource). Neither sink knows a metric name.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from exporter import __version__
+from exporter.metrics import NODE_ATTRIBUTE, SPECS, MetricSpec
+from exporter.model import Attributes, JoinedDevice, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    spec: MetricSpec
+    attributes: Attributes
+    value: float
+
+
+def device_attributes(joined: JoinedDevice) -> Attributes:
+    """Identity plus holder attributes of a device, empty values left out."""
+    device = joined.reading.device
+    pairs: list[tuple[str, str]] = [
+        ("hw.id", device.id),
+        ("hw.type", device.type),
+        ("hw.vendor", device.vendor),
+        ("hw.model", device.model),
+        ("hw.parent", device.parent),
+        *device.attributes,
+    ]
+    if joined.holder is not None:
+        pairs += [
+            ("k8s.namespace.name", joined.holder.namespace),
+            ("k8s.pod.name", joined.holder.pod),
+            ("k8s.container.name", joined.holder.container),
+        ]
+    return tuple((k, v) for k, v in pairs if v)
+
+
+def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
+    """Every point of the snapshot, grouped by metric in spec-table order."""
+    node: Attributes = ((NODE_ATTRIBUTE, snapshot.node),) if with_node and snapshot.node else ()
+    by_metric: dict[str, list[Point]] = {name: [] for name in SPECS}
+    for joined in snapshot.devices:
+        base = device_attributes(joined)
+        by_metric["hw.info"].append(Point(SPECS["hw.info"], base + node, 1.0))
+        for sample in joined.reading.samples:
+            by_metric[sample.metric].append(
+                Point(SPECS[sample.metric], base + sample.attributes + node, sample.value)
+            )
+    for point in _allocation_points(snapshot, node):
+        by_metric[point.spec.name].append(point)
+    for point in _exporter_points(snapshot, node):
+        by_metric[point.spec.name].append(point)
+    series = SPECS["kube_device_exporter.series"]
+    total = sum(len(p) for p in by_metric.values()) + 1
+    by_metric[series.name] = [Point(series, node, float(total))]
+    for name in SPECS:
+        yield from by_metric[name]
+
+
+def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    info = SPECS["hw.allocation.info"]
+    devices = {d.reading.device.id: d.reading.device for d in snapshot.devices}
+    for alloc in snapshot.allocations:
+        device = devices.get(alloc.device_id)
+        pairs = (
+            ("hw.id", alloc.device_id),
+            ("hw.type", device.type if device else ""),
+            ("hw.vendor", device.vendor if device else ""),
+            ("hw.model", device.model if device else ""),
+            ("k8s.namespace.name", alloc.holder.namespace),
+            ("k8s.pod.name", alloc.holder.pod),
+            ("k8s.container.name", alloc.holder.container),
+            ("hw.allocation.kind", alloc.kind.value),
+            ("hw.allocation.resource", alloc.resource_name),
+            ("hw.allocation.device_id", alloc.raw_id),
+            ("hw.allocation.replica", alloc.replica),
+            ("hw.allocation.shared", "true" if alloc.shared else "false"),
+            ("hw.allocation.claim", alloc.claim),
+            ("hw.allocation.pool", alloc.pool),
+            ("hw.numa_node", ",".join(str(n) for n in alloc.numa_nodes)),
+        )
+        yield Point(info, tuple((k, v) for k, v in pairs if v) + node, 1.0)
+
+    allocatable: Counter[str] = Counter()
+    for devs in snapshot.allocatable:
+        allocatable[devs.resource_name] += len(devs.device_ids)
+    allocated: Counter[str] = Counter(
+        a.resource_name for a in snapshot.allocations if a.kind.value == "device_plugin"
+    )
+    for resource in sorted(allocatable):
+        attrs = (("hw.allocation.resource", resource), *node)
+        yield Point(SPECS["hw.allocatable.devices"], attrs, float(allocatable[resource]))
+    for resource in sorted(set(allocatable) | set(allocated)):
+        attrs = (("hw.allocation.resource", resource), *node)
+        yield Point(SPECS["hw.allocated.devices"], attrs, float(allocated[resource]))
+
+
+def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    def point(name: str, value: float, *attrs: tuple[str, str]) -> Point:
+        return Point(SPECS[name], (*attrs, *node), value)
+
+    yield point(
+        "kube_device_exporter.build.info",
+        1.0,
+        ("version", __version__),
+        ("python_version", platform.python_version()),
+    )
+    for health in snapshot.sources:
+        src = ("source", health.name)
+        yield point("kube_device_exporter.source.success", float(health.success), src)
+        yield point("kube_device_exporter.source.duration", health.duration_seconds, src)
+        yield point(
+            "kube_device_exporter.source.field_errors", float(health.field_errors_total), src
+        )
+    pr = snapshot.podresources
+    for (method, code), count in sorted(pr.requests_total.items()):
+        yield point(
+            "kube_device_exporter.podresources.requests",
+            float(count),
+            ("method", method),
+            ("code", code),
+        )
+    for method, seconds in sorted(pr.last_duration_seconds.items()):
+        yield point(
+            "kube_device_exporter.podresources.request.duration", seconds, ("method", method)
+        )
+    yield point(
+        "kube_device_exporter.podresources.up",
+        float(pr.connected),
+        ("api_version", pr.api_version),
+    )
+    yield point("kube_device_exporter.podresources.last_success", pr.last_success_timestamp)
+    yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
+    yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
+    yield point("kube_device_exporter.cycle.last_success", snapshot.last_success_timestamp)
+    for sample in snapshot.self_samples:
+        yield Point(SPECS[sample.metric], (*sample.attributes, *node), sample.value)

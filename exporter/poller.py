@@ -1,0 +1,170 @@
+"""The cycle: read the kubelet and every source, join, swap in one immutable snapshot.
+
+Scrapes never come here: sinks get the snapshot once per cycle. A failing or hung
+source only loses its own devices for that cycle; a failing kubelet keeps the last good
+answer for `stale_after` seconds (pod labels must not flap on one rate-limited call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.join import ResourceMatcher, join
+from exporter.log import StateLog
+from exporter.model import (
+    PodResourcesHealth,
+    PodResourcesState,
+    Sample,
+    Snapshot,
+    SourceHealth,
+    SourceResult,
+)
+from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.sinks import SelfMetrics, SnapshotSink
+from exporter.sources import Source
+
+log = logging.getLogger("exporter.poller")
+
+
+@dataclass(slots=True)
+class _SourceSlot:
+    name: str
+    source: Source
+    running: asyncio.Future[SourceResult] | None = None
+    field_errors_total: int = 0
+
+
+class Poller:
+    def __init__(
+        self,
+        *,
+        node: str,
+        sources: Mapping[str, Source],
+        client: PodResourcesClient | None,
+        sinks: Sequence[SnapshotSink] = (),
+        self_metrics: Sequence[SelfMetrics] = (),
+        matcher: ResourceMatcher | None = None,
+        interval: float = 10.0,
+        source_timeout: float = 5.0,
+        stale_after: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.client = client
+        self.sinks = list(sinks)
+        self.self_metrics = list(self_metrics)
+        self.matcher = matcher or ResourceMatcher()
+        self.interval = interval
+        self.source_timeout = source_timeout
+        self.stale_after = stale_after
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
+        self._state: PodResourcesState | None = None
+        self._state_at = 0.0
+        self._cycles = 0
+        self._last_success = 0.0
+        self._states = StateLog(log)
+        self.snapshot: Snapshot | None = None
+        self.ready = asyncio.Event()
+
+    async def run_once(self) -> Snapshot:
+        started = self._clock()
+        state, results = await asyncio.gather(self._poll_kubelet(), self._collect_all())
+        healths = [health for _, health in results]
+        joined = join([r for r, _ in results if r is not None], state, self.matcher)
+        self._cycles += 1
+        self._last_success = self._wall_clock()
+        self_samples: list[Sample] = []
+        for provider in self.self_metrics:
+            self_samples += provider.self_samples()
+        snapshot = Snapshot(
+            timestamp=self._last_success,
+            node=self.node,
+            devices=joined.devices,
+            allocations=joined.allocations,
+            allocatable=state.allocatable if state else (),
+            processes=tuple(p for r, _ in results if r is not None for p in r.processes),
+            sources=tuple(healths),
+            podresources=self.client.health() if self.client else PodResourcesHealth(),
+            cycle_duration_seconds=self._clock() - started,
+            cycles_total=self._cycles,
+            last_success_timestamp=self._last_success,
+            self_samples=tuple(self_samples),
+        )
+        for sink in self.sinks:
+            await asyncio.to_thread(sink.update, snapshot)
+        self.snapshot = snapshot
+        self.ready.set()
+        return snapshot
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = self._clock()
+            try:
+                await self.run_once()
+            except Exception:  # a bug in one cycle must not end the agent
+                log.exception("cycle failed")
+            delay = max(0.0, self.interval - (self._clock() - started))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                continue
+
+    async def close(self) -> None:
+        for slot in self._slots:
+            await asyncio.to_thread(slot.source.close)
+        if self.client is not None:
+            await self.client.close()
+
+    # --- kubelet --------------------------------------------------------------------
+
+    async def _poll_kubelet(self) -> PodResourcesState | None:
+        if self.client is None:
+            return None
+        try:
+            state = await self.client.poll()
+        except PodResourcesError as exc:
+            if exc.code != "BACKOFF":
+                self._states.failed("kubelet", f"PodResources unavailable ({exc}); keeps trying")
+            if self._state is not None and self._clock() - self._state_at > self.stale_after:
+                log.warning("dropping PodResources data older than %.0fs", self.stale_after)
+                self._state = None
+            return self._state
+        self._states.ok("kubelet", f"PodResources {state.api_version} answering again")
+        self._state, self._state_at = state, self._clock()
+        return state
+
+    # --- sources --------------------------------------------------------------------
+
+    async def _collect_all(self) -> list[tuple[SourceResult | None, SourceHealth]]:
+        return list(await asyncio.gather(*(self._collect(slot) for slot in self._slots)))
+
+    async def _collect(self, slot: _SourceSlot) -> tuple[SourceResult | None, SourceHealth]:
+        started = self._clock()
+        if slot.running is not None and not slot.running.done():
+            # Still stuck in last cycle's call (a hung driver): do not pile up threads.
+            return None, self._fail(slot, started, "previous collection still running")
+        slot.running = asyncio.ensure_future(asyncio.to_thread(slot.source.collect))
+        try:
+            result = await asyncio.wait_for(asyncio.shield(slot.running), self.source_timeout)
+        except TimeoutError:
+            return None, self._fail(slot, started, f"timed out after {self.source_timeout:g}s")
+        except Exception as exc:  # any source failure is that source's, not the cycle's
+            return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}")
+        slot.field_errors_total += result.field_errors
+        self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")
+        return result, SourceHealth(
+            slot.name, True, self._clock() - started, slot.field_errors_total
+        )
+
+    def _fail(self, slot: _SourceSlot, started: float, error: str) -> SourceHealth:
+        self._states.failed(f"source/{slot.name}", f"source {slot.name} failed: {error}")
+        return SourceHealth(
+            slot.name, False, self._clock() - started, slot.field_errors_total, error
+        )

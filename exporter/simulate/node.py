@@ -1,0 +1,93 @@
+"""A simulated node: the simulated kubelet plus device parts, all from one scenario.
+
+Device parts (the simulated NVML library, the sysfs tree) live in their own modules and
+are found by scenario section name; each tells which environment and exporter flags
+the exporter needs, and is advanced once a tick with the scenario time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from exporter.simulate.kubelet import SimulatedKubelet
+from exporter.simulate.scenario import Scenario
+
+PART_MODULES = {"nvidia": "exporter.simulate.nvml", "sysfs": "exporter.simulate.sysfs"}
+"""Scenario section -> module with `make_part(scenario, workdir) -> NodePart`."""
+
+
+class NodePart(Protocol):
+    def env(self) -> dict[str, str]:
+        """Environment the exporter process needs before it starts (LD_LIBRARY_PATH...)."""
+        ...
+
+    def exporter_args(self) -> list[str]:
+        """Exporter flags this part needs (e.g. --path.sysfs DIR)."""
+        ...
+
+    def advance(self, t: float) -> None:
+        """Move the devices to scenario time `t` (counters grow, faults fire)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SimulatedNode:
+    def __init__(
+        self, scenario: Scenario, workdir: Path, *, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.scenario = scenario
+        self.workdir = workdir
+        started = time.monotonic()
+        self.clock = clock or (lambda: time.monotonic() - started)
+        self.socket_path = workdir / "pod-resources" / "kubelet.sock"
+        self.kubelet = SimulatedKubelet(scenario, self.socket_path, clock=self.clock)
+        self.parts: list[NodePart] = []
+        for section, module in PART_MODULES.items():
+            if section in scenario.sections:
+                make_part = importlib.import_module(module).make_part
+                self.parts.append(make_part(scenario, workdir))
+        self.advance()
+
+    def env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for part in self.parts:
+            env.update(part.env())
+        return env
+
+    def exporter_args(self) -> list[str]:
+        args = [
+            "--kubelet-socket", str(self.socket_path),
+            "--node-name", self.scenario.node,
+            "--collect-interval", "2s",
+            "--collect-timeout", "2s",
+        ]  # fmt: skip
+        for part in self.parts:
+            args += part.exporter_args()
+        return args
+
+    def advance(self) -> None:
+        t = self.clock()
+        for part in self.parts:
+            part.advance(t)
+
+    async def start(self) -> None:
+        await self.kubelet.start()
+
+    async def stop(self) -> None:
+        await self.kubelet.stop()
+        for part in self.parts:
+            part.close()
+
+    async def tick_forever(self, stop: asyncio.Event, every: float = 1.0) -> None:
+        while not stop.is_set():
+            await asyncio.to_thread(self.advance)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=every)
+            except TimeoutError:
+                continue

@@ -1,0 +1,97 @@
+"""Sources: one module per kind of hardware, one protocol, one registry.
+
+A source module registers itself with `@register(...)`; the registry generates the
+`--collector.NAME` / `--no-collector.NAME` flags and any `--collector.NAME.OPTION`
+flags the source declares. `collect()` is blocking (NVML calls, file reads) and runs
+off the event loop in a worker thread; it returns devices and samples in base units.
+Per-field failures are counted in `SourceResult.field_errors`, never raised; raising
+means the whole source failed this cycle (reported as `source_success 0`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from exporter.model import Sample, SourceResult
+
+SOURCE_MODULES = ("nvml", "amdgpu", "intel", "rdma", "netdev")
+"""Modules under exporter/sources/ that hold sources, in the order they are polled."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What a source may know of the world: host paths, its own options, a clock."""
+
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    options: Mapping[str, str] = field(default_factory=dict)
+    clock: Callable[[], float] | None = None
+    """Monotonic seconds; None means `time.monotonic`."""
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("exporter.sources"))
+
+
+class Source(Protocol):
+    def collect(self) -> SourceResult:
+        """Read the hardware once. Blocking; called from a worker thread."""
+        ...
+
+    def close(self) -> None:
+        """Release handles (NVML shutdown, event threads)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOption:
+    """A source-specific flag `--collector.<source>.<name>` (env `KDE_COLLECTOR_<SOURCE>_<NAME>`)."""
+
+    name: str
+    help: str
+    default: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    name: str
+    help: str
+    default_enabled: bool
+    factory: Callable[[SourceContext], Source]
+    options: tuple[SourceOption, ...] = ()
+
+
+_REGISTRY: dict[str, SourceInfo] = {}
+
+
+def register(
+    name: str, *, help: str, default_enabled: bool = True, options: tuple[SourceOption, ...] = ()
+) -> Callable[[Callable[[SourceContext], Source]], Callable[[SourceContext], Source]]:
+    """Class or factory decorator that adds a source to the registry."""
+
+    def wrap(factory: Callable[[SourceContext], Source]) -> Callable[[SourceContext], Source]:
+        if name in _REGISTRY:
+            raise ValueError(f"source {name!r} registered twice")
+        _REGISTRY[name] = SourceInfo(name, help, default_enabled, factory, options)
+        return factory
+
+    return wrap
+
+
+def registry() -> dict[str, SourceInfo]:
+    """Every known source, importing the source modules on first use."""
+    for module in SOURCE_MODULES:
+        try:
+            importlib.import_module(f"exporter.sources.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"exporter.sources.{module}":
+                raise
+    return dict(_REGISTRY)
+
+
+def add(samples: list[Sample], metric: str, value: float | None, *attrs: tuple[str, str]) -> None:
+    """Append a sample when the value is known: None means "no series", never 0."""
+    if value is not None:
+        samples.append(Sample(metric, float(value), tuple(attrs)))
