@@ -50,7 +50,7 @@ def build_sources(config: Config) -> dict[str, Source]:
         )
         try:
             sources[name] = info.factory(ctx)
-        except Exception as exc:  # one broken source must not stop the others
+        except Exception as exc:  # noqa: BLE001 - one broken source must not stop the others
             log.warning("source %s could not start: %s", name, exc)
             sources[name] = _Unavailable(exc)
     return sources

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
     """Monotonic sum: Prometheus counter with `_total`."""
@@ -27,7 +27,7 @@ class Kind(str, Enum):
     """Non-monotonic sum (OpenTelemetry UpDownCounter): Prometheus gauge."""
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     DEVICE = "device"
     """One series per device (never copied per pod), device and holder labels."""
     ALLOCATION = "allocation"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 Attributes = tuple[tuple[str, str], ...]
 """Ordered (key, value) pairs; keys are OpenTelemetry attribute names."""
@@ -141,7 +141,7 @@ class Holder:
     container: str
 
 
-class AllocationKind(str, Enum):
+class AllocationKind(StrEnum):
     DEVICE_PLUGIN = "device_plugin"
     DRA = "dra"
 

@@ -155,7 +155,7 @@ class Poller:
             result = await asyncio.wait_for(asyncio.shield(slot.running), self.source_timeout)
         except TimeoutError:
             return None, self._fail(slot, started, f"timed out after {self.source_timeout:g}s")
-        except Exception as exc:  # any source failure is that source's, not the cycle's
+        except Exception as exc:  # noqa: BLE001 - a source's failure is its own, not the cycle's
             return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}")
         slot.field_errors_total += result.field_errors
         self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")

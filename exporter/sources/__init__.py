@@ -47,7 +47,7 @@ class Source(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SourceOption:
-    """A source-specific flag `--collector.<source>.<name>` (env `KDE_COLLECTOR_<SOURCE>_<NAME>`)."""
+    """A flag `--collector.<source>.<name>`, env `KDE_COLLECTOR_<SOURCE>_<NAME>`."""
 
     name: str
     help: str

@@ -1,0 +1,91 @@
+"""Test support: one deterministic cycle against the simulated kubelet, golden files."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from exporter.join import ResourceMatcher
+from exporter.model import Snapshot, SourceResult
+from exporter.podresources.client import PodResourcesClient
+from exporter.poller import Poller
+from exporter.simulate.kubelet import SimulatedKubelet
+from exporter.simulate.scenario import Scenario
+from exporter.sinks.prometheus import render
+from exporter.sources import Source
+
+GOLDEN = Path(__file__).parent / "golden"
+FIXED_WALL_TIME = 1_800_000_000.0
+
+
+class StaticSource:
+    """A source that returns a fixed result (for tests of the join and the sinks)."""
+
+    def __init__(self, result: SourceResult) -> None:
+        self.result = result
+        self.closed = False
+
+    def collect(self) -> SourceResult:
+        return self.result
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def one_cycle(
+    scenario: Scenario,
+    socket_path: Path,
+    sources: Mapping[str, Source],
+    *,
+    t: float = 0.0,
+    patterns: tuple[str, ...] | None = None,
+) -> Snapshot:
+    """Serve `scenario` at time `t`, run one exporter cycle with frozen clocks, return it.
+
+    Frozen clocks make durations 0 and timestamps FIXED_WALL_TIME, so the whole
+    /metrics output is byte-for-byte reproducible."""
+    kubelet = SimulatedKubelet(scenario, socket_path, clock=lambda: t)
+    await kubelet.start()
+    client = PodResourcesClient(socket_path, clock=lambda: 0.0, wall_clock=lambda: FIXED_WALL_TIME)
+    poller = Poller(
+        node=scenario.node,
+        sources=sources,
+        client=client,
+        matcher=ResourceMatcher(patterns) if patterns else None,
+        clock=lambda: 0.0,
+        wall_clock=lambda: FIXED_WALL_TIME,
+    )
+    try:
+        return await poller.run_once()
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+def metrics_text(snapshot: Snapshot) -> str:
+    """The whole Prometheus text output, with the one machine-dependent value masked."""
+    text = render(snapshot).text.decode()
+    return re.sub(r'python_version="[^"]*"', 'python_version="X"', text)
+
+
+def assert_golden(name: str, text: str, update: bool) -> None:
+    """Compare `text` with tests/golden/NAME whole; `pytest --update-golden` rewrites it."""
+    path = GOLDEN / name
+    if update:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"{path} missing: run pytest --update-golden and review the diff"
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                str(path),
+                "actual",
+            )
+        )
+        raise AssertionError(f"output differs from {path} (pytest --update-golden):\n{diff}")
