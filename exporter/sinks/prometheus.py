@@ -71,8 +71,8 @@ def render(snapshot: Snapshot) -> Rendered:
     pts = list(points(snapshot))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SnapshotCollector(pts))
-    text = generate_latest(registry)  # type: ignore[no-untyped-call]
-    om = openmetrics.generate_latest(registry)
+    text = generate_latest(registry)
+    om = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
     return Rendered(
         text=text,
         text_gzip=gzip.compress(text, compresslevel=6, mtime=0),
