@@ -10,7 +10,7 @@ DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 
-.PHONY: install demo test lint typecheck pytest bench proto debs fakenvml clean
+.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml clean
 
 install: $(STAMP) debs fakenvml
 
@@ -52,6 +52,9 @@ test: install lint typecheck pytest
 
 bench: install
 	$(PY) -m bench
+
+docs: $(STAMP)
+	$(PY) -m exporter.metrics > docs/metrics.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
