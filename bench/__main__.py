@@ -125,8 +125,9 @@ async def bench_scenario(name: str, reps: int, workdir: Path) -> Row:
 def table(rows: list[Row], reps: int) -> str:
     out = [
         "# Performance\n\n",
-        "Written by `make bench` (`python -m bench`). Every figure is a ratio of two costs measured\n"
-        f"side by side in one run, interleaved, median of {reps} repetitions, on the simulated node\n"
+        "Written by `make bench` (`python -m bench`). Every figure is a ratio of two costs\n"
+        f"measured side by side in one run, interleaved, median of {reps} repetitions, on the\n"
+        "simulated node "
         "(simulated kubelet over a real unix socket, the compiled stand-in NVML library through\n"
         "nvidia-ml-py, fixture sysfs trees). Absolute times depend on the machine and are not\n"
         "results; the command prints them for context.\n\n",
@@ -146,8 +147,10 @@ def table(rows: list[Row], reps: int) -> str:
         )
     out += [
         "\n## Where a cycle's time goes\n\n",
-        "Share of (kubelet List + source reads + join + render), each measured in the same loop.\n\n",
-        "| scenario | kubelet List | sources (NVML, sysfs) | join | render (text + OpenMetrics + gzip) |\n",
+        "Share of (kubelet List + source reads + join + render), each measured in the same "
+        "loop.\n\n",
+        "| scenario | kubelet List | sources (NVML, sysfs) | join "
+        "| render (text + OpenMetrics + gzip) |\n",
         "|---|---|---|---|---|\n",
     ]
     for r in rows:
