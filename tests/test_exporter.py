@@ -240,3 +240,29 @@ async def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     assert "73%" in dom
     assert "node n1 · 1 devices · kubelet v1" in dom
     assert shot.stat().st_size > 5000
+
+
+async def test_missing_kubelet_is_said_once_and_recovery_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from exporter.podresources.client import PodResourcesClient
+    from exporter.poller import Poller
+
+    sock = tmp_path / "kubelet.sock"
+    client = PodResourcesClient(sock)
+    poller = Poller(node="n", sources={}, client=client)
+    caplog.set_level("INFO", logger="exporter")
+    for _ in range(3):
+        await poller.run_once()
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    try:
+        for _ in range(3):
+            await poller.run_once()
+    finally:
+        await client.close()
+        await kubelet.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name == "exporter.poller"]
+    assert len(messages) == 2, messages
+    assert "does not exist" in messages[0] and "retrying every cycle" in messages[0]
+    assert messages[1] == "PodResources v1 answering"
