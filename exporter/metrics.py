@@ -464,6 +464,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
         attributes=("sink", "result"),
     ),
+    MetricSpec(
+        "kube_device_exporter.export.rejected",
+        C,
+        "{data_point}",
+        "Data points a receiver rejected in exports it otherwise accepted (OTLP partial success).",
+        scope=_E,
+        attributes=("sink",),
+    ),
 )
 
 SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in SPECS_LIST}
