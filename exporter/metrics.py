@@ -326,10 +326,10 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Ticks the port had data to send but no flow-control credits (port_xmit_wait).",
     ),
     MetricSpec(
-        "hw.network.rdma.hw_counter",
+        "hw.network.rdma.statistic",
         C,
         "",
-        "RDMA driver hardware counters (hw_counters/), by counter name.",
+        "RDMA driver hardware counters (`hw_counters/`, what `rdma statistic` shows), by name.",
         attributes=("hw.network.rdma.counter",),
     ),
     # allocations (from PodResources, built by the join)

@@ -236,7 +236,7 @@ class RdmaSource(SysfsSource):
             if name == "lifespan":
                 continue  # a setting (ms the driver caches counters), not a counter
             hw = ("hw.network.rdma.counter", name)
-            counter("hw.network.rdma.hw_counter", f"{rel}/hw_counters/{name}", hw)
+            counter("hw.network.rdma.statistic", f"{rel}/hw_counters/{name}", hw)
         return device_reading(device, samples)
 
 

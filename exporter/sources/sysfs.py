@@ -111,6 +111,15 @@ class Reader:
             self.garbage()
             return None
 
+    def first_integer(self, *alternatives: str) -> int | None:
+        """The first of alternative files that exists (kernels name some things differently)."""
+        for rel in alternatives:
+            if self.exists(rel):
+                return self.integer(rel)
+        for rel in alternatives:
+            self.text(rel)  # none there: counts one that was there before
+        return None
+
     def number(self, rel: str) -> float | None:
         text = self.text(rel)
         if text is None:
@@ -265,8 +274,8 @@ def _read_chip(reader: Reader, rel: str) -> HwmonReading:
         else:
             energy[label or channel] = value / 1e6
     # amdgpu: power1_average (all kernels; averaged like NVML's) or power1_input (6.7+).
-    power = _first(reader, rel, ("power1_average", "power1_input"))
-    limit = _first(reader, rel, ("power1_cap", "power1_max"))
+    power = reader.first_integer(f"{rel}/power1_average", f"{rel}/power1_input")
+    limit = reader.first_integer(f"{rel}/power1_cap", f"{rel}/power1_max")
     return HwmonReading(
         name=reader.text(f"{rel}/name") or "",
         temperatures_celsius=temps,
@@ -276,13 +285,6 @@ def _read_chip(reader: Reader, rel: str) -> HwmonReading:
         # xe labels its channels card/pkg: the card is the device's own energy.
         energy_joules=energy.get("card", energy.get("energy1")),
     )
-
-
-def _first(reader: Reader, rel: str, names: Sequence[str]) -> int | None:
-    for name in names:
-        if reader.exists(f"{rel}/{name}"):
-            return reader.integer(f"{rel}/{name}")
-    return None
 
 
 def hwmon_samples(samples: list[Sample], chip: HwmonReading, counters: Counters, key: str) -> None:

@@ -1,0 +1,35 @@
+"""Fixture sysfs trees for the sysfs source tests, rendered by the simulator itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.simulate.scenario import Scenario, load_scenario, parse_scenario
+from exporter.simulate.sysfs import SysfsPart
+from exporter.sources import SourceContext
+
+
+class Clock:
+    """Monotonic seconds the test moves by hand."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scenario(text_or_name: str) -> Scenario:
+    """A bundled scenario by name, or a scenario from YAML text."""
+    if "\n" not in text_or_name:
+        return load_scenario(text_or_name)
+    return parse_scenario(text_or_name, name="fixture")
+
+
+def make_tree(tmp_path: Path, text_or_name: str) -> SysfsPart:
+    """The simulated node's sysfs part for the scenario, rendered at t=0 under tmp_path."""
+    return SysfsPart(scenario(text_or_name), tmp_path)
+
+
+def context(part: SysfsPart, clock: Clock, **options: str) -> SourceContext:
+    return SourceContext(sysfs=part.root, options=options, clock=clock)
