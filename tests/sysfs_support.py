@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from exporter.simulate.scenario import Scenario, load_scenario, parse_scenario
@@ -33,3 +36,19 @@ def make_tree(tmp_path: Path, text_or_name: str) -> SysfsPart:
 
 def context(part: SysfsPart, clock: Clock, **options: str) -> SourceContext:
     return SourceContext(sysfs=part.root, options=options, clock=clock)
+
+
+@contextlib.contextmanager
+def blocking_file(path: Path) -> Iterator[None]:
+    """Replace `path` by a FIFO whose writer never writes: a read of it answers EAGAIN,
+    like a driver attribute that has nothing to say (a blocking read would hang)."""
+    if path.exists():
+        path.unlink()
+    os.mkfifo(path)
+    keep_open = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open return
+    writer = os.open(path, os.O_WRONLY)
+    try:
+        yield
+    finally:
+        os.close(writer)
+        os.close(keep_open)

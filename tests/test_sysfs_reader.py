@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.sysfs import BUFFER_BYTES, Counters, Rates, Reader, read_hwmon
-from tests.sysfs_support import Clock
+from tests.sysfs_support import Clock, blocking_file
 
 
 def write(root: Path, rel: str, content: str | bytes) -> None:
@@ -67,23 +67,18 @@ def test_a_file_never_there_is_not_an_error_but_one_that_vanished_is(tmp_path: P
     second = Reader(tmp_path, seen)
     assert second.integer("power1_average") is None
     assert second.errors == 1, "a file that was readable and is gone is an error"
-    assert Reader(tmp_path, seen).integer("power1_average") is None
+    third = Reader(tmp_path, seen)
+    assert third.integer("power1_average") is None
+    assert third.errors == 1, "still skipped, still counted"
 
 
 def test_eagain_from_a_real_blocking_file_is_counted_not_waited_for(tmp_path: Path) -> None:
     """A FIFO with a writer that never writes: a blocking read would hang the worker."""
-    fifo = tmp_path / "gpu_busy_percent"
-    os.mkfifo(fifo)
-    keep_open = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open return
-    writer = os.open(fifo, os.O_WRONLY)
-    try:
+    with blocking_file(tmp_path / "gpu_busy_percent"):
         reader = Reader(tmp_path, set())
         # None, not "": the read failed with EAGAIN (an empty read would give "")
         assert reader.text("gpu_busy_percent") is None
         assert reader.errors == 1
-    finally:
-        os.close(writer)
-        os.close(keep_open)
 
 
 def test_ras_lines(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
 from pathlib import Path
 
@@ -10,11 +10,12 @@ import pytest
 
 from exporter.join import join
 from exporter.model import PodResourcesState, Sample, SourceResult
+from exporter.simulate.scenario import ScenarioError
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
 from exporter.sources.netdev import NetdevSource
 from exporter.sources.rdma import RdmaSource
-from tests.sysfs_support import Clock, context, make_tree, scenario
+from tests.sysfs_support import Clock, blocking_file, context, make_tree, scenario
 
 
 def values(
@@ -127,16 +128,8 @@ def test_amdgpu_unreadable_files_skip_fields_and_hold_counters(tmp_path: Path) -
     (part.root / f"{AMD_DEV}/ras/umc_err_count").write_text("Query currently inaccessible\n")
     (part.root / f"{AMD_DEV}/hwmon/hwmon0/power1_average").unlink()
     (part.root / f"{AMD_DEV}/gpu_busy_percent").write_text("banana\n")
-    replays = part.root / f"{AMD_DEV}/pcie_replay_count"
-    replays.unlink()
-    os.mkfifo(replays)
-    keep_open = os.open(replays, os.O_RDONLY | os.O_NONBLOCK)
-    writer = os.open(replays, os.O_WRONLY)  # a driver that answers EAGAIN
-    try:
+    with blocking_file(part.root / f"{AMD_DEV}/pcie_replay_count"):
         second = source.collect()
-    finally:
-        os.close(writer)
-        os.close(keep_open)
     got = values(second, "0000:03:00.0")
     assert second.field_errors == 4  # RAS garbage, power gone, busy garbage, replays EAGAIN
     assert got[umc_ce] == 4, "a briefly unreadable counter keeps its last value"
@@ -424,3 +417,25 @@ def test_sample_values_are_floats(tmp_path: Path) -> None:
     part = make_tree(tmp_path, AMD)
     for reading in AmdgpuSource(context(part, Clock())).collect().readings:
         assert all(isinstance(s, Sample) and isinstance(s.value, float) for s in reading.samples)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "message"),
+    [
+        ("amdgpu: [{pci: '0000:03:00.0', card: 1, colour: red}]", "sysfs.amdgpu[0]: unknown keys"),
+        ("amdgpu: [{pci: 'nope', card: 1}]", "sysfs.amdgpu[0].pci: expected a PCI address"),
+        (
+            "amdgpu: [{pci: '0000:03:00.0', card: 1, temperature_c: {hotspot: 9}}]",
+            "sysfs.amdgpu[0].temperature_c: unknown 'hotspot'",
+        ),
+        ("intel: [{pci: '0000:4d:00.0', card: 2, driver: nouveau}]", "driver: i915 or xe"),
+        (
+            "infiniband: [{pci: '0000:3b:00.0', ports: [{rx_gbps: fast}]}]",
+            "rx_gbps: expected a number",
+        ),
+        ("sriov: {pf: x}", "sysfs.sriov: expected a list"),
+    ],
+)
+def test_scenario_errors_name_the_key(tmp_path: Path, snippet: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        make_tree(tmp_path, f"node: n\nsysfs:\n  {snippet}\n")

@@ -48,6 +48,19 @@ class _Doc:
             raise ScenarioError(f"{self.scenario}: {self.where}.{key}: expected a number")
         return float(value)
 
+    def table(self, key: str, allowed: Mapping[str, object] | None = None) -> dict[str, float]:
+        """A `{name: number}` mapping (temperatures by label, counters by file name)."""
+        value = self.value.get(key) or {}
+        where = f"{self.scenario}: {self.where}.{key}"
+        if not isinstance(value, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping")
+        for name, number in value.items():
+            if allowed is not None and name not in allowed:
+                raise ScenarioError(f"{where}: unknown {name!r} (allowed: {sorted(allowed)})")
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                raise ScenarioError(f"{where}.{name}: expected a number")
+        return {str(k): float(v) for k, v in value.items()}
+
     def pci(self, key: str = "pci") -> str:
         address = pci_address(str(self.value.get(key, "")))
         if address is None:
@@ -133,6 +146,7 @@ AMD_KEYS = {
     "clock_mhz", "pcie_replays", "ras", "partition_mode", "partitions",
 }  # fmt: skip
 TEMPERATURE_CHANNELS = {"edge": 1, "junction": 2, "mem": 3}
+XE_TEMPERATURE_CHANNELS = {"pkg": 2, "vram": 3}
 CLOCK_CHANNELS = {"sclk": 1, "mclk": 2}
 KFD = "devices/virtual/kfd/kfd"
 
@@ -163,14 +177,10 @@ def _amdgpu(tree: Tree, gpu: _Doc, numbers: _Numbers, kfd: list[dict[str, int]])
         gpu.get("power_file", "power1_average"): round(gpu.number("power_w") * 1e6),
         "power1_cap": round(gpu.number("power_cap_w") * 1e6),
     }
-    for label, celsius in (gpu.get("temperature_c") or {}).items():
-        channel = TEMPERATURE_CHANNELS[label]
-        hwmon[f"temp{channel}_input"] = round(float(celsius) * 1000)
-        hwmon[f"temp{channel}_label"] = label
-    for label, mhz in (gpu.get("clock_mhz") or {}).items():
-        channel = CLOCK_CHANNELS[label]
-        hwmon[f"freq{channel}_input"] = round(float(mhz) * 1e6)
-        hwmon[f"freq{channel}_label"] = label
+    _labelled(
+        hwmon, "temp", gpu.table("temperature_c", TEMPERATURE_CHANNELS), TEMPERATURE_CHANNELS, 1000
+    )
+    _labelled(hwmon, "freq", gpu.table("clock_mhz", CLOCK_CHANNELS), CLOCK_CHANNELS, 1e6)
     _hwmon(tree, rel, numbers.next("hwmon"), "amdgpu", hwmon)
     # Partitions: the GPU's own card is partition 0, the others are amdgpu_xcp_N platform
     # devices. The KFD topology ties every render node to the GPU's PCI address.
@@ -188,6 +198,19 @@ def _amdgpu(tree: Tree, gpu: _Doc, numbers: _Numbers, kfd: list[dict[str, int]])
         minor = numbers.next("render")
         _drm(tree, f"devices/platform/amdgpu_xcp_{xcp}", numbers.next("card"), minor)
         kfd.append({"render": minor, **memory})
+
+
+def _labelled(
+    hwmon: dict[str, object],
+    kind: str,
+    values: Mapping[str, float],
+    channels: Mapping[str, int],
+    scale: float,
+) -> None:
+    """hwmon `<kind>N_input` (value * scale) and `<kind>N_label` pairs, N from the label."""
+    for label, value in values.items():
+        hwmon[f"{kind}{channels[label]}_input"] = round(value * scale)
+        hwmon[f"{kind}{channels[label]}_label"] = label
 
 
 def _kfd(tree: Tree, nodes: list[dict[str, int]]) -> None:
@@ -246,10 +269,8 @@ def _intel(tree: Tree, gpu: _Doc, numbers: _Numbers, t: float) -> None:
     if driver == "xe":
         hwmon |= {"energy1_label": "card", "power1_label": "card"}
         hwmon |= {"energy2_input": energy_uj + 7_000_000, "energy2_label": "pkg"}
-        for label, celsius in (gpu.get("temperature_c") or {}).items():
-            channel = {"pkg": 2, "vram": 3}[label]
-            hwmon[f"temp{channel}_input"] = round(float(celsius) * 1000)
-            hwmon[f"temp{channel}_label"] = label
+        temps = gpu.table("temperature_c", XE_TEMPERATURE_CHANNELS)
+        _labelled(hwmon, "temp", temps, XE_TEMPERATURE_CHANNELS, 1000)
     _hwmon(tree, rel, numbers.next("hwmon"), driver, hwmon)
 
 
@@ -300,11 +321,11 @@ def _hca(tree: Tree, hca: _Doc, t: float) -> None:
             tree.put(f"{p}/counters/port_{direction}_data", int(octets / 4))  # ABI: octets / 4
             tree.put(f"{p}/counters/port_{direction}_packets", int(octets / packet))
         tree.put(f"{p}/counters/port_xmit_wait", int(port.number("xmit_wait_per_s") * t))
-        errors = port.get("errors") or {}
+        errors = port.table("errors", dict.fromkeys(IB_ERROR_FILES))
         for file in IB_ERROR_FILES:
             tree.put(f"{p}/counters/{file}", int(errors.get(file, 0)))
         tree.put(f"{p}/hw_counters/lifespan", 10)
-        for counter, value in (port.get("hw_counters") or {}).items():
+        for counter, value in port.table("hw_counters").items():
             tree.put(f"{p}/hw_counters/{counter}", int(value))
 
 

@@ -93,8 +93,7 @@ class Reader:
 
     def _missing(self, rel: str) -> None:
         if rel in self._seen:
-            self._seen.discard(rel)
-            self.errors += 1
+            self.errors += 1  # every cycle it stays away: that field is skipped each time
 
     def garbage(self) -> None:
         """The caller could not parse what it read: one more skipped field."""
