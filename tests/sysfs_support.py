@@ -41,9 +41,10 @@ def context(part: SysfsPart, clock: Clock, **options: str) -> SourceContext:
 @contextlib.contextmanager
 def blocking_file(path: Path) -> Iterator[None]:
     """Replace `path` by a FIFO whose writer never writes: a read of it answers EAGAIN,
-    like a driver attribute that has nothing to say (a blocking read would hang)."""
-    if path.exists():
-        path.unlink()
+    like a driver attribute that has nothing to say (a blocking read would hang). The
+    file comes back as it was afterwards."""
+    before = path.read_bytes() if path.exists() else None
+    path.unlink(missing_ok=True)
     os.mkfifo(path)
     keep_open = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open return
     writer = os.open(path, os.O_WRONLY)
@@ -52,3 +53,6 @@ def blocking_file(path: Path) -> Iterator[None]:
     finally:
         os.close(writer)
         os.close(keep_open)
+        path.unlink()
+        if before is not None:
+            path.write_bytes(before)

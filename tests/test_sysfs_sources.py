@@ -99,6 +99,22 @@ def test_amdgpu_power1_input_and_unique_id(tmp_path: Path) -> None:
     assert result.readings[0].device.aliases == frozenset({"0000:03:00.0"})
 
 
+def test_amdgpu_identity_survives_an_unreadable_unique_id(tmp_path: Path) -> None:
+    text = AMD.replace("card: 1", "card: 1\n      unique_id: 00ab\n      product: MI210")
+    part = make_tree(tmp_path, text)
+    unique_id = part.root / f"{AMD_DEV}/unique_id"
+    source = AmdgpuSource(context(part, Clock()))
+    with blocking_file(unique_id):
+        first = source.collect()
+    assert first.readings[0].device.id == "0000:03:00.0", "without unique_id: the PCI address"
+    assert first.field_errors == 1
+    assert source.collect().readings[0].device.id == "00ab"
+    with blocking_file(unique_id):
+        later = source.collect()
+    assert later.readings[0].device.id == "00ab", "once known, a failed read keeps the id"
+    assert later.readings[0].device.model == "MI210"
+
+
 def test_amdgpu_partitions_join_their_gpu_through_kfd(tmp_path: Path) -> None:
     part = make_tree(tmp_path, "mixed")
     result = AmdgpuSource(context(part, Clock())).collect()

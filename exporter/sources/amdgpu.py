@@ -20,7 +20,6 @@ from exporter.sources.sysfs import (
     SysfsSource,
     alias,
     device_reading,
-    drm_cards,
     hwmon_samples,
     read_hwmon,
 )
@@ -47,25 +46,15 @@ class AmdgpuSource(SysfsSource):
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         gpus: dict[str, Device] = {}
-        for card, pci in drm_cards(reader, ("amdgpu",)):
+        for card, pci in self.drm_cards(reader, ("amdgpu",)):
             reading = self._gpu(reader, f"class/drm/{card}/device", pci)
             gpus[pci.address] = reading.device
             yield reading
         yield from self._partitions(reader, gpus)
 
     def _gpu(self, reader: Reader, dev: str, pci: PciIdentity) -> DeviceReading:
-        unique_id = (reader.text(f"{dev}/unique_id") or "").lower()
-        device_id = unique_id if unique_id.strip("0") else pci.address
-        serial = reader.text(f"{dev}/serial_number") or ""
-        device = Device(
-            id=device_id,
-            type="gpu",
-            vendor="amd",
-            model=reader.text(f"{dev}/product_name") or pci.generic_model,
-            source=self.name,
-            attributes=(("hw.pci.bus_id", pci.address), ("hw.serial_number", serial)),
-            aliases=frozenset({alias(pci.address)}),
-        )
+        device = self.stable(reader, f"gpu/{pci.address}", lambda: self._identity(reader, dev, pci))
+        device_id = device.id
         samples: list[Sample] = []
         busy = reader.integer(f"{dev}/gpu_busy_percent")
         add(samples, "hw.gpu.utilization", _ratio(busy), ("hw.gpu.task", "general"))
@@ -79,6 +68,21 @@ class AmdgpuSource(SysfsSource):
         self.counters.add(samples, device_id, "hw.errors", replays, ("error.type", "pcie_replay"))
         self._ras(reader, dev, device_id, samples)
         return device_reading(device, samples)
+
+    def _identity(self, reader: Reader, dev: str, pci: PciIdentity) -> Device:
+        unique_id = (reader.text(f"{dev}/unique_id") or "").lower()
+        return Device(
+            id=unique_id if unique_id.strip("0") else pci.address,
+            type="gpu",
+            vendor="amd",
+            model=reader.text(f"{dev}/product_name") or pci.generic_model,
+            source=self.name,
+            attributes=(
+                ("hw.pci.bus_id", pci.address),
+                ("hw.serial_number", reader.text(f"{dev}/serial_number") or ""),
+            ),
+            aliases=frozenset({alias(pci.address)}),
+        )
 
     def _ras(self, reader: Reader, dev: str, device_id: str, samples: list[Sample]) -> None:
         for entry in reader.listdir(f"{dev}/ras"):

@@ -23,7 +23,6 @@ from exporter.sources.sysfs import (
     SysfsSource,
     alias,
     device_reading,
-    drm_cards,
     hwmon_samples,
     read_hwmon,
 )
@@ -45,7 +44,7 @@ class IntelSource(SysfsSource):
     name = "intel"
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
-        for card, pci in drm_cards(reader, ("i915", "xe")):
+        for card, pci in self.drm_cards(reader, ("i915", "xe")):
             yield self._gpu(reader, card, pci)
 
     def _gpu(self, reader: Reader, card: str, pci: PciIdentity) -> DeviceReading:

@@ -30,7 +30,6 @@ from exporter.sources.sysfs import (
     SysfsSource,
     alias,
     device_reading,
-    pci_identity,
 )
 
 log = logging.getLogger("exporter.sources.netdev")
@@ -172,13 +171,13 @@ class NetdevSource(SysfsSource):
             virtfns = [e for e in reader.listdir(dev) if e.startswith("virtfn") and e[6:].isdigit()]
             if not virtfns:
                 continue  # not an SR-IOV PF
-            pf = pci_identity(reader, dev)
+            pf = self.pci_identity(reader, dev)
             if pf is None:
                 continue
             yield self._interface(reader, pf, f"class/net/{ifname}", ifname, parent="")
             from_pf: dict[int, NetStats] | None = None
             for virtfn in sorted(virtfns, key=lambda e: int(e[6:])):
-                vf = pci_identity(reader, f"{dev}/{virtfn}")
+                vf = self.pci_identity(reader, f"{dev}/{virtfn}")
                 if vf is None:
                     continue
                 names = reader.listdir(f"{dev}/{virtfn}/net")

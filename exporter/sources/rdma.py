@@ -29,7 +29,6 @@ from exporter.sources.sysfs import (
     SysfsSource,
     alias,
     device_reading,
-    pci_identity,
 )
 
 log = logging.getLogger("exporter.sources.rdma")
@@ -153,7 +152,7 @@ class RdmaSource(SysfsSource):
             reader.garbage()
         for ibdev in reader.listdir("class/infiniband"):
             base = f"class/infiniband/{ibdev}"
-            pci = pci_identity(reader, f"{base}/device")
+            pci = self.pci_identity(reader, f"{base}/device")
             if pci is None:
                 continue  # a software RDMA device (rxe, siw) has no PCI function to join on
             pools = self._pools(reader, base, pci)

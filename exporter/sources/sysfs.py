@@ -21,10 +21,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from exporter.join import normalize_device_id, pci_address
 from exporter.model import Attributes, Device, DeviceReading, Sample, SourceResult
 from exporter.sources import SourceContext, add
+
+T = TypeVar("T")
 
 BUFFER_BYTES = 4096
 """One read of at most a page: what a sysfs attribute's show() can return."""
@@ -52,9 +55,6 @@ class Reader:
         self.errors = 0
         self._seen = seen
         self._cache: dict[str, str | None] = {}
-
-    def path(self, rel: str) -> Path:
-        return self.root / rel
 
     def text(self, rel: str) -> str | None:
         """The file's content, stripped; None when absent or unreadable (counted)."""
@@ -166,10 +166,6 @@ class Reader:
         except OSError:
             self.errors += 1
             return None
-
-    def resolve(self, rel: str) -> str:
-        """A path with its links followed, relative to the root (for walking up the tree)."""
-        return os.path.relpath(os.path.realpath(self.root / rel), self.root)
 
     def pci_address_of(self, rel: str) -> str | None:
         """Canonical PCI address of the device a `device` link (or a device dir) names."""
@@ -369,6 +365,7 @@ class SysfsSource:
         self.counters = Counters()
         self.rates = Rates(ctx.clock or time.monotonic)
         self._seen: set[str] = set()
+        self._stable: dict[str, Any] = {}
 
     def collect(self) -> SourceResult:
         reader = Reader(self.ctx.sysfs, self._seen)
@@ -377,6 +374,37 @@ class SysfsSource:
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         raise NotImplementedError
+
+    def stable(self, reader: Reader, key: str, read: Callable[[], T]) -> T:
+        """`read()` once per key and keep it, if it read without errors: an identity file
+        that fails briefly (unique_id, product_name, vendor) must not rename a device."""
+        if key in self._stable:
+            return cast(T, self._stable[key])
+        before = reader.errors
+        value = read()
+        if reader.errors == before:
+            self._stable[key] = value
+        return value
+
+    def pci_identity(self, reader: Reader, device_rel: str) -> PciIdentity | None:
+        """`pci_identity`, kept per PCI address."""
+        address = reader.pci_address_of(device_rel)
+        if address is None:
+            return None
+        return self.stable(reader, f"pci/{address}", lambda: pci_identity(reader, device_rel))
+
+    def drm_cards(
+        self, reader: Reader, drivers: Sequence[str]
+    ) -> Iterator[tuple[str, PciIdentity]]:
+        """`class/drm/cardN` entries whose PCI device is bound to one of `drivers`."""
+        for card in reader.listdir("class/drm"):
+            if not DRM_CARD.match(card):
+                continue
+            if reader.link_name(f"class/drm/{card}/device/driver") not in drivers:
+                continue
+            identity = self.pci_identity(reader, f"class/drm/{card}/device")
+            if identity is not None:
+                yield card, identity
 
     def close(self) -> None:
         return None
@@ -387,16 +415,3 @@ def device_reading(device: Device, samples: list[Sample]) -> DeviceReading:
 
 
 DRM_CARD = re.compile(r"^card\d+$")
-
-
-def drm_cards(reader: Reader, drivers: Sequence[str]) -> Iterator[tuple[str, PciIdentity]]:
-    """`class/drm/cardN` entries whose PCI device is bound to one of `drivers`."""
-    for card in reader.listdir("class/drm"):
-        if not DRM_CARD.match(card):
-            continue
-        driver = reader.link_name(f"class/drm/{card}/device/driver")
-        if driver not in drivers:
-            continue
-        identity = pci_identity(reader, f"class/drm/{card}/device")
-        if identity is not None:
-            yield card, identity
