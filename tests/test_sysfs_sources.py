@@ -13,7 +13,7 @@ from exporter.model import PodResourcesState, Sample, SourceResult
 from exporter.simulate.scenario import ScenarioError
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
-from exporter.sources.netdev import NetdevSource
+from exporter.sources.netdev import NetdevSource, NetStats, RecordedVfStats
 from exporter.sources.rdma import RdmaSource
 from tests.sysfs_support import Clock, blocking_file, context, make_tree, scenario
 
@@ -367,24 +367,30 @@ def test_sriov_vfs_from_host_sysfs_and_from_the_pf(tmp_path: Path) -> None:
     assert result.field_errors == 0
 
 
-class _FailingPf:
-    def __init__(self) -> None:
+class _FlakyPf:
+    """Recorded PF answers until `broken`, then the error of a PF that went away."""
+
+    def __init__(self, path: Path) -> None:
+        self.recorded = RecordedVfStats(path)
+        self.broken = False
         self.calls = 0
 
-    def vf_stats(self, pf: str) -> dict[int, object]:
+    def vf_stats(self, pf: str) -> dict[int, NetStats]:
         self.calls += 1
-        raise OSError(19, "No such device")
+        if self.broken:
+            raise OSError(19, "No such device")
+        return self.recorded.vf_stats(pf)
 
 
 def test_sriov_netlink_failure_keeps_last_values_and_label(tmp_path: Path) -> None:
     part = make_tree(tmp_path, "mixed")
     part.advance(8.0)
-    source = NetdevSource(context(part, Clock(), **{"netlink-replay": str(part.netlink_path)}))
+    pf = _FlakyPf(part.netlink_path)
+    source = NetdevSource(context(part, Clock()), pf)
     before = values(source.collect(), "0000:5e:01.0")
-    failing = _FailingPf()
-    source.vf_reader = failing  # type: ignore[assignment]
+    pf.broken = True
     result = source.collect()
-    assert failing.calls == 1, "one netlink call per PF and cycle"
+    assert pf.calls == 2, "one netlink call per PF and cycle"
     assert result.field_errors == 1
     assert values(result, "0000:5e:01.0") == before
     [moved] = [r.device for r in result.readings if r.device.id == "0000:5e:01.0"]

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +157,12 @@ class RdmaSource(SysfsSource):
             if pci is None:
                 continue  # a software RDMA device (rxe, siw) has no PCI function to join on
             pools = self._pools(reader, base, pci)
-            model = reader.text(f"{base}/hca_type") or pci.generic_model
+            hca_type = partial(reader.text, f"{base}/hca_type")
+            model = self.stable(reader, f"model/{pci.address}", hca_type)
             for port in reader.listdir(f"{base}/ports"):
-                yield self._port(reader, ibdev, port, pci=pci, model=model, pools=pools)
+                yield self._port(
+                    reader, ibdev, port, pci=pci, model=model or pci.generic_model, pools=pools
+                )
 
     def _pools(self, reader: Reader, base: str, pci: PciIdentity) -> frozenset[str]:
         if not self.pool_config.pools:
