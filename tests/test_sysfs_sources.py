@@ -456,6 +456,7 @@ def test_sample_values_are_floats(tmp_path: Path) -> None:
             "rx_gbps: expected a number",
         ),
         ("sriov: {pf: x}", "sysfs.sriov: expected a list"),
+        ("infiniband: [{pci: '0000:3b:00.0', ports: [{state: UP}]}]", "ports[0].state: one of"),
     ],
 )
 def test_scenario_errors_name_the_key(tmp_path: Path, snippet: str, message: str) -> None:

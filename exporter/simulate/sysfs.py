@@ -287,6 +287,7 @@ PORT_KEYS = {
     "port", "state", "rate", "link_layer", "rx_gbps", "tx_gbps", "packet_bytes",
     "xmit_wait_per_s", "errors", "hw_counters",
 }  # fmt: skip
+HCA_DEFAULTS = {"hca_type": "MT4123", "fw_ver": "20.39.1002", "board_id": "MT_0000000223"}
 IB_STATES = {"DOWN": "1: DOWN", "INIT": "2: INIT", "ARMED": "3: ARMED", "ACTIVE": "4: ACTIVE"}
 IB_ERROR_FILES = (
     "port_rcv_errors", "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
@@ -302,17 +303,17 @@ def _hca(tree: Tree, hca: _Doc, t: float) -> None:
     ib = f"{rel}/infiniband/{name}"
     tree.link(f"class/infiniband/{name}", ib)
     tree.link(f"{ib}/device", rel)
-    for key in ("hca_type", "fw_ver", "board_id"):
-        tree.put(f"{ib}/{key}", hca.get(key, {"hca_type": "MT4123"}.get(key, "unknown")))
+    for key, default in HCA_DEFAULTS.items():
+        tree.put(f"{ib}/{key}", hca.get(key, default))
     if hca.get("netdev"):
         _netdev(tree, rel, str(hca.get("netdev")), arp_type=32, speed=None, stats={})
     for port in hca.items("ports", PORT_KEYS):
         p = f"{ib}/ports/{int(port.number('port', 1))}"
-        tree.put(f"{p}/state", IB_STATES[str(port.get("state", "ACTIVE"))])
-        tree.put(
-            f"{p}/phys_state",
-            "5: LinkUp" if port.get("state", "ACTIVE") == "ACTIVE" else "3: Disabled",
-        )
+        state = str(port.get("state", "ACTIVE"))
+        if state not in IB_STATES:
+            raise ScenarioError(f"{port.scenario}: {port.where}.state: one of {list(IB_STATES)}")
+        tree.put(f"{p}/state", IB_STATES[state])
+        tree.put(f"{p}/phys_state", "5: LinkUp" if state == "ACTIVE" else "3: Disabled")
         tree.put(f"{p}/rate", port.get("rate", "200 Gb/sec (4X HDR)"))
         tree.put(f"{p}/link_layer", port.get("link_layer", "InfiniBand"))
         packet = port.number("packet_bytes", 4096)
