@@ -130,12 +130,14 @@ ATTRIBUTES: dict[str, str] = {
     "k8s.node.name": "The node (`--node-name`); a resource attribute in OTLP.",
     # metric-specific
     "hw.gpu.task": "What the utilization is of: `general`, `encoder`, `decoder`.",
-    "hw.sensor_location": "Temperature sensor: `gpu`, `memory`, `edge`, `junction`.",
+    "hw.sensor_location": "Temperature sensor: `gpu`, `memory`, `edge`, `junction`, `package`.",
     "hw.gpu.clock.type": "Clock domain: `sm`, `graphics`, `memory`.",
     "hw.gpu.clock.throttle_reason": "Why clocks are held down (NVML clock event reason).",
     "hw.state": "Operational state: `ok`, `degraded`, `failed`.",
-    "error.type": "Kind of error: `ecc_corrected`, `ecc_uncorrected`, `pcie_replay`, "
-    "`nvlink_crc`, `symbol`, `link_downed`, `receive`, `transmit_discard`, ...",
+    "error.type": "Kind of error: `ecc_corrected`, `ecc_uncorrected`, `ecc_deferred`, "
+    "`pcie_replay`, `nvlink_crc`, `receive`, `transmit`; InfiniBand: `symbol`, `link_downed`, "
+    "`link_error_recovery`, `local_link_integrity`, `excessive_buffer_overrun`, `constraint`, "
+    "`remote_physical`, `switch_relay`, `vl15_dropped`.",
     "hw.error.block": "Hardware block an error was counted in (AMD RAS: `umc`, `gfx`, ...).",
     "hw.gpu.xid": "NVIDIA XID error code.",
     "hw.gpu.memory.remap_cause": "Why rows were remapped: `correctable`, `uncorrectable`.",
@@ -326,10 +328,10 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Ticks the port had data to send but no flow-control credits (port_xmit_wait).",
     ),
     MetricSpec(
-        "hw.network.rdma.hw_counter",
+        "hw.network.rdma.statistic",
         C,
         "",
-        "RDMA driver hardware counters (hw_counters/), by counter name.",
+        "RDMA driver hardware counters (`hw_counters/`, what `rdma statistic` shows), by name.",
         attributes=("hw.network.rdma.counter",),
     ),
     # allocations (from PodResources, built by the join)

@@ -1,0 +1,279 @@
+"""SR-IOV NICs: every virtual function by PCI address (the SR-IOV device plugin's IDs).
+
+A VF whose netdev is in the host's network namespace is read from its sysfs statistics
+(`hw.network.stats_source="host_sysfs"`). Once the CNI moves it into a pod's namespace it
+vanishes from the host's `/sys/class/net`; its counters then come from the PF's side of
+the switch over netlink: RTM_GETLINK on the PF with IFLA_EXT_MASK=RTEXT_FILTER_VF returns
+IFLA_VF_STATS per VF (`pf_netlink`), through pyroute2. That needs the exporter in the
+host network namespace (hostNetwork) and a PF driver that reports VF stats (mlx5, ice,
+i40e... do). The alternative, reading `/proc/<pid>/net/dev` inside a pod's namespace
+(`pod_netns`), needs hostPID and a pod process to enter, and is not implemented.
+
+PFs with VFs are reported too (they are the VFs' `hw.parent`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+from exporter.log import StateLog
+from exporter.model import Device, DeviceReading, Sample
+from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.sources.sysfs import (
+    PciIdentity,
+    Reader,
+    SysfsSource,
+    alias,
+    device_reading,
+)
+
+log = logging.getLogger("exporter.sources.netdev")
+
+RTEXT_FILTER_VF = 1
+"""IFLA_EXT_MASK bit that makes RTM_GETLINK include the VF list with stats."""
+
+
+@dataclass(frozen=True, slots=True)
+class NetStats:
+    """Cumulative interface counters (bytes, packets); None where the driver has none."""
+
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+    rx_packets: int | None = None
+    tx_packets: int | None = None
+    rx_dropped: int | None = None
+    tx_dropped: int | None = None
+    rx_errors: int | None = None
+    tx_errors: int | None = None
+
+
+SAMPLES = (
+    # (NetStats field, metric, extra attribute)
+    ("rx_bytes", "hw.network.io", None),
+    ("tx_bytes", "hw.network.io", None),
+    ("rx_packets", "hw.network.packets", None),
+    ("tx_packets", "hw.network.packets", None),
+    ("rx_dropped", "hw.network.dropped", None),
+    ("tx_dropped", "hw.network.dropped", None),
+    ("rx_errors", "hw.errors", ("error.type", "receive")),
+    ("tx_errors", "hw.errors", ("error.type", "transmit")),
+)
+
+_VF_STATS_FIELDS = {
+    "IFLA_VF_STATS_RX_BYTES": "rx_bytes",
+    "IFLA_VF_STATS_TX_BYTES": "tx_bytes",
+    "IFLA_VF_STATS_RX_PACKETS": "rx_packets",
+    "IFLA_VF_STATS_TX_PACKETS": "tx_packets",
+    "IFLA_VF_STATS_RX_DROPPED": "rx_dropped",
+    "IFLA_VF_STATS_TX_DROPPED": "tx_dropped",
+}
+
+
+# --- PF-side VF statistics over netlink ------------------------------------------------------
+
+
+def _attrs(nla: Any) -> list[tuple[str, Any]]:
+    """(name, value) pairs of a netlink attribute in pyroute2's dict shape."""
+    return [(str(a[0]), a[1]) for a in (nla or {}).get("attrs", [])]
+
+
+def parse_vf_stats(messages: Iterable[Any]) -> dict[int, NetStats]:
+    """VF index -> stats from RTM_NEWLINK answers: pyroute2 messages or their `.dump()` dicts."""
+    stats: dict[int, NetStats] = {}
+    for msg in messages:
+        doc = msg.dump() if hasattr(msg, "dump") else msg
+        for name, vflist in _attrs(doc):
+            if name != "IFLA_VFINFO_LIST":
+                continue
+            for info_name, info in _attrs(vflist):
+                if info_name != "IFLA_VF_INFO":
+                    continue
+                parts = dict(_attrs(info))
+                vf = (parts.get("IFLA_VF_MAC") or {}).get("vf")
+                counters = dict(_attrs(parts.get("IFLA_VF_STATS")))
+                if vf is None or not counters:
+                    continue
+                values = {f: counters.get(n) for n, f in _VF_STATS_FIELDS.items()}
+                stats[int(vf)] = NetStats(
+                    **{k: None if v is None else int(v) for k, v in values.items()}
+                )
+    return stats
+
+
+class VfStatsReader(Protocol):
+    def vf_stats(self, pf: str) -> dict[int, NetStats]:
+        """VF index -> stats as the PF `pf` (an interface name) reports them. Raises on failure."""
+        ...
+
+
+class NetlinkVfStats:
+    """Asks the kernel, one RTM_GETLINK per PF (about a millisecond each)."""
+
+    def vf_stats(self, pf: str) -> dict[int, NetStats]:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return parse_vf_stats(ipr.link("get", ifname=pf, ext_mask=RTEXT_FILTER_VF))
+
+
+class RecordedVfStats:
+    """Replays recorded netlink answers: JSON `{PF: [message dict, ...]}` (`record_vf_stats`).
+
+    The simulated node writes one (it has no kernel VFs); it also lets a support case be
+    replayed offline. The file is re-read every cycle, as a live answer would be.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def vf_stats(self, pf: str) -> dict[int, NetStats]:
+        recorded = json.loads(self.path.read_text())
+        if pf not in recorded:
+            raise LookupError(f"no recorded answer for {pf}")
+        return parse_vf_stats(recorded[pf])
+
+
+def record_vf_stats(pfs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """Record the live netlink answers for `pfs` in the form RecordedVfStats replays."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return {
+            pf: [m.dump() for m in ipr.link("get", ifname=pf, ext_mask=RTEXT_FILTER_VF)]
+            for pf in pfs
+        }
+
+
+# --- the source ------------------------------------------------------------------------------
+
+
+class NetdevSource(SysfsSource):
+    name = "netdev"
+
+    def __init__(self, ctx: SourceContext, vf_reader: VfStatsReader | None = None) -> None:
+        super().__init__(ctx)
+        replay = ctx.options.get("netlink-replay", "")
+        self.vf_reader: VfStatsReader | None = vf_reader or (
+            RecordedVfStats(replay) if replay else NetlinkVfStats()
+        )
+        if ctx.options.get("vf-netlink", "true").lower() in ("false", "0", "no", "off"):
+            self.vf_reader = None
+        self._states = StateLog(log)
+
+    def read(self, reader: Reader) -> Iterator[DeviceReading]:
+        for ifname in reader.listdir("class/net"):
+            dev = f"class/net/{ifname}/device"
+            virtfns = [e for e in reader.listdir(dev) if e.startswith("virtfn") and e[6:].isdigit()]
+            if not virtfns:
+                continue  # not an SR-IOV PF
+            pf = self.pci_identity(reader, dev)
+            if pf is None:
+                continue
+            yield self._interface(reader, pf, f"class/net/{ifname}", ifname, parent="")
+            from_pf: dict[int, NetStats] | None = None
+            for virtfn in sorted(virtfns, key=lambda e: int(e[6:])):
+                vf = self.pci_identity(reader, f"{dev}/{virtfn}")
+                if vf is None:
+                    continue
+                names = reader.listdir(f"{dev}/{virtfn}/net")
+                if names:
+                    net = f"{dev}/{virtfn}/net/{names[0]}"
+                    yield self._interface(reader, vf, net, names[0], parent=pf.address)
+                    continue
+                if from_pf is None:
+                    from_pf = self._from_pf(reader, ifname)
+                # Missing stats (a failed answer) repeat the last values; the label stays put.
+                stats = from_pf.get(int(virtfn[6:]))
+                source = "pf_netlink" if self.vf_reader is not None else ""
+                yield self._reading(
+                    vf, parent=pf.address, ifname="", stats_source=source, stats=stats, samples=[]
+                )
+
+    def _from_pf(self, reader: Reader, pf: str) -> dict[int, NetStats]:
+        if self.vf_reader is None:
+            return {}
+        try:
+            stats = self.vf_reader.vf_stats(pf)
+        except Exception as exc:  # noqa: BLE001 - netlink, file and decoding errors alike
+            reader.garbage()
+            self._states.failed(f"pf/{pf}", f"VF statistics of {pf} over netlink failed: {exc}")
+            return {}
+        self._states.ok(f"pf/{pf}", f"VF statistics of {pf} over netlink answering again")
+        return stats
+
+    def _interface(
+        self, reader: Reader, pci: PciIdentity, net: str, ifname: str, parent: str
+    ) -> DeviceReading:
+        stats = NetStats(
+            **{f.name: reader.integer(f"{net}/statistics/{f.name}") for f in fields(NetStats)}
+        )
+        samples: list[Sample] = []
+        operstate = reader.text(f"{net}/operstate")
+        if operstate is not None:
+            add(samples, "hw.network.up", float(operstate == "up"))
+        speed = reader.integer(f"{net}/speed") if operstate == "up" else None
+        # speed is Mb/s, and reads -1 (or fails with EINVAL) while the link is down.
+        add(samples, "hw.network.bandwidth.limit", speed * 1e6 / 8 if speed and speed > 0 else None)
+        return self._reading(
+            pci,
+            parent=parent,
+            ifname=ifname,
+            stats_source="host_sysfs",
+            stats=stats,
+            samples=samples,
+        )
+
+    def _reading(
+        self,
+        pci: PciIdentity,
+        *,
+        parent: str,
+        ifname: str,
+        stats_source: str,
+        stats: NetStats | None,
+        samples: list[Sample],
+    ) -> DeviceReading:
+        device = Device(
+            id=pci.address,
+            type="network",
+            vendor=pci.vendor,
+            model=pci.generic_model,
+            source=self.name,
+            parent=parent,
+            attributes=(
+                ("hw.pci.bus_id", pci.address),
+                ("hw.network.name", ifname),
+                ("hw.network.stats_source", stats_source),
+            ),
+            aliases=frozenset({alias(pci.address)}),
+        )
+        values = stats or NetStats()
+        for field_name, metric, extra in SAMPLES:
+            direction = "receive" if field_name.startswith("rx") else "transmit"
+            attrs = [a for a in (extra, ("network.io.direction", direction)) if a]
+            self.counters.add(samples, device.id, metric, getattr(values, field_name), *attrs)
+        return device_reading(device, samples)
+
+
+register(
+    "netdev",
+    help="SR-IOV NIC PFs and VFs by PCI address (sysfs; PF-side netlink for VFs in pods)",
+    options=(
+        SourceOption(
+            "vf-netlink",
+            "read statistics of VFs moved into pod namespaces from their PF over netlink "
+            "(needs hostNetwork)",
+            "true",
+        ),
+        SourceOption(
+            "netlink-replay",
+            "replay recorded PF netlink answers from this JSON file instead of asking the "
+            "kernel (the simulated node; offline support cases)",
+        ),
+    ),
+)(NetdevSource)

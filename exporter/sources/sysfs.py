@@ -1,0 +1,417 @@
+"""The file-reading layer every sysfs source shares (amdgpu, intel, rdma, netdev).
+
+Rules learnt from node_exporter/procfs: read each file once per cycle with one small
+read (broken drivers answer EAGAIN forever, and some attributes are slow to produce), and
+let no single file fail a cycle: an unreadable, garbage or vanished file skips that one
+field and is counted. A file that was never there is "not supported" (no series, no error):
+only a file that was readable before and is not now counts as an error, so a driver that
+lacks `power1_input` is quiet while a hwmon that starts failing is visible.
+
+Counters go through `Counters`, which keeps the last value while a file is briefly
+unreadable and carries on across a driver's counter reset, so an exported counter never
+goes backwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from exporter.join import normalize_device_id, pci_address
+from exporter.model import Attributes, Device, DeviceReading, Sample, SourceResult
+from exporter.sources import SourceContext, add
+
+T = TypeVar("T")
+
+BUFFER_BYTES = 4096
+"""One read of at most a page: what a sysfs attribute's show() can return."""
+
+PCI_VENDORS = {
+    "0x1002": "amd",
+    "0x8086": "intel",
+    "0x15b3": "mellanox",
+    "0x10de": "nvidia",
+    "0x14e4": "broadcom",
+    "0x1077": "qlogic",
+    "0x1924": "solarflare",
+    "0x19a2": "emulex",
+}
+"""PCI vendor IDs -> `hw.vendor` values; unknown vendors keep their hex ID."""
+
+_KEYED_LINE = re.compile(r"^\s*(?P<key>[A-Za-z_]\w*)\s*:\s*(?P<value>-?\d+)\s*$")
+
+
+class Reader:
+    """One cycle's reads under one sysfs root. Paths are relative to the root."""
+
+    def __init__(self, root: Path, seen: set[str]) -> None:
+        self.root = root
+        self.errors = 0
+        self._seen = seen
+        self._cache: dict[str, str | None] = {}
+
+    def text(self, rel: str) -> str | None:
+        """The file's content, stripped; None when absent or unreadable (counted)."""
+        if rel in self._cache:
+            return self._cache[rel]
+        value = self._read(rel)
+        self._cache[rel] = value
+        return value
+
+    def _read(self, rel: str) -> str | None:
+        try:
+            # O_NONBLOCK: a read that would block returns EAGAIN instead of hanging a worker.
+            fd = os.open(self.root / rel, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._missing(rel)
+            return None
+        except OSError:
+            self.errors += 1
+            return None
+        try:
+            data = os.read(fd, BUFFER_BYTES)
+        except OSError as exc:
+            # EAGAIN (a driver with nothing to say), EIO, ENODATA (pcie_bw on APUs)...
+            if exc.errno not in (errno.ENODATA, errno.EOPNOTSUPP) or rel in self._seen:
+                self.errors += 1
+            return None
+        finally:
+            os.close(fd)
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            self.errors += 1
+            return None
+        self._seen.add(rel)
+        return text.strip()
+
+    def _missing(self, rel: str) -> None:
+        if rel in self._seen:
+            self.errors += 1  # every cycle it stays away: that field is skipped each time
+
+    def garbage(self) -> None:
+        """The caller could not parse what it read: one more skipped field."""
+        self.errors += 1
+
+    def integer(self, rel: str) -> int | None:
+        """A decimal or 0x-hex integer file; garbage counts as an error."""
+        text = self.text(rel)
+        if text is None:
+            return None
+        try:
+            return int(text, 0) if text.lower().startswith("0x") else int(text)
+        except ValueError:
+            self.garbage()
+            return None
+
+    def first_integer(self, *alternatives: str) -> int | None:
+        """The first of alternative files that exists (kernels name some things differently)."""
+        for rel in alternatives:
+            if self.exists(rel):
+                return self.integer(rel)
+        for rel in alternatives:
+            self.text(rel)  # none there: counts one that was there before
+        return None
+
+    def number(self, rel: str) -> float | None:
+        text = self.text(rel)
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            self.garbage()
+            return None
+
+    def keyed(self, rel: str) -> dict[str, int] | None:
+        """`key: value` lines (AMD RAS `ue: 0` / `ce: 3`); None when any line is garbage."""
+        text = self.text(rel)
+        if text is None:
+            return None
+        values: dict[str, int] = {}
+        for line in text.splitlines():
+            m = _KEYED_LINE.match(line)
+            if not m:
+                # e.g. "Query currently inaccessible" while RAS is busy
+                self.garbage()
+                return None
+            values[m["key"].lower()] = int(m["value"])
+        return values or None
+
+    def listdir(self, rel: str) -> list[str]:
+        """Sorted entries of a directory; [] when it does not exist."""
+        try:
+            return sorted(os.listdir(self.root / rel))
+        except FileNotFoundError:
+            return []
+        except OSError:
+            self.errors += 1
+            return []
+
+    def exists(self, rel: str) -> bool:
+        return os.path.lexists(self.root / rel)
+
+    def link_name(self, rel: str) -> str | None:
+        """The last component of a symlink's target (a `driver` link -> `amdgpu`)."""
+        try:
+            return os.path.basename(os.readlink(self.root / rel))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            self.errors += 1
+            return None
+
+    def pci_address_of(self, rel: str) -> str | None:
+        """Canonical PCI address of the device a `device` link (or a device dir) names."""
+        return pci_address(os.path.basename(os.path.realpath(self.root / rel)))
+
+
+# --- identity of a PCI device ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PciIdentity:
+    address: str
+    vendor_id: str
+    device_id: str
+    driver: str
+
+    @property
+    def vendor(self) -> str:
+        return PCI_VENDORS.get(self.vendor_id, self.vendor_id.removeprefix("0x"))
+
+    @property
+    def generic_model(self) -> str:
+        """What to call a device whose driver names no product: `ice [8086:159b]`."""
+        ids = f"{self.vendor_id.removeprefix('0x')}:{self.device_id.removeprefix('0x')}"
+        return f"{self.driver} [{ids}]" if self.driver else f"[{ids}]"
+
+
+def pci_identity(reader: Reader, device_rel: str) -> PciIdentity | None:
+    """PCI address, IDs and driver of the device a `device` link or PCI dir points at."""
+    address = reader.pci_address_of(device_rel)
+    if address is None:
+        return None
+    return PciIdentity(
+        address=address,
+        vendor_id=(reader.text(f"{device_rel}/vendor") or "").lower(),
+        device_id=(reader.text(f"{device_rel}/device") or "").lower(),
+        driver=reader.link_name(f"{device_rel}/driver") or "",
+    )
+
+
+def alias(raw: str) -> str:
+    """A device-plugin ID in the join's lookup form."""
+    return normalize_device_id(raw)[0]
+
+
+# --- hwmon -------------------------------------------------------------------------------
+
+TEMPERATURE_LOCATIONS = {
+    "edge": "edge",
+    "junction": "junction",
+    "mem": "memory",
+    "vram": "memory",
+    "pkg": "package",
+}
+"""hwmon `temp*_label` (amdgpu: edge/junction/mem; xe: pkg/vram) -> `hw.sensor_location`."""
+
+CLOCK_TYPES = {"sclk": "graphics", "mclk": "memory"}
+"""hwmon `freq*_label` (amdgpu) -> `hw.gpu.clock.type`."""
+
+_CHANNEL = re.compile(r"^(?P<kind>temp|freq|energy|power)(?P<n>\d+)_input$")
+
+
+@dataclass(frozen=True, slots=True)
+class HwmonReading:
+    """One hwmon chip, converted to base units (sysfs: m°C, µW, µJ, Hz)."""
+
+    name: str
+    temperatures_celsius: dict[str, float] = field(default_factory=dict)
+    clocks_hertz: dict[str, float] = field(default_factory=dict)
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+
+
+def read_hwmon(reader: Reader, device_rel: str) -> list[HwmonReading]:
+    """Every hwmon chip under a device (`<device>/hwmon/hwmon*`)."""
+    chips = []
+    for entry in reader.listdir(f"{device_rel}/hwmon"):
+        if entry.startswith("hwmon"):
+            chips.append(_read_chip(reader, f"{device_rel}/hwmon/{entry}"))
+    return chips
+
+
+def _read_chip(reader: Reader, rel: str) -> HwmonReading:
+    temps: dict[str, float] = {}
+    clocks: dict[str, float] = {}
+    energy: dict[str, float] = {}
+    for entry in reader.listdir(rel):
+        m = _CHANNEL.match(entry)
+        if not m or m["kind"] == "power":
+            continue
+        channel = f"{m['kind']}{m['n']}"
+        label = (reader.text(f"{rel}/{channel}_label") or "").lower()
+        value = reader.integer(f"{rel}/{entry}")
+        if value is None:
+            continue
+        if m["kind"] == "temp":
+            temps[TEMPERATURE_LOCATIONS.get(label, label or channel)] = value / 1000.0
+        elif m["kind"] == "freq":
+            clocks[CLOCK_TYPES.get(label, label or channel)] = float(value)
+        else:
+            energy[label or channel] = value / 1e6
+    # amdgpu: power1_average (all kernels; averaged like NVML's) or power1_input (6.7+).
+    power = reader.first_integer(f"{rel}/power1_average", f"{rel}/power1_input")
+    limit = reader.first_integer(f"{rel}/power1_cap", f"{rel}/power1_max")
+    return HwmonReading(
+        name=reader.text(f"{rel}/name") or "",
+        temperatures_celsius=temps,
+        clocks_hertz=clocks,
+        power_watts=None if power is None else power / 1e6,
+        power_limit_watts=None if not limit else limit / 1e6,
+        # xe labels its channels card/pkg: the card is the device's own energy.
+        energy_joules=energy.get("card", energy.get("energy1")),
+    )
+
+
+def hwmon_samples(samples: list[Sample], chip: HwmonReading, counters: Counters, key: str) -> None:
+    """The samples every hwmon chip gives, in the shared schema."""
+    add(samples, "hw.power", chip.power_watts)
+    add(samples, "hw.power.limit", chip.power_limit_watts)
+    counters.add(samples, key, "hw.energy", chip.energy_joules)
+    for location, celsius in sorted(chip.temperatures_celsius.items()):
+        add(samples, "hw.temperature", celsius, ("hw.sensor_location", location))
+    for clock, hertz in sorted(chip.clocks_hertz.items()):
+        add(samples, "hw.gpu.clock", hertz, ("hw.gpu.clock.type", clock))
+
+
+# --- state kept between cycles ---------------------------------------------------------------
+
+
+class Counters:
+    """Makes device counters monotonic across unreadable files and driver resets.
+
+    A failed read repeats the last value (the series neither vanishes nor drops); a raw
+    value lower than the last one is a reset (driver reload, `perfquery -R`), so the
+    exported value carries on from where it was instead of going backwards.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str, Attributes], tuple[float, float]] = {}
+        """key -> (last raw value, offset added for earlier resets)."""
+
+    def value(
+        self, key: str, metric: str, raw: float | None, attrs: Attributes = ()
+    ) -> float | None:
+        k = (key, metric, attrs)
+        last = self._last.get(k)
+        if raw is None:
+            return None if last is None else last[0] + last[1]
+        offset = 0.0 if last is None else last[1]
+        if last is not None and raw < last[0]:
+            offset += last[0]
+        self._last[k] = (raw, offset)
+        return raw + offset
+
+    def add(
+        self,
+        samples: list[Sample],
+        key: str,
+        metric: str,
+        raw: float | None,
+        *attrs: tuple[str, str],
+    ) -> None:
+        add(samples, metric, self.value(key, metric, raw, tuple(attrs)), *attrs)
+
+
+class Rates:
+    """Per-second rates of counters between two cycles (Intel busy and power)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._last: dict[str, tuple[float, float]] = {}
+
+    def per_second(self, key: str, value: float | None) -> float | None:
+        """Growth per second since the last call with this key; None on the first."""
+        if value is None:
+            return None
+        now = self._clock()
+        last = self._last.get(key)
+        self._last[key] = (value, now)
+        if last is None or now <= last[1] or value < last[0]:
+            return None
+        return (value - last[0]) / (now - last[1])
+
+
+class SysfsSource:
+    """What the sysfs sources share: the context, one Reader a cycle, counters, rates.
+
+    Subclasses implement `read(reader)`; constructing one touches no file, so a node
+    without the hardware just reports no devices.
+    """
+
+    name = ""
+
+    def __init__(self, ctx: SourceContext) -> None:
+        self.ctx = ctx
+        self.counters = Counters()
+        self.rates = Rates(ctx.clock or time.monotonic)
+        self._seen: set[str] = set()
+        self._stable: dict[str, Any] = {}
+
+    def collect(self) -> SourceResult:
+        reader = Reader(self.ctx.sysfs, self._seen)
+        readings = tuple(self.read(reader))
+        return SourceResult(self.name, readings, field_errors=reader.errors)
+
+    def read(self, reader: Reader) -> Iterator[DeviceReading]:
+        raise NotImplementedError
+
+    def stable(self, reader: Reader, key: str, read: Callable[[], T]) -> T:
+        """`read()` once per key and keep it, if it read without errors: an identity file
+        that fails briefly (unique_id, product_name, vendor) must not rename a device."""
+        if key in self._stable:
+            return cast(T, self._stable[key])
+        before = reader.errors
+        value = read()
+        if reader.errors == before:
+            self._stable[key] = value
+        return value
+
+    def pci_identity(self, reader: Reader, device_rel: str) -> PciIdentity | None:
+        """`pci_identity`, kept per PCI address."""
+        address = reader.pci_address_of(device_rel)
+        if address is None:
+            return None
+        return self.stable(reader, f"pci/{address}", lambda: pci_identity(reader, device_rel))
+
+    def drm_cards(
+        self, reader: Reader, drivers: Sequence[str]
+    ) -> Iterator[tuple[str, PciIdentity]]:
+        """`class/drm/cardN` entries whose PCI device is bound to one of `drivers`."""
+        for card in reader.listdir("class/drm"):
+            if not DRM_CARD.match(card):
+                continue
+            if reader.link_name(f"class/drm/{card}/device/driver") not in drivers:
+                continue
+            identity = self.pci_identity(reader, f"class/drm/{card}/device")
+            if identity is not None:
+                yield card, identity
+
+    def close(self) -> None:
+        return None
+
+
+def device_reading(device: Device, samples: list[Sample]) -> DeviceReading:
+    return DeviceReading(device, tuple(samples))
+
+
+DRM_CARD = re.compile(r"^card\d+$")
