@@ -76,6 +76,8 @@ def normalize_device_id(raw: str) -> tuple[str, str]:
 class JoinResult:
     devices: tuple[JoinedDevice, ...]
     allocations: tuple[Allocation, ...]
+    allocatable: tuple[ContainerDevices, ...] = ()
+    """The kubelet's allocatable devices of the resources we attribute."""
 
 
 class ResourceMatcher:
@@ -93,9 +95,9 @@ def join(
 ) -> JoinResult:
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
-    devices = [r.device for r in readings]
-    index, pools = _index(devices)
     state = state or PodResourcesState()
+    allocatable = tuple(d for d in state.allocatable if matcher(d.resource_name))
+    index = _Index([r.device for r in readings], allocatable if state.allocatable_known else None)
 
     allocations: list[Allocation] = []
     for pod in state.pods:
@@ -103,15 +105,15 @@ def join(
             holder = Holder(pod.namespace, pod.name, container.name)
             for devs in container.devices:
                 if matcher(devs.resource_name):
-                    allocations += _device_plugin(holder, devs, index, pools)
+                    allocations += _device_plugin(holder, devs, index)
             for claim in container.dynamic_resources:
                 for res in claim.claim_resources:
-                    allocations.append(
+                    allocations += [
                         Allocation(
                             holder=holder,
                             resource_name=res.driver_name,
                             raw_id=res.device_name,
-                            device_id=_lookup(index, res.device_name, res.driver_name),
+                            device_id=device_id,
                             shared=bool(res.share_id),
                             replica=res.share_id,
                             kind=AllocationKind.DRA,
@@ -119,18 +121,23 @@ def join(
                             driver=res.driver_name,
                             pool=res.pool_name,
                         )
-                    )
+                        for device_id in index.claimed(res.driver_name, res.device_name)
+                    ]
 
     holders: dict[str, set[Holder]] = defaultdict(set)
     for a in allocations:
         if a.device_id:
             holders[a.device_id].add(a.holder)
     allocations = [
-        _replace_shared(a) if a.device_id and len(holders[a.device_id]) > 1 else a
+        replace(a, shared=True) if a.device_id and len(holders[a.device_id]) > 1 else a
         for a in allocations
     ]
-    allocatable = _allocatable_ids(state.allocatable, index, pools, matcher)
-
+    allocatable_ids = {
+        device_id
+        for devs in allocatable
+        for raw in devs.device_ids
+        for device_id in index.resolve(devs.resource_name, raw)
+    }
     joined = []
     for reading in readings:
         who = holders.get(reading.device.id, set())
@@ -139,40 +146,63 @@ def join(
                 reading=reading,
                 holder=next(iter(who)) if len(who) == 1 else None,
                 holders=len(who),
-                allocatable=reading.device.id in allocatable,
+                allocatable=reading.device.id in allocatable_ids,
             )
         )
     allocations.sort(key=lambda a: (a.holder, a.kind.value, a.resource_name, a.raw_id, a.device_id))
-    return JoinResult(tuple(joined), tuple(_dedupe(allocations)))
+    return JoinResult(tuple(joined), tuple(_dedupe(allocations)), allocatable)
 
 
-def _index(devices: Sequence[Device]) -> tuple[dict[str, str], dict[str, list[str]]]:
-    index: dict[str, str] = {}
-    pools: dict[str, list[str]] = defaultdict(list)
-    for device in devices:
-        for alias in (device.id, *sorted(device.aliases)):
-            index.setdefault(normalize_device_id(alias)[0], device.id)
-        for pool in sorted(device.pools):
-            pools[pool].append(device.id)
-    return index, pools
+class _Index:
+    """Lookup key -> every device claiming it (a RoCE VF is both a NIC VF and an IB port),
+    pool resource -> its devices, and how many replicas the kubelet advertises per key."""
+
+    def __init__(
+        self, devices: Sequence[Device], allocatable: Sequence[ContainerDevices] | None
+    ) -> None:
+        self.aliases: dict[str, list[str]] = defaultdict(list)
+        self.pools: dict[str, list[str]] = defaultdict(list)
+        for device in devices:
+            keys = {normalize_device_id(a)[0] for a in (device.id, *device.aliases)}
+            for key in sorted(keys):
+                self.aliases[key].append(device.id)
+            for pool in sorted(device.pools):
+                self.pools[pool].append(device.id)
+        self.replicas: dict[str, int] | None = None
+        if allocatable is not None:
+            counts: dict[str, set[str]] = defaultdict(set)
+            for devs in allocatable:
+                for raw in devs.device_ids:
+                    key, replica = normalize_device_id(raw)
+                    counts[key].add(replica)
+            self.replicas = {key: len(reps) for key, reps in counts.items()}
+
+    def resolve(self, resource_name: str, raw: str) -> list[str]:
+        found = self.aliases.get(normalize_device_id(raw)[0])
+        return list(found) if found else list(self.pools.get(resource_name, []))
+
+    def claimed(self, driver: str, device_name: str) -> list[str]:
+        key = normalize_device_id(device_name)[0]
+        return list(self.aliases.get(key) or self.aliases.get(f"{driver}/{key}") or [""])
+
+    def replicated(self, key: str, replica: str) -> bool:
+        """Is this a replica of a device handed out several times? With the kubelet's
+        allocatable list we count the advertised replicas (Intel's default `card0-0` is one
+        device for one container); without it, any replica suffix counts as sharing."""
+        if self.replicas is None or key not in self.replicas:
+            return bool(replica)
+        return self.replicas[key] > 1
 
 
-def _lookup(index: dict[str, str], raw: str, driver: str = "") -> str:
-    key = normalize_device_id(raw)[0]
-    return index.get(key) or (index.get(f"{driver}/{key}", "") if driver else "")
-
-
-def _device_plugin(
-    holder: Holder, devs: ContainerDevices, index: dict[str, str], pools: dict[str, list[str]]
-) -> list[Allocation]:
+def _device_plugin(holder: Holder, devs: ContainerDevices, index: _Index) -> list[Allocation]:
     out = []
     renamed_shared = devs.resource_name.endswith(".shared")
     for raw in devs.device_ids:
         key, replica = normalize_device_id(raw)
-        found = index.get(key)
-        targets = [found] if found else pools.get(devs.resource_name, [""])
-        pooled = not found and devs.resource_name in pools
-        for device_id in targets:
+        found = index.aliases.get(key)
+        pooled = not found and devs.resource_name in index.pools
+        shared = renamed_shared or pooled or index.replicated(key, replica)
+        for device_id in index.resolve(devs.resource_name, raw) or [""]:
             out.append(
                 Allocation(
                     holder=holder,
@@ -180,31 +210,11 @@ def _device_plugin(
                     raw_id=raw,
                     device_id=device_id,
                     replica=replica,
-                    shared=bool(replica) or renamed_shared or pooled,
+                    shared=shared,
                     numa_nodes=devs.numa_nodes,
                 )
             )
     return out
-
-
-def _replace_shared(a: Allocation) -> Allocation:
-    return replace(a, shared=True)
-
-
-def _allocatable_ids(
-    allocatable: Sequence[ContainerDevices],
-    index: dict[str, str],
-    pools: dict[str, list[str]],
-    matcher: ResourceMatcher,
-) -> set[str]:
-    ids: set[str] = set()
-    for devs in allocatable:
-        if not matcher(devs.resource_name):
-            continue
-        for raw in devs.device_ids:
-            found = index.get(normalize_device_id(raw)[0])
-            ids.update([found] if found else pools.get(devs.resource_name, []))
-    return ids
 
 
 def _dedupe(allocations: list[Allocation]) -> list[Allocation]:

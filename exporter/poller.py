@@ -88,7 +88,7 @@ class Poller:
             node=self.node,
             devices=joined.devices,
             allocations=joined.allocations,
-            allocatable=state.allocatable if state else (),
+            allocatable=joined.allocatable,
             processes=tuple(p for r, _ in results if r is not None for p in r.processes),
             sources=tuple(healths),
             podresources=self.client.health() if self.client else PodResourcesHealth(),

@@ -198,3 +198,43 @@ def test_no_kubelet_still_lists_every_device() -> None:
     result = join([RESULT], None)
     assert len(result.devices) == len(DEVICES)
     assert result.allocations == ()
+
+
+def intel(resource_ids: tuple[str, ...], held: str) -> bool:
+    card = Device("0000:03:00.0", "gpu", "intel", "Arc", "t", aliases=frozenset({"card0"}))
+    state = PodResourcesState(
+        pods=(Pod("p", "n", (container("c", "gpu.intel.com/i915", held),)),),
+        allocatable=(ContainerDevices("gpu.intel.com/i915", resource_ids),),
+        allocatable_known=True,
+    )
+    (alloc,) = join([SourceResult("t", (DeviceReading(card),))], state).allocations
+    assert alloc.device_id == "0000:03:00.0"
+    return alloc.shared
+
+
+def test_intel_card_with_one_slot_is_not_shared() -> None:
+    assert not intel(("card0-0",), "card0-0")  # the plugin's default -shared-dev-num 1
+    assert intel(("card0-0", "card0-1", "card0-2"), "card0-1")
+
+
+def test_an_id_claimed_by_two_sources_resolves_to_both() -> None:
+    """A RoCE VF is a NIC VF (netdev source) and an RDMA port (rdma source)."""
+    vf = "0000:3b:02.1"
+    nic = Device(vf, "network", "intel", "E810 VF", "netdev")
+    port = Device("mlx5_4/1", "network", "mellanox", "CX7 VF", "rdma", aliases=frozenset({vf}))
+    state = PodResourcesState(pods=(Pod("p", "n", (container("c", "intel.com/sriov", vf),)),))
+    result = join([SourceResult("t", (DeviceReading(nic), DeviceReading(port)))], state)
+    assert sorted(a.device_id for a in result.allocations) == ["0000:3b:02.1", "mlx5_4/1"]
+    assert all(j.holder == Holder("n", "p", "c") for j in result.devices)
+
+
+def test_allocatable_outside_the_patterns_is_left_out() -> None:
+    state = PodResourcesState(
+        allocatable=(
+            ContainerDevices("nvidia.com/gpu", (GPU1,)),
+            ContainerDevices("cpu/x", ("1",)),
+        ),
+        allocatable_known=True,
+    )
+    result = join([RESULT], state)
+    assert [d.resource_name for d in result.allocatable] == ["nvidia.com/gpu"]

@@ -419,8 +419,8 @@ def test_mixed_node_ids_resolve_to_devices(tmp_path: Path) -> None:
         ("rocm-infer-a", "amdgpu_xcp_0"): ("amdgpu_xcp_0", False),
         ("rocm-infer-b", "amdgpu_xcp_1"): ("amdgpu_xcp_1", False),
         ("rocm-train", "0000:9d:00.0"): ("8f3a1c2e5b7d9e02", False),
-        ("transcode-0", "card3-0"): ("0000:4d:00.0", True),
-        ("xe-infer", "card4-0"): ("0000:b3:00.0", True),
+        ("transcode-0", "card3-0"): ("0000:4d:00.0", False),  # one slot per card
+        ("xe-infer", "card4-0"): ("0000:b3:00.0", False),
         ("mpi-worker-0", "0"): ("mlx5_0/1", True),
         ("mpi-worker-1", "1"): ("mlx5_0/1", True),
         ("storage-client", "0"): ("mlx5_1/1", True),

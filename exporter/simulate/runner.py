@@ -30,12 +30,11 @@ def run_simulation(argv: Sequence[str]) -> int:
             f"(bundled: {', '.join(bundled_names())}; format: docs/simulation.md)."
         )
         return 0 if argv else 2
+    workdir = Path(os.environ.get(WORKDIR_ENV) or tempfile.mkdtemp(prefix="kde-sim-"))
     try:
-        scenario = load_scenario(argv[0])
+        node = SimulatedNode(load_scenario(argv[0]), workdir)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from exc
-    workdir = Path(os.environ.get(WORKDIR_ENV) or tempfile.mkdtemp(prefix="kde-sim-"))
-    node = SimulatedNode(scenario, workdir)
     needed = node.env()
     if any(os.environ.get(k) != v for k, v in needed.items()):
         # The NVML binding dlopens libnvidia-ml.so.1 by name: the library path must be
