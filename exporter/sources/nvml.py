@@ -1,0 +1,772 @@
+"""NVIDIA GPUs and MIG slices through NVML (nvidia-ml-py). The only module that imports pynvml.
+
+Discovery (handles, UUIDs, names, PCI addresses, the MIG layout) is cached and redone
+every `rediscover-interval`, when the GPU count changes or after a MIG call fails; a
+cycle only reads what moves, batching counters into one `nvmlDeviceGetFieldValues` call
+per GPU (never `nvmlDeviceGetPcieThroughput`: it blocks 20 ms per call). XID errors come
+from an NVML event set waited on by a dedicated thread, so each is counted once.
+
+Every call goes through `_Calls.get`: NOT_SUPPORTED (and a function the driver lacks)
+becomes None, i.e. no series, never 0. GPU_IS_LOST fails only that GPU (it reports
+`hw.status{hw.state="failed"}` and nothing else); UNINITIALIZED or DRIVER_NOT_LOADED mean
+the driver went away: NVML is shut down and initialized again on the next cycle.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from exporter.join import normalize_device_id, pci_address
+from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
+from exporter.sources import SourceContext, SourceOption, add, register
+
+SOURCE = "nvml"
+NO_INSTANCE = 0xFFFFFFFF
+STATES = ("ok", "degraded", "failed")
+
+THROTTLE_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+"""NVML clock event reasons (`nvmlClocksEventReason*`) -> `hw.gpu.clock.throttle_reason`."""
+
+CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    field_id: int
+    metric: str
+    attributes: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
+    counter: bool = False
+    scope: int = 0
+
+
+_ALL_LINKS = 0xFFFFFFFF
+"""scopeId that sums a per-link NVLink field over every link."""
+
+FIELDS = (
+    _Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True),
+    _Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
+    _Field(
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+        "hw.gpu.io",
+        (("network.io.direction", "transmit"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+        "hw.gpu.io",
+        (("network.io.direction", "receive"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+        "hw.errors",
+        (("error.type", "pcie_replay"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        "hw.errors",
+        (("error.type", "ecc_corrected"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        "hw.errors",
+        (("error.type", "ecc_uncorrected"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_REMAPPED_COR,
+        "hw.gpu.memory.remapped_rows",
+        (("hw.gpu.memory.remap_cause", "correctable"),),
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_REMAPPED_UNC,
+        "hw.gpu.memory.remapped_rows",
+        (("hw.gpu.memory.remap_cause", "uncorrectable"),),
+    ),
+    _Field(pynvml.NVML_FI_DEV_REMAPPED_PENDING, "hw.gpu.memory.row_remap.pending"),
+    _Field(pynvml.NVML_FI_DEV_REMAPPED_FAILURE, "hw.gpu.memory.row_remap.failed"),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        "hw.gpu.nvlink.io",
+        (("network.io.direction", "transmit"),),
+        scale=1024.0,
+        counter=True,
+        scope=_ALL_LINKS,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        "hw.gpu.nvlink.io",
+        (("network.io.direction", "receive"),),
+        scale=1024.0,
+        counter=True,
+        scope=_ALL_LINKS,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        "hw.errors",
+        (("error.type", "nvlink_crc"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        "hw.errors",
+        (("error.type", "nvlink_crc_flit"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        "hw.errors",
+        (("error.type", "nvlink_replay"),),
+        counter=True,
+    ),
+    _Field(
+        pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        "hw.errors",
+        (("error.type", "nvlink_recovery"),),
+        counter=True,
+    ),
+)
+"""Everything read through the one batched field-value call per GPU."""
+
+_REINIT_ERRORS = {
+    pynvml.NVML_ERROR_UNINITIALIZED,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+}
+_ABSENT_ERRORS = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used this cycle (no driver, driver reloaded); retried next cycle."""
+
+
+class _GpuLost(Exception):
+    pass
+
+
+class _DriverGone(Exception):
+    pass
+
+
+# --- the one place NVML errors are interpreted --------------------------------------------
+
+
+class _Calls:
+    def __init__(self, logger: logging.Logger) -> None:
+        self.log = logger
+        self.errors = 0
+        self._missing: set[str] = set()
+
+    def get(self, fn: Callable[..., Any], *args: Any, quiet: Iterable[int] = ()) -> Any:
+        """fn(*args), or None when the value does not exist here (NOT_SUPPORTED, function
+        missing, a code in `quiet`) or could not be read (counted as a field error)."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            self.interpret(exc, fn.__name__, quiet)
+            return None
+
+    def interpret(self, exc: pynvml.NVMLError, what: str, quiet: Iterable[int] = ()) -> None:
+        code = exc.value
+        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise _GpuLost(what) from exc
+        if code in _REINIT_ERRORS:
+            raise _DriverGone(f"{what}: {exc}") from exc
+        if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and what not in self._missing:
+            self._missing.add(what)
+            self.log.info("NVML here has no %s; its metrics are left out", what)
+        if code not in _ABSENT_ERRORS and code not in quiet:
+            self.errors += 1
+            self.log.debug("%s failed: %s", what, exc)
+
+
+class _Counters:
+    """Counters that never go backwards: a driver reload or a wrapped hardware counter
+    restarts the raw value, and we keep counting from where we were."""
+
+    def __init__(self) -> None:
+        self._raw: dict[tuple[object, ...], float] = {}
+        self._total: dict[tuple[object, ...], float] = {}
+
+    def update(self, key: tuple[object, ...], raw: float) -> float:
+        last = self._raw.get(key)
+        total = self._total.get(key, 0.0)
+        total += raw if last is None or raw < last else raw - last
+        self._raw[key], self._total[key] = raw, total
+        return total
+
+    def last(self, key: tuple[object, ...]) -> float | None:
+        return self._total.get(key)
+
+
+class _XidCounts:
+    """XID events per (device id, xid), filled by the event thread, read by collect()."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, int]] = Counter()
+        self._cond = threading.Condition()
+
+    def add(self, device_id: str, xid: int) -> None:
+        with self._cond:
+            self._counts[(device_id, xid)] += 1
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[tuple[str, int], int]:
+        with self._cond:
+            return dict(self._counts)
+
+    def wait_total(self, total: int, timeout: float) -> bool:
+        """Block until `total` events were counted (tests; the event thread is async)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._counts.total() >= total, timeout)
+
+
+# --- what discovery learns ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Gpm:
+    """Two GPM sample buffers: metrics are rates between the previous cycle and this one."""
+
+    previous: Any
+    current: Any
+    primed: bool = False
+
+
+@dataclass(slots=True)
+class _Mig:
+    handle: Any
+    device: Device
+    gi: int
+    ci: int
+    gpm: _Gpm | None = None
+
+
+@dataclass(slots=True)
+class _Gpu:
+    handle: Any
+    index: int
+    device: Device
+    mig_mode: bool
+    migs: list[_Mig] = field(default_factory=list)
+    gpm: _Gpm | None = None
+    process_seen_us: int = 0
+
+
+def _aliases(*ids: str) -> frozenset[str]:
+    return frozenset(normalize_device_id(i)[0] for i in ids if i)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _handle_address(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+# --- the source ---------------------------------------------------------------------------
+
+
+@register(
+    SOURCE,
+    help="NVIDIA GPUs and MIG slices through NVML (libnvidia-ml.so.1)",
+    options=(
+        SourceOption(
+            "rediscover-interval",
+            "how often to look for new GPUs and MIG layout changes",
+            "60s",
+        ),
+        SourceOption("processes", "per-process GPU memory and utilization (true/false)", "true"),
+        SourceOption("xid-events", "count XID errors from an NVML event set (true/false)", "true"),
+    ),
+)
+class NvmlSource:
+    def __init__(self, ctx: SourceContext) -> None:
+        from exporter.cli import boolean, duration
+
+        self.log = ctx.logger
+        self.clock = ctx.clock or time.monotonic
+        self.rediscover_interval = duration(ctx.options.get("rediscover-interval", "60s"))
+        self.processes = boolean(ctx.options.get("processes", "true"))
+        self.xid_events = boolean(ctx.options.get("xid-events", "true"))
+        self.calls = _Calls(self.log)
+        self.counters = _Counters()
+        self.xids = _XidCounts()
+        self._initialized = False
+        self._gpus: list[_Gpu] | None = None
+        self._discovered_at = 0.0
+        self._watcher: _XidWatcher | None = None
+        self._xids_now: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def collect(self) -> SourceResult:
+        with self._lock:
+            self.calls.errors = 0
+            self._xids_now = self.xids.snapshot()
+            try:
+                gpus = self._ready()
+                readings: list[DeviceReading] = []
+                processes: list[ProcessUsage] = []
+                for gpu in gpus:
+                    self._read_gpu(gpu, readings, processes)
+            except _DriverGone as exc:
+                self._shutdown()
+                raise NvmlUnavailable(f"NVML lost the driver ({exc}); re-initializing") from exc
+            return SourceResult(SOURCE, tuple(readings), tuple(processes), self.calls.errors)
+
+    def close(self) -> None:
+        with self._lock:
+            self._shutdown()
+
+    def _ready(self) -> list[_Gpu]:
+        if not self._initialized:
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as exc:
+                raise NvmlUnavailable(f"NVML init failed: {exc}; retrying every cycle") from exc
+            self._initialized = True
+            self._gpus = None
+        count = self.calls.get(pynvml.nvmlDeviceGetCount)
+        stale = self.clock() - self._discovered_at >= self.rediscover_interval
+        if self._gpus is None or stale or count != len(self._gpus):
+            self._discover()
+        assert self._gpus is not None
+        return self._gpus
+
+    def _shutdown(self) -> None:
+        self._stop_watcher()
+        self._free_gpm(self._gpus or [])
+        self._gpus = None
+        if self._initialized:
+            self._initialized = False
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                self.log.debug("nvmlShutdown: %s", exc)
+
+    # --- discovery ------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        previous = {gpu.index: gpu for gpu in self._gpus or []}
+        self._stop_watcher()
+        self._free_gpm(self._gpus or [])
+        driver = _text(self.calls.get(pynvml.nvmlSystemGetDriverVersion) or "")
+        count = self.calls.get(pynvml.nvmlDeviceGetCount) or 0
+        gpus = []
+        for index in range(count):
+            try:
+                gpu = self._describe(index, driver)
+            except _GpuLost:
+                gpu = previous.get(index)
+                if gpu is None:
+                    self.calls.errors += 1
+                    self.log.warning("GPU %d is lost (GPU_IS_LOST) and was never seen", index)
+            if gpu is not None:
+                gpus.append(gpu)
+        self._gpus = gpus
+        self._discovered_at = self.clock()
+        if self.xid_events:
+            event_set = self.calls.get(pynvml.nvmlEventSetCreate)
+            if event_set is not None:
+                self._watcher = _XidWatcher(event_set, gpus, self.xids, self.calls, self.log)
+        self.log.debug(
+            "discovered %d GPUs, %d MIG devices", len(gpus), sum(len(g.migs) for g in gpus)
+        )
+
+    def _describe(self, index: int, driver: str) -> _Gpu | None:
+        get = self.calls.get
+        handle = get(pynvml.nvmlDeviceGetHandleByIndex, index)
+        uuid = handle and get(pynvml.nvmlDeviceGetUUID, handle)
+        if not uuid:
+            return None
+        uuid = _text(uuid)
+        name = _text(get(pynvml.nvmlDeviceGetName, handle) or "")
+        pci = get(pynvml.nvmlDeviceGetPciInfo, handle)
+        bus_id = (pci_address(_text(pci.busId)) or "") if pci is not None else ""
+        minor = get(pynvml.nvmlDeviceGetMinorNumber, handle)
+        serial = get(pynvml.nvmlDeviceGetSerial, handle)
+        mode = get(pynvml.nvmlDeviceGetMigMode, handle)
+        mig_mode = bool(mode) and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        common = (
+            ("hw.gpu.index", str(index)),
+            ("hw.gpu.minor", "" if minor is None else str(minor)),
+            ("hw.pci.bus_id", bus_id),
+            ("hw.driver_version", driver),
+        )
+        gke = f"nvidia{minor}" if minor is not None else ""
+        device = Device(
+            id=uuid,
+            type="gpu",
+            vendor="nvidia",
+            model=name,
+            source=SOURCE,
+            attributes=(*common, ("hw.serial_number", _text(serial or ""))),
+            aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{index}"),
+        )
+        gpu = _Gpu(handle, index, device, mig_mode)
+        gpm = get(pynvml.nvmlGpmQueryDeviceSupport, handle)
+        gpm_supported = gpm is not None and bool(gpm.isSupportedDevice)
+        if gpm_supported and mig_mode:
+            gpu.gpm = self._new_gpm()
+        if mig_mode:
+            gpu.migs = self._describe_migs(gpu, common, gke, gpm_supported)
+        return gpu
+
+    def _describe_migs(
+        self, gpu: _Gpu, common: tuple[tuple[str, str], ...], gke: str, gpm: bool
+    ) -> list[_Mig]:
+        get = self.calls.get
+        slots = get(pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0
+        migs = []
+        for slot in range(slots):
+            handle = get(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                gpu.handle,
+                slot,
+                quiet=(pynvml.NVML_ERROR_NOT_FOUND,),
+            )
+            if handle is None:
+                continue
+            uuid = _text(get(pynvml.nvmlDeviceGetUUID, handle) or "")
+            name = _text(get(pynvml.nvmlDeviceGetName, handle) or "")
+            gi = get(pynvml.nvmlDeviceGetGpuInstanceId, handle)
+            ci = get(pynvml.nvmlDeviceGetComputeInstanceId, handle)
+            if not uuid or gi is None or ci is None:
+                continue
+            profile = name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""
+            device = Device(
+                id=uuid,
+                type="gpu",
+                vendor="nvidia",
+                model=name,
+                source=SOURCE,
+                parent=gpu.device.id,
+                attributes=(
+                    *common,
+                    ("hw.gpu.mig.profile", profile),
+                    ("hw.gpu.mig.gpu_instance_id", str(gi)),
+                    ("hw.gpu.mig.compute_instance_id", str(ci)),
+                ),
+                aliases=_aliases(
+                    uuid, f"MIG-{gpu.device.id}/{gi}/{ci}", f"{gke}/gi{gi}" if gke else ""
+                ),
+            )
+            migs.append(_Mig(handle, device, gi, ci, self._new_gpm() if gpm else None))
+        return migs
+
+    def _new_gpm(self) -> _Gpm | None:
+        first = self.calls.get(pynvml.nvmlGpmSampleAlloc)
+        second = self.calls.get(pynvml.nvmlGpmSampleAlloc)
+        return _Gpm(first, second) if first is not None and second is not None else None
+
+    def _free_gpm(self, gpus: list[_Gpu]) -> None:
+        pairs = [g.gpm for g in gpus] + [m.gpm for g in gpus for m in g.migs]
+        for pair in pairs:
+            if pair is None:
+                continue
+            for sample in (pair.previous, pair.current):
+                try:
+                    pynvml.nvmlGpmSampleFree(sample)
+                except pynvml.NVMLError as exc:
+                    self.log.debug("nvmlGpmSampleFree: %s", exc)
+            pair.primed = False
+        for gpu in gpus:
+            gpu.gpm = None
+            for mig in gpu.migs:
+                mig.gpm = None
+
+    def _stop_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+
+    # --- one cycle ------------------------------------------------------------------
+
+    def _read_gpu(
+        self, gpu: _Gpu, readings: list[DeviceReading], processes: list[ProcessUsage]
+    ) -> None:
+        try:
+            samples, degraded = self._gpu_samples(gpu)
+            mig_readings = [self._mig_reading(gpu, mig, processes) for mig in gpu.migs]
+            if self.processes and not gpu.mig_mode:
+                self._processes(gpu.device.id, gpu.handle, samples, processes, gpu)
+        except _GpuLost:
+            readings.append(DeviceReading(gpu.device, _status("failed")))
+            readings += [DeviceReading(m.device, _status("failed")) for m in gpu.migs]
+            return
+        samples += _status("degraded" if degraded else "ok")
+        samples += self._xid_samples(gpu.device.id)
+        readings.append(DeviceReading(gpu.device, tuple(samples)))
+        readings += mig_readings
+
+    def _gpu_samples(self, gpu: _Gpu) -> tuple[list[Sample], bool]:
+        get, h = self.calls.get, gpu.handle
+        samples: list[Sample] = []
+        if not gpu.mig_mode:
+            util = get(pynvml.nvmlDeviceGetUtilizationRates, h)
+            if util is not None:
+                add(samples, "hw.gpu.utilization", util.gpu / 100, ("hw.gpu.task", "general"))
+                add(samples, "hw.gpu.memory.bandwidth.utilization", util.memory / 100)
+        elif gpu.gpm is not None:
+            self._gpm_samples(gpu.gpm, samples, pynvml.nvmlGpmSampleGet, h)
+        for task, fn in (
+            ("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
+            ("decoder", pynvml.nvmlDeviceGetDecoderUtilization),
+        ):
+            value = get(fn, h)
+            add(samples, "hw.gpu.utilization", value and value[0] / 100, ("hw.gpu.task", task))
+        self._memory_samples(h, samples)
+        power = get(pynvml.nvmlDeviceGetPowerUsage, h)
+        add(samples, "hw.power", power and power / 1000)
+        limit = get(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        add(samples, "hw.power.limit", limit and limit / 1000)
+        temp = get(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        add(samples, "hw.temperature", temp, ("hw.sensor_location", "gpu"))
+        for kind, clock in CLOCKS:
+            mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
+            add(samples, "hw.gpu.clock", mhz and mhz * 1e6, ("hw.gpu.clock.type", kind))
+        reasons = get(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+        if reasons is not None:
+            for reason, bit in THROTTLE_REASONS:
+                add(
+                    samples,
+                    "hw.gpu.clock.throttled",
+                    1.0 if reasons & bit else 0.0,
+                    ("hw.gpu.clock.throttle_reason", reason),
+                )
+        degraded = self._field_samples(gpu, samples)
+        return samples, degraded
+
+    def _memory_samples(self, handle: Any, samples: list[Sample]) -> None:
+        get = self.calls.get
+        mismatch = (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,)
+        mem = get(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, quiet=mismatch)
+        # Drivers before R510 have only v1, which counts the reserved memory as used.
+        mem = mem or get(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        if mem is None:
+            return
+        add(samples, "hw.gpu.memory.usage", mem.used)
+        add(samples, "hw.gpu.memory.limit", mem.total)
+        add(samples, "hw.gpu.memory.free", mem.free)
+        add(samples, "hw.gpu.memory.reserved", getattr(mem, "reserved", None))
+
+    def _field_samples(self, gpu: _Gpu, samples: list[Sample]) -> bool:
+        """The batched counters; True when a row remap is pending or has failed."""
+        request = [(f.field_id, f.scope) for f in FIELDS]
+        try:
+            values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, request)
+            results = [(v.nvmlReturn, v) for v in values]
+        except pynvml.NVMLError as exc:
+            self.calls.interpret(exc, "nvmlDeviceGetFieldValues")
+            results = [(exc.value, None) for _ in FIELDS]
+        degraded = False
+        for spec, (ret, value) in zip(FIELDS, results, strict=True):
+            key = (gpu.device.id, spec.field_id)
+            if ret == pynvml.NVML_SUCCESS:
+                number = _field_number(value) * spec.scale
+                if spec.counter:
+                    number = self.counters.update(key, number)
+                add(samples, spec.metric, number, *spec.attributes)
+                degraded |= spec.metric.startswith("hw.gpu.memory.row_remap") and number > 0
+            elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost("nvmlDeviceGetFieldValues")
+            elif ret not in _ABSENT_ERRORS:
+                self.calls.errors += 1
+                # A counter that failed to read keeps its last value rather than vanishing.
+                add(samples, spec.metric, self.counters.last(key), *spec.attributes)
+        return degraded
+
+    def _gpm_samples(
+        self, gpm: _Gpm, samples: list[Sample], sample: Callable[..., Any], *args: Any
+    ) -> None:
+        """GPM activity since the previous cycle's sample (`sample(*args, buffer)`)."""
+        if self.calls.get(sample, *args, gpm.current) is None:
+            gpm.primed = False
+            return
+        if gpm.primed:
+            request = pynvml.c_nvmlGpmMetricsGet_t()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = 2
+            request.sample1, request.sample2 = gpm.previous, gpm.current
+            request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+            request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+            if self.calls.get(pynvml.nvmlGpmMetricsGet, request) is not None:
+                busy, dram = request.metrics[0], request.metrics[1]
+                if busy.nvmlReturn == pynvml.NVML_SUCCESS:
+                    add(samples, "hw.gpu.utilization", busy.value / 100, ("hw.gpu.task", "general"))
+                if dram.nvmlReturn == pynvml.NVML_SUCCESS:
+                    add(samples, "hw.gpu.memory.bandwidth.utilization", dram.value / 100)
+        gpm.previous, gpm.current = gpm.current, gpm.previous
+        gpm.primed = True
+
+    def _mig_reading(self, gpu: _Gpu, mig: _Mig, processes: list[ProcessUsage]) -> DeviceReading:
+        samples: list[Sample] = []
+        self._memory_samples(mig.handle, samples)
+        if mig.gpm is not None:
+            self._gpm_samples(mig.gpm, samples, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi)
+        if self.processes:
+            self._processes(mig.device.id, mig.handle, samples, processes, None)
+        samples += _status("ok")
+        samples += self._xid_samples(mig.device.id)
+        return DeviceReading(mig.device, tuple(samples))
+
+    def _processes(
+        self,
+        device_id: str,
+        handle: Any,
+        samples: list[Sample],
+        processes: list[ProcessUsage],
+        gpu: _Gpu | None,
+    ) -> None:
+        running = self.calls.get(pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        busy: dict[int, float] = {}
+        if gpu is not None and running:
+            busy = self._process_utilization(gpu)
+        for proc in running:
+            pid = int(proc.pid)
+            memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
+            utilization = busy.get(pid)
+            add(samples, "hw.gpu.process.memory.usage", memory, ("process.pid", str(pid)))
+            add(samples, "hw.gpu.process.utilization", utilization, ("process.pid", str(pid)))
+            processes.append(ProcessUsage(device_id, pid, memory, utilization))
+
+    def _process_utilization(self, gpu: _Gpu) -> dict[int, float]:
+        """SM utilization per PID from the samples since the last cycle (the latest wins)."""
+        found = self.calls.get(
+            pynvml.nvmlDeviceGetProcessUtilization,
+            gpu.handle,
+            gpu.process_seen_us,
+            quiet=(pynvml.NVML_ERROR_NOT_FOUND,),
+        )
+        latest: dict[int, tuple[int, float]] = {}
+        for s in found or []:
+            if s.timeStamp >= latest.get(s.pid, (-1, 0.0))[0]:
+                latest[s.pid] = (s.timeStamp, s.smUtil / 100)
+            gpu.process_seen_us = max(gpu.process_seen_us, s.timeStamp)
+        return {pid: util for pid, (_, util) in latest.items()}
+
+    def _xid_samples(self, device_id: str) -> list[Sample]:
+        return [
+            Sample("hw.gpu.xid.errors", float(n), (("hw.gpu.xid", str(xid)),))
+            for (dev, xid), n in sorted(self._xids_now.items())
+            if dev == device_id
+        ]
+
+
+def _status(state: str) -> tuple[Sample, ...]:
+    return tuple(
+        Sample("hw.status", 1.0 if s == state else 0.0, (("hw.state", s),)) for s in STATES
+    )
+
+
+def _field_number(value: Any) -> float:
+    kind, v = value.valueType, value.value
+    by_type = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }
+    return float(getattr(v, by_type.get(kind, "ullVal")))
+
+
+# --- XID events ---------------------------------------------------------------------------
+
+
+class _XidWatcher:
+    """A thread blocked in nvmlEventSetWait_v2, counting each XID event once."""
+
+    WAIT_MS = 250
+
+    def __init__(
+        self,
+        event_set: Any,
+        gpus: list[_Gpu],
+        counts: _XidCounts,
+        calls: _Calls,
+        logger: logging.Logger,
+    ) -> None:
+        self.counts = counts
+        self.log = logger
+        self._stop = threading.Event()
+        self._gpus = {_handle_address(g.handle): g for g in gpus}
+        # Registration happens here, on the collecting thread: events from the moment
+        # discovery returns are in the set, none is lost to thread start-up.
+        self._set = event_set
+        for gpu in gpus:
+            try:
+                pynvml.nvmlDeviceRegisterEvents(
+                    gpu.handle, pynvml.nvmlEventTypeXidCriticalError, self._set
+                )
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    continue
+                calls.interpret(exc, "nvmlDeviceRegisterEvents")
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        failing = ""
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = pynvml.nvmlEventSetWait_v2(self._set, self.WAIT_MS)
+                except pynvml.NVMLError_Timeout:
+                    continue
+                except pynvml.NVMLError as exc:
+                    if str(exc) != failing:
+                        failing = str(exc)
+                        self.log.warning("waiting for XID events failed: %s", exc)
+                    self._stop.wait(1.0)
+                    continue
+                failing = ""
+                device_id = self._device_id(data)
+                if device_id and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                    self.counts.add(device_id, int(data.eventData))
+        finally:
+            try:
+                pynvml.nvmlEventSetFree(self._set)
+            except pynvml.NVMLError as exc:
+                self.log.debug("nvmlEventSetFree: %s", exc)
+
+    def _device_id(self, data: Any) -> str:
+        """The MIG slice the event names when it names one, else the GPU."""
+        gpu = self._gpus.get(_handle_address(data.device))
+        if gpu is None:
+            return ""
+        for mig in gpu.migs:
+            if mig.gi == data.gpuInstanceId and data.computeInstanceId in (mig.ci, NO_INSTANCE):
+                return mig.device.id
+        return gpu.device.id
