@@ -3,6 +3,10 @@ NOT_SUPPORTED, lost GPUs, driver reloads, XID events and counters that never go 
 
 from __future__ import annotations
 
+import ctypes.util
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -10,6 +14,8 @@ import yaml
 
 from exporter.metrics import ATTRIBUTES, SPECS, Kind
 from exporter.model import DeviceReading, SourceResult
+from exporter.simulate.nvml import STATE_ENV
+from exporter.simulate.nvml_scenario import parse_nvidia
 from exporter.simulate.scenario import load_scenario
 from exporter.sources import registry
 from exporter.sources.nvml import NvmlUnavailable
@@ -385,4 +391,63 @@ def test_samples_only_use_known_metrics_and_attributes(
     assert (
         value(gpu3, "hw.gpu.clock.throttled", hw__gpu__clock__throttle_reason="hw_thermal_slowdown")
         == 1
+    )
+
+
+def test_rediscovery_keeps_mig_activity_and_the_event_thread(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    node = nvidia_node("demo")
+    source = node.source(**{"rediscover-interval": "5s"})
+    node.collect_at(source, 1.0)
+    watcher = source._watcher
+    for t in (4.0, 7.0, 10.0, 13.0):  # rediscoveries at 7 and 13
+        r = reading(node.collect_at(source, t), MIG.format(2))
+        assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9), t
+    assert node.calls("nvmlDeviceGetUUID") == 3 * 8
+    assert source._watcher is watcher
+    assert node.calls("nvmlGpmSampleAlloc") == 2 * 5  # the parent GPU and four slices
+
+
+def test_a_mig_reconfiguration_is_picked_up(nvidia_node: Callable[[str], NvidiaNode]) -> None:
+    node = nvidia_node("demo")
+    source = node.source()
+    node.collect_at(source, 1.0)
+    doc = yaml.safe_load(with_faults("demo", []))
+    migs = doc["nvidia"]["gpus"][1]["mig"]
+    migs[2] = {"uuid": MIG.format(5), "profile": "2g.20gb", "gi": 5}  # 103 destroyed, 105 made
+    node.part.spec = parse_nvidia(doc["nvidia"], "demo")
+    node.collect_at(source, 2.0)  # the stale handle fails: rediscover next cycle
+    result = node.collect_at(source, 3.0)
+    ids = {r.device.id for r in result.readings}
+    assert MIG.format(5) in ids
+    assert MIG.format(3) not in ids
+    new = reading(result, MIG.format(5))
+    assert dict(new.device.attributes)["hw.gpu.mig.profile"] == "2g.20gb"
+    assert result.field_errors == 0
+
+
+NO_LIBRARY = """
+from exporter.sources import SourceContext
+from exporter.sources.nvml import NvmlSource, NvmlUnavailable
+source = NvmlSource(SourceContext())
+for _ in range(2):
+    try:
+        source.collect()
+    except NvmlUnavailable as exc:
+        print(exc)
+"""
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has libnvidia-ml"
+)
+def test_without_any_nvml_library_the_source_fails_clearly_each_cycle() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", STATE_ENV)}
+    out = subprocess.run(
+        [sys.executable, "-c", NO_LIBRARY], env=env, capture_output=True, text=True, check=True
+    )
+    assert (
+        out.stdout.splitlines()
+        == ["NVML init failed: NVML Shared Library Not Found; retrying every cycle"] * 2
     )

@@ -103,33 +103,41 @@ def make_part(scenario: Scenario, workdir: Path) -> NvmlPart:
 
 
 def measure_collect(
-    scenario: str = "dense",
+    scenario: str | None = "dense",
     *,
     cycles: int = 20,
     interval: float = 10.0,
-    workdir: Path,
+    workdir: Path | None = None,
     timer: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
-    """Seconds each of `cycles` NVML collections took on a simulated node (for bench/).
+    """Seconds each of `cycles` NVML collections took (for bench/), in this process.
 
-    Runs in this process with the simulated library preloaded; the scenario advances
-    `interval` seconds between collections. The first cycle includes discovery.
+    With a scenario (and a `workdir` for its state file) the simulated library is
+    preloaded and the scenario advances `interval` seconds between collections; with
+    `scenario=None` it measures the real driver this process finds. The first cycle
+    includes NVML initialization and discovery.
     """
     from exporter.sources import SourceContext
     from exporter.sources.nvml import NvmlSource
 
-    preload_library()
-    part = make_part(load_scenario(scenario), workdir)
-    os.environ[STATE_ENV] = str(part.state_path)
+    part = None
+    if scenario is not None:
+        if workdir is None:
+            raise ValueError("a simulated scenario needs a workdir for its state file")
+        preload_library()
+        part = make_part(load_scenario(scenario), workdir)
+        os.environ[STATE_ENV] = str(part.state_path)
     source = NvmlSource(SourceContext())
     durations = []
     try:
         for cycle in range(cycles):
-            part.advance(cycle * interval)
+            if part is not None:
+                part.advance(cycle * interval)
             started = timer()
             source.collect()
             durations.append(timer() - started)
     finally:
         source.close()
-        part.close()
+        if part is not None:
+            part.close()
     return durations

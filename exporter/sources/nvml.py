@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,6 +276,12 @@ class _Gpu:
     process_seen_us: int = 0
 
 
+def _devices(gpus: Iterable[_Gpu]) -> Iterator[_Gpu | _Mig]:
+    for gpu in gpus:
+        yield gpu
+        yield from gpu.migs
+
+
 def _aliases(*ids: str) -> frozenset[str]:
     return frozenset(normalize_device_id(i)[0] for i in ids if i)
 
@@ -317,7 +324,9 @@ class NvmlSource:
         self.xids = _XidCounts()
         self._initialized = False
         self._gpus: list[_Gpu] | None = None
+        self._count = 0
         self._discovered_at = 0.0
+        self._gpm_pool: dict[str, _Gpm] = {}
         self._watcher: _XidWatcher | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -351,16 +360,15 @@ class NvmlSource:
                 raise NvmlUnavailable(f"NVML init failed: {exc}; retrying every cycle") from exc
             self._initialized = True
             self._gpus = None
-        count = self.calls.get(pynvml.nvmlDeviceGetCount)
+        count = self.calls.get(pynvml.nvmlDeviceGetCount) or 0
         stale = self.clock() - self._discovered_at >= self.rediscover_interval
-        if self._gpus is None or stale or count != len(self._gpus):
-            self._discover()
-        assert self._gpus is not None
+        if self._gpus is None or stale or count != self._count:
+            self._gpus = self._discover(count)
         return self._gpus
 
     def _shutdown(self) -> None:
         self._stop_watcher()
-        self._free_gpm(self._gpus or [])
+        self._release_gpm(g.gpm for g in _devices(self._gpus or []))
         self._gpus = None
         if self._initialized:
             self._initialized = False
@@ -371,12 +379,13 @@ class NvmlSource:
 
     # --- discovery ------------------------------------------------------------------
 
-    def _discover(self) -> None:
-        previous = {gpu.index: gpu for gpu in self._gpus or []}
-        self._stop_watcher()
-        self._free_gpm(self._gpus or [])
+    def _discover(self, count: int) -> list[_Gpu]:
+        old = self._gpus or []
+        previous = {gpu.index: gpu for gpu in old}
+        # GPM buffers outlive a rediscovery: a device keeps its previous sample, so its
+        # activity has no gap every rediscover-interval.
+        self._gpm_pool = {d.device.id: d.gpm for d in _devices(old) if d.gpm is not None}
         driver = _text(self.calls.get(pynvml.nvmlSystemGetDriverVersion) or "")
-        count = self.calls.get(pynvml.nvmlDeviceGetCount) or 0
         gpus = []
         for index in range(count):
             try:
@@ -386,25 +395,29 @@ class NvmlSource:
                 if gpu is None:
                     self.calls.errors += 1
                     self.log.warning("GPU %d is lost (GPU_IS_LOST) and was never seen", index)
+                for device in _devices([gpu] if gpu else []):
+                    self._gpm_pool.pop(device.device.id, None)
             if gpu is not None:
                 gpus.append(gpu)
-        self._gpus = gpus
+        self._release_gpm(self._gpm_pool.values())
+        self._gpm_pool = {}
+        self._count = count
         self._discovered_at = self.clock()
         if self.xid_events:
-            event_set = self.calls.get(pynvml.nvmlEventSetCreate)
-            if event_set is not None:
-                self._watcher = _XidWatcher(event_set, gpus, self.xids, self.calls, self.log)
+            self._watch_xids(gpus)
         self.log.debug(
             "discovered %d GPUs, %d MIG devices", len(gpus), sum(len(g.migs) for g in gpus)
         )
+        return gpus
 
     def _describe(self, index: int, driver: str) -> _Gpu | None:
         get = self.calls.get
         handle = get(pynvml.nvmlDeviceGetHandleByIndex, index)
-        uuid = handle and get(pynvml.nvmlDeviceGetUUID, handle)
+        if handle is None:
+            return None
+        uuid = _text(get(pynvml.nvmlDeviceGetUUID, handle) or "")
         if not uuid:
             return None
-        uuid = _text(uuid)
         name = _text(get(pynvml.nvmlDeviceGetName, handle) or "")
         pci = get(pynvml.nvmlDeviceGetPciInfo, handle)
         bus_id = (pci_address(_text(pci.busId)) or "") if pci is not None else ""
@@ -432,7 +445,7 @@ class NvmlSource:
         gpm = get(pynvml.nvmlGpmQueryDeviceSupport, handle)
         gpm_supported = gpm is not None and bool(gpm.isSupportedDevice)
         if gpm_supported and mig_mode:
-            gpu.gpm = self._new_gpm()
+            gpu.gpm = self._take_gpm(uuid)
         if mig_mode:
             gpu.migs = self._describe_migs(gpu, common, gke, gpm_supported)
         return gpu
@@ -476,16 +489,19 @@ class NvmlSource:
                     uuid, f"MIG-{gpu.device.id}/{gi}/{ci}", f"{gke}/gi{gi}" if gke else ""
                 ),
             )
-            migs.append(_Mig(handle, device, gi, ci, self._new_gpm() if gpm else None))
+            migs.append(_Mig(handle, device, gi, ci, self._take_gpm(uuid) if gpm else None))
         return migs
 
-    def _new_gpm(self) -> _Gpm | None:
+    def _take_gpm(self, device_id: str) -> _Gpm | None:
+        """The device's GPM buffers from before a rediscovery, or new ones."""
+        kept = self._gpm_pool.pop(device_id, None)
+        if kept is not None:
+            return kept
         first = self.calls.get(pynvml.nvmlGpmSampleAlloc)
         second = self.calls.get(pynvml.nvmlGpmSampleAlloc)
         return _Gpm(first, second) if first is not None and second is not None else None
 
-    def _free_gpm(self, gpus: list[_Gpu]) -> None:
-        pairs = [g.gpm for g in gpus] + [m.gpm for g in gpus for m in g.migs]
+    def _release_gpm(self, pairs: Iterable[_Gpm | None]) -> None:
         for pair in pairs:
             if pair is None:
                 continue
@@ -494,11 +510,18 @@ class NvmlSource:
                     pynvml.nvmlGpmSampleFree(sample)
                 except pynvml.NVMLError as exc:
                     self.log.debug("nvmlGpmSampleFree: %s", exc)
-            pair.primed = False
-        for gpu in gpus:
-            gpu.gpm = None
-            for mig in gpu.migs:
-                mig.gpm = None
+
+    def _watch_xids(self, gpus: list[_Gpu]) -> None:
+        """Keep the event thread when the GPU handles are the same (a new event set
+        would miss what happens in between), else start one on the new handles."""
+        handles = frozenset((_handle_address(g.handle), g.device.id) for g in gpus)
+        if self._watcher is not None and self._watcher.handles == handles:
+            self._watcher.update(gpus)  # a new MIG layout changes where events count
+            return
+        self._stop_watcher()
+        event_set = self.calls.get(pynvml.nvmlEventSetCreate)
+        if event_set is not None:
+            self._watcher = _XidWatcher(event_set, gpus, self.xids, self.calls, self.log)
 
     def _stop_watcher(self) -> None:
         if self._watcher is not None:
@@ -512,7 +535,11 @@ class NvmlSource:
     ) -> None:
         try:
             samples, degraded = self._gpu_samples(gpu)
+            errors = self.calls.errors
             mig_readings = [self._mig_reading(gpu, mig, processes) for mig in gpu.migs]
+            if self.calls.errors > errors:
+                # MIG handles die with their slice: the layout may have changed.
+                self._discovered_at = -math.inf
             if self.processes and not gpu.mig_mode:
                 self._processes(gpu.device.id, gpu.handle, samples, processes, gpu)
         except _GpuLost:
@@ -716,22 +743,38 @@ class _XidWatcher:
     ) -> None:
         self.counts = counts
         self.log = logger
+        self.handles = frozenset((_handle_address(g.handle), g.device.id) for g in gpus)
         self._stop = threading.Event()
         self._gpus = {_handle_address(g.handle): g for g in gpus}
         # Registration happens here, on the collecting thread: events from the moment
         # discovery returns are in the set, none is lost to thread start-up.
         self._set = event_set
-        for gpu in gpus:
-            try:
-                pynvml.nvmlDeviceRegisterEvents(
-                    gpu.handle, pynvml.nvmlEventTypeXidCriticalError, self._set
-                )
-            except pynvml.NVMLError as exc:
-                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                    continue
-                calls.interpret(exc, "nvmlDeviceRegisterEvents")
+        try:
+            for gpu in gpus:
+                self._register(gpu, calls)
+        except _DriverGone:
+            self._free()
+            raise
         self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
         self._thread.start()
+
+    def _register(self, gpu: _Gpu, calls: _Calls) -> None:
+        try:
+            pynvml.nvmlDeviceRegisterEvents(
+                gpu.handle, pynvml.nvmlEventTypeXidCriticalError, self._set
+            )
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_GPU_IS_LOST:  # a lost GPU sends no events
+                calls.interpret(exc, "nvmlDeviceRegisterEvents")
+
+    def _free(self) -> None:
+        try:
+            pynvml.nvmlEventSetFree(self._set)
+        except pynvml.NVMLError as exc:
+            self.log.debug("nvmlEventSetFree: %s", exc)
+
+    def update(self, gpus: list[_Gpu]) -> None:
+        self._gpus = {_handle_address(g.handle): g for g in gpus}  # one atomic swap
 
     def stop(self) -> None:
         self._stop.set()
@@ -756,10 +799,7 @@ class _XidWatcher:
                 if device_id and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                     self.counts.add(device_id, int(data.eventData))
         finally:
-            try:
-                pynvml.nvmlEventSetFree(self._set)
-            except pynvml.NVMLError as exc:
-                self.log.debug("nvmlEventSetFree: %s", exc)
+            self._free()
 
     def _device_id(self, data: Any) -> str:
         """The MIG slice the event names when it names one, else the GPU."""

@@ -96,17 +96,19 @@ typedef struct {
     int nslow;
 } state_t;
 
-/* A handle is the address of one of these; a block is issued per library generation,
- * so handles from before a driver reload stop working, as on a real node. */
+/* A handle is the address of one of these. GPU handles are issued per library
+ * generation, so handles from before a driver reload stop working; a MIG handle names
+ * one MIG device, so it stops working when the slice is destroyed or reconfigured. */
 struct nvmlDevice_st {
     int gpu;
     int mig; /* -1: the full GPU */
     unsigned generation;
+    char uuid[96]; /* MIG handles: the device they were issued for */
 };
 
 typedef struct {
     struct nvmlDevice_st gpus[MAX_GPUS];
-    struct nvmlDevice_st migs[MAX_GPUS][MAX_MIGS];
+    struct nvmlDevice_st *migs[MAX_GPUS][MAX_MIGS];
 } handles_t;
 
 struct nvmlEventSet_st {
@@ -312,9 +314,26 @@ static nvmlReturn_t resolve(nvmlDevice_t dev, obj_t **obj, gpu_t **gpu) {
         *obj = &g->o;
         return NVML_SUCCESS;
     }
-    if (!g->migs[dev->mig].present) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *uuid = g->migs[dev->mig].present ? get(&g->migs[dev->mig].o, "uuid") : NULL;
+    if (uuid == NULL || strcmp(uuid, dev->uuid) != 0) return NVML_ERROR_INVALID_ARGUMENT;
     *obj = &g->migs[dev->mig].o;
     return NVML_SUCCESS;
+}
+
+/* The handle of the MIG device now in a slot (a new one when the slot was reconfigured).
+ * Handles are never freed: a stale one must stay readable to be rejected. */
+static nvmlDevice_t mig_handle(int gpu, int slot) {
+    const char *uuid = get(&cur->gpus[gpu].migs[slot].o, "uuid");
+    struct nvmlDevice_st *h = handles->migs[gpu][slot];
+    if (uuid == NULL) uuid = "";
+    if (h == NULL || strcmp(h->uuid, uuid) != 0) {
+        h = calloc(1, sizeof *h);
+        if (h == NULL) return NULL;
+        *h = (struct nvmlDevice_st){gpu, slot, lib_generation, ""};
+        snprintf(h->uuid, sizeof h->uuid, "%s", uuid);
+        handles->migs[gpu][slot] = h;
+    }
+    return h;
 }
 
 #define DEVICE_CALL(dev)                                 \
@@ -368,10 +387,7 @@ static nvmlReturn_t init_locked(void) {
         /* Never freed: stale handles must stay readable to be rejected. */
         handles_t *h = calloc(1, sizeof *h);
         if (h == NULL) return NVML_ERROR_MEMORY;
-        for (int i = 0; i < MAX_GPUS; i++) {
-            h->gpus[i] = (struct nvmlDevice_st){i, -1, cur->generation};
-            for (int m = 0; m < MAX_MIGS; m++) h->migs[i][m] = (struct nvmlDevice_st){i, m, cur->generation};
-        }
+        for (int i = 0; i < MAX_GPUS; i++) h->gpus[i] = (struct nvmlDevice_st){i, -1, cur->generation, ""};
         handles = h;
         lib_generation = cur->generation;
     }
@@ -472,8 +488,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
         for (int m = 0; m < MAX_MIGS; m++) {
             const char *mu_ = cur->gpus[i].migs[m].present ? get(&cur->gpus[i].migs[m].o, "uuid") : NULL;
             if (mu_ && strcmp(mu_, uuid) == 0) {
-                *device = &handles->migs[i][m];
-                return leave(NVML_SUCCESS);
+                *device = mig_handle(i, m);
+                return leave(*device ? NVML_SUCCESS : NVML_ERROR_MEMORY);
             }
         }
     }
@@ -578,8 +594,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     if (get_uint(o, "mig_mode", &mode) != NVML_SUCCESS || mode == 0) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (index >= MAX_MIGS) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!g->migs[index].present) return leave(NVML_ERROR_NOT_FOUND);
-    *migDevice = &handles->migs[device->gpu][index];
-    return leave(NVML_SUCCESS);
+    *migDevice = mig_handle(device->gpu, (int)index);
+    return leave(*migDevice ? NVML_SUCCESS : NVML_ERROR_MEMORY);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
