@@ -451,3 +451,26 @@ def test_without_any_nvml_library_the_source_fails_clearly_each_cycle() -> None:
         out.stdout.splitlines()
         == ["NVML init failed: NVML Shared Library Not Found; retrying every cycle"] * 2
     )
+
+
+def test_a_failed_read_keeps_counters_and_counts_an_error(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    node = nvidia_node("""
+nvidia:
+  gpus:
+    - uuid: GPU-00000000-0000-4000-8000-000000000000
+  faults:
+    - {kind: error, gpus: [0], features: [energy, memory_temperature, power], start: 20, end: 30}
+""")
+    source = node.source()
+    (before,) = node.collect_at(source, 15.0).readings
+    result = node.collect_at(source, 25.0)
+    (during,) = result.readings
+    assert result.field_errors == 3
+    assert value(during, "hw.energy") == value(before, "hw.energy") == 15 * 70.0
+    assert value(during, "hw.temperature", hw__sensor_location="memory") is None
+    assert value(during, "hw.power") is None
+    assert status(during) == "ok"
+    (after,) = node.collect_at(source, 35.0).readings
+    assert value(after, "hw.energy") == 35 * 70.0

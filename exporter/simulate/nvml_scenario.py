@@ -221,6 +221,8 @@ class Fault:
     reasons: int = 0
     function: str = "*"
     ms: int = 0
+    code: int = 999
+    """NVML return code of an `error` fault (999: NVML_ERROR_UNKNOWN)."""
 
     def active(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -229,7 +231,7 @@ class Fault:
         return self.active(t) and (self.gpus is None or gpu in self.gpus)
 
 
-FAULT_KINDS = ("lost", "not_supported", "slow", "driver_unloaded", "throttle")
+FAULT_KINDS = ("lost", "not_supported", "error", "slow", "driver_unloaded", "throttle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +484,9 @@ def _xid(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> XidSpec:
 
 def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
     f = doc.mapping(
-        value, where, {"kind", "start", "end", "gpus", "features", "reasons", "function", "ms"}
+        value,
+        where,
+        {"kind", "start", "end", "gpus", "features", "reasons", "function", "ms", "code"},
     )
     kind = f.get("kind")
     if kind not in FAULT_KINDS:
@@ -505,6 +509,7 @@ def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
         reasons=sum(THROTTLE_BITS[r] for r in reasons),
         function=str(f.get("function", "*")),
         ms=int(doc.number(f.get("ms", 0), f"{where}.ms")),
+        code=int(doc.number(f.get("code", 999), f"{where}.code")),
     )
 
 
@@ -545,8 +550,15 @@ def _render_gpu(spec: NvidiaSpec, gpu: GpuSpec, t: float, since: float) -> Itera
         if fault.kind == "not_supported" and fault.hits(gpu.index, t):
             hidden |= fault.features
     hidden_keys = {key for feature in hidden for key in FEATURES[feature]}
+    failing = {
+        key: f"!{fault.code}"
+        for fault in spec.faults
+        if fault.kind == "error" and fault.hits(gpu.index, t)
+        for feature in fault.features
+        for key in FEATURES[feature]
+    }
     yield f"gpu {gpu.index}"
-    values = _gpu_values(spec, gpu, t, since)
+    values = _gpu_values(spec, gpu, t, since) | failing
     if any(f.kind == "lost" and f.hits(gpu.index, t) for f in spec.faults):
         values = {k: values[k] for k in ("uuid", "name", "pci", "minor")} | {"lost": 1}
     for key, value in values.items():

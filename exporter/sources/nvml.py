@@ -605,17 +605,13 @@ class NvmlSource:
     def _field_samples(self, gpu: _Gpu, samples: list[Sample]) -> bool:
         """The batched counters; True when a row remap is pending or has failed."""
         request = [(f.field_id, f.scope) for f in FIELDS]
-        try:
-            values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, request)
-            results = [(v.nvmlReturn, v) for v in values]
-        except pynvml.NVMLError as exc:
-            self.calls.interpret(exc, "nvmlDeviceGetFieldValues")
-            results = [(exc.value, None) for _ in FIELDS]
+        values = self.calls.get(pynvml.nvmlDeviceGetFieldValues, gpu.handle, request)
         degraded = False
-        for spec, (ret, value) in zip(FIELDS, results, strict=True):
+        for i, spec in enumerate(FIELDS):
             key = (gpu.device.id, spec.field_id)
+            ret = pynvml.NVML_ERROR_UNKNOWN if values is None else values[i].nvmlReturn
             if ret == pynvml.NVML_SUCCESS:
-                number = _field_number(value) * spec.scale
+                number = _field_number(values[i]) * spec.scale
                 if spec.counter:
                     number = self.counters.update(key, number)
                 add(samples, spec.metric, number, *spec.attributes)
@@ -623,9 +619,11 @@ class NvmlSource:
             elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise _GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in _ABSENT_ERRORS:
-                self.calls.errors += 1
-                # A counter that failed to read keeps its last value rather than vanishing.
-                add(samples, spec.metric, self.counters.last(key), *spec.attributes)
+                if values is not None:  # (a failed call was counted once, not per field)
+                    self.calls.errors += 1
+                if spec.counter:
+                    # A counter that failed to read keeps its last value; it does not vanish.
+                    add(samples, spec.metric, self.counters.last(key), *spec.attributes)
         return degraded
 
     def _gpm_samples(

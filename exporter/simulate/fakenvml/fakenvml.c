@@ -18,7 +18,8 @@
  *   mig <gpu index> <slot>           starts a MIG block (keys below belong to it)
  *   proc <pid> <bytes> <gi> <ci> <sm%> <mem%>   a compute process of the current GPU
  *   xid <seq> <gpu index> <xid> <gi> <ci>       an XID event (delivered once per event set)
- * Device keys: see exporter/simulate/nvml.py (uuid, name, pci, minor, memory_total, ...).
+ * Device keys: see exporter/simulate/nvml_scenario.py (uuid, name, pci, minor, ...); a
+ * value "!<code>" makes every read of that key fail with that NVML return code.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -348,11 +349,19 @@ static nvmlDevice_t mig_handle(int gpu, int slot) {
 #define CHECK_PTR(p) \
     if ((p) == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT)
 
-static nvmlReturn_t get_ull(const obj_t *o, const char *key, unsigned long long *out) {
+/* Whether a value can be read: a missing key is NOT_SUPPORTED, "!<code>" an injected
+ * error (a read that fails this time). */
+static nvmlReturn_t status(const obj_t *o, const char *key) {
     const char *v = get(o, key);
     if (v == NULL) return NVML_ERROR_NOT_SUPPORTED;
-    *out = strtoull(v, NULL, 10);
+    if (v[0] == '!') return (nvmlReturn_t)atoi(v + 1);
     return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_ull(const obj_t *o, const char *key, unsigned long long *out) {
+    nvmlReturn_t r = status(o, key);
+    if (r == NVML_SUCCESS) *out = strtoull(get(o, key), NULL, 10);
+    return r;
 }
 
 static nvmlReturn_t get_uint(const obj_t *o, const char *key, unsigned int *out) {
@@ -364,7 +373,8 @@ static nvmlReturn_t get_uint(const obj_t *o, const char *key, unsigned int *out)
 
 static nvmlReturn_t get_str(const obj_t *o, const char *key, char *out, unsigned int length) {
     const char *v = get(o, key);
-    if (v == NULL) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t r = status(o, key);
+    if (r != NVML_SUCCESS) return r;
     if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(v) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(out, v, strlen(v) + 1);
@@ -861,7 +871,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     unsigned n = 0;
     DEVICE_CALL(device);
     CHECK_PTR(infoCount);
-    if (!get(o, "processes")) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
     for (int i = 0; i < g->nprocs; i++) n += proc_matches(device, o, &g->procs[i]);
     if (infos == NULL || *infoCount < n) {
         *infoCount = n;
@@ -887,7 +897,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
     unsigned n = 0;
     DEVICE_CALL(device);
     CHECK_PTR(processSamplesCount);
-    if (!get(o, "process_utilization")) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if ((r = status(o, "process_utilization")) != NVML_SUCCESS) return leave(r);
     if (cur->timestamp_us > lastSeenTimeStamp) n = (unsigned)g->nprocs;
     if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
     if (utilization == NULL || *processSamplesCount < n) {
@@ -989,7 +999,7 @@ EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSuppor
     DEVICE_CALL(device);
     CHECK_PTR(gpmSupport);
     if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    gpmSupport->isSupportedDevice = get(&g->o, "gpm") != NULL;
+    gpmSupport->isSupportedDevice = status(&g->o, "gpm") == NVML_SUCCESS;
     return leave(NVML_SUCCESS);
 }
 
@@ -1008,7 +1018,10 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
 
 static nvmlReturn_t gpm_fill(const obj_t *o, int gpu, int gi, nvmlGpmSample_t s) {
     const char *busy = get(o, "gpm_busy_s"), *sm = get(o, "gpm_sm_s"), *dram = get(o, "gpm_dram_s");
-    if (busy == NULL) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t r = status(o, "gpm_busy_s");
+    if (r != NVML_SUCCESS) return r;
+    if (sm && sm[0] == '!') sm = NULL;
+    if (dram && dram[0] == '!') dram = NULL;
     s->valid = 1;
     s->gpu = gpu;
     s->gi = gi;
@@ -1022,7 +1035,8 @@ static nvmlReturn_t gpm_fill(const obj_t *o, int gpu, int gi, nvmlGpmSample_t s)
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
     DEVICE_CALL(device);
     CHECK_PTR(gpmSample);
-    if (device->mig >= 0 || !get(&g->o, "gpm")) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (device->mig >= 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if ((r = status(&g->o, "gpm")) != NVML_SUCCESS) return leave(r);
     return leave(gpm_fill(o, device->gpu, -1, gpmSample));
 }
 
@@ -1030,7 +1044,8 @@ EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuIns
     unsigned gi;
     DEVICE_CALL(device);
     CHECK_PTR(gpmSample);
-    if (device->mig >= 0 || !get(&g->o, "gpm")) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (device->mig >= 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if ((r = status(&g->o, "gpm")) != NVML_SUCCESS) return leave(r);
     for (int m = 0; m < MAX_MIGS; m++)
         if (g->migs[m].present && get_uint(&g->migs[m].o, "gi", &gi) == NVML_SUCCESS && gi == gpuInstanceId)
             return leave(gpm_fill(&g->migs[m].o, device->gpu, (int)gi, gpmSample));
