@@ -7,6 +7,8 @@ import ctypes.util
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -474,3 +476,29 @@ nvidia:
     assert status(during) == "ok"
     (after,) = node.collect_at(source, 35.0).readings
     assert value(after, "hw.energy") == 35 * 70.0
+
+
+def test_close_does_not_hang_on_a_hung_driver_call(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    node = nvidia_node("""
+nvidia:
+  gpus: [{uuid: GPU-00000000-0000-4000-8000-000000000000}]
+  faults: [{kind: slow, function: nvmlDeviceGetPowerUsage, ms: 1500, start: 10}]
+""")
+    source = node.source()
+    node.collect_at(source, 1.0)
+    node.at(10.0)
+    collecting = threading.Thread(target=source.collect)
+    collecting.start()
+    deadline = time.monotonic() + 5
+    while node.calls("nvmlDeviceGetPowerUsage") < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)  # no clock to inject: a real thread is inside a real (slow) call
+    source.close_wait = 0.1
+    started = time.monotonic()
+    source.close()
+    assert time.monotonic() - started < 1.0
+    collecting.join()
+    source.close_wait = 5.0
+    source.close()  # now it shuts NVML down
+    assert node.calls("nvmlShutdown") == 1

@@ -330,6 +330,8 @@ class NvmlSource:
         self._watcher: _XidWatcher | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        self.close_wait = 5.0
+        """Seconds close() waits for a running collection."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -349,8 +351,14 @@ class NvmlSource:
             return SourceResult(SOURCE, tuple(readings), tuple(processes), self.calls.errors)
 
     def close(self) -> None:
-        with self._lock:
+        # A driver call can hang (a GPU falling off the bus): do not hang shutdown with it.
+        if not self._lock.acquire(timeout=self.close_wait):
+            self.log.warning("NVML is still busy in a call; exiting without nvmlShutdown")
+            return
+        try:
             self._shutdown()
+        finally:
+            self._lock.release()
 
     def _ready(self) -> list[_Gpu]:
         if not self._initialized:
