@@ -502,3 +502,40 @@ nvidia:
     source.close_wait = 5.0
     source.close()  # now it shuts NVML down
     assert node.calls("nvmlShutdown") == 1
+
+
+def test_an_older_driver_without_newer_functions_still_reports(
+    nvidia_node: Callable[[str], NvidiaNode], caplog: pytest.LogCaptureFixture
+) -> None:
+    node = nvidia_node("""
+nvidia:
+  gpus: [{uuid: GPU-00000000-0000-4000-8000-000000000000, utilization: 0.5}]
+  faults:
+    - {kind: missing, function: nvmlDeviceGetTemperatureV}
+    - {kind: missing, function: nvmlDeviceGetMemoryInfo_v2}
+    - {kind: missing, function: nvmlGpmQueryDeviceSupport}
+""")
+    source = node.source()
+    caplog.set_level("INFO")
+    for t in (1.0, 2.0):
+        result = node.collect_at(source, t)
+        (r,) = result.readings
+        assert result.field_errors == 0
+        assert value(r, "hw.temperature", hw__sensor_location="gpu") == 55.0
+        # v1 memory info: the reserved memory counts as used, and is not reported apart
+        assert value(r, "hw.gpu.memory.usage") == 491 * 2**20
+        assert value(r, "hw.gpu.memory.reserved") is None
+    # the newer calls are tried once, then only the older ones
+    assert node.calls("nvmlDeviceGetTemperatureV") == 1
+    assert node.calls("nvmlDeviceGetTemperature") == 2
+    assert node.calls("nvmlDeviceGetMemoryInfo_v2") == 1
+    assert node.calls("nvmlDeviceGetMemoryInfo") == 2
+    missing = sorted(r.getMessage() for r in caplog.records if "has no" in r.getMessage())
+    assert missing == [  # each logged once
+        f"NVML here has no {fn} (an older driver): not calling it again"
+        for fn in (
+            "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetTemperatureV",
+            "nvmlGpmQueryDeviceSupport",
+        )
+    ]

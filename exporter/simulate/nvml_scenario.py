@@ -231,7 +231,7 @@ class Fault:
         return self.active(t) and (self.gpus is None or gpu in self.gpus)
 
 
-FAULT_KINDS = ("lost", "not_supported", "error", "slow", "driver_unloaded", "throttle")
+FAULT_KINDS = ("lost", "not_supported", "error", "slow", "missing", "driver_unloaded", "throttle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +536,7 @@ def render(spec: NvidiaSpec, t: float, epoch_us: int) -> str:
         f"generation {generation}",
     ]
     lines += [f"slow {f.function} {f.ms}" for f in spec.faults if f.kind == "slow" and f.active(t)]
+    lines += [f"missing {f.function}" for f in spec.faults if f.kind == "missing" and f.active(t)]
     for gpu in spec.gpus:
         lines += _render_gpu(spec, gpu, t, loaded_at)
     for seq, x in enumerate(spec.xids, start=1):

@@ -48,6 +48,7 @@ THROTTLE_REASONS = (
 """NVML clock event reasons (`nvmlClocksEventReason*`) -> `hw.gpu.clock.throttle_reason`."""
 
 CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
+GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,15 +179,19 @@ class _Calls:
     def __init__(self, logger: logging.Logger) -> None:
         self.log = logger
         self.errors = 0
-        self._missing: set[str] = set()
+        self.missing: set[str] = set()
+        """NVML functions this library lacks (logged once)."""
 
-    def get(self, fn: Callable[..., Any], *args: Any, quiet: Iterable[int] = ()) -> Any:
+    def get(
+        self, fn: Callable[..., Any], *args: Any, quiet: Iterable[int] = (), name: str = ""
+    ) -> Any:
         """fn(*args), or None when the value does not exist here (NOT_SUPPORTED, function
-        missing, a code in `quiet`) or could not be read (counted as a field error)."""
+        missing, a code in `quiet`) or could not be read (counted as a field error).
+        `name` is the NVML function, where it is not the wrapper's name."""
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            self.interpret(exc, fn.__name__, quiet)
+            self.interpret(exc, name or fn.__name__, quiet)
             return None
 
     def interpret(self, exc: pynvml.NVMLError, what: str, quiet: Iterable[int] = ()) -> None:
@@ -195,9 +200,9 @@ class _Calls:
             raise _GpuLost(what) from exc
         if code in _REINIT_ERRORS:
             raise _DriverGone(f"{what}: {exc}") from exc
-        if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and what not in self._missing:
-            self._missing.add(what)
-            self.log.info("NVML here has no %s; its metrics are left out", what)
+        if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and what not in self.missing:
+            self.missing.add(what)
+            self.log.info("NVML here has no %s (an older driver): not calling it again", what)
         if code not in _ABSENT_ERRORS and code not in quiet:
             self.errors += 1
             self.log.debug("%s failed: %s", what, exc)
@@ -580,8 +585,7 @@ class NvmlSource:
         add(samples, "hw.power", power and power / 1000)
         limit = get(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         add(samples, "hw.power.limit", limit and limit / 1000)
-        temp = get(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
-        add(samples, "hw.temperature", temp, ("hw.sensor_location", "gpu"))
+        add(samples, "hw.temperature", self._temperature(h), ("hw.sensor_location", "gpu"))
         for kind, clock in CLOCKS:
             mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
             add(samples, "hw.gpu.clock", mhz and mhz * 1e6, ("hw.gpu.clock.type", kind))
@@ -597,10 +601,29 @@ class NvmlSource:
         degraded = self._field_samples(gpu, samples)
         return samples, degraded
 
+    def _temperature(self, handle: Any) -> float | None:
+        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); drivers before R550
+        # have only it.
+        newer = "nvmlDeviceGetTemperatureV"
+        temp = None
+        if newer not in self.calls.missing:
+            temp = self.calls.get(pynvml.nvmlDeviceGetTemperatureV, handle, GPU_SENSOR)
+        if newer in self.calls.missing:
+            temp = self.calls.get(pynvml.nvmlDeviceGetTemperature, handle, GPU_SENSOR)
+        return None if temp is None else float(temp)
+
     def _memory_samples(self, handle: Any, samples: list[Sample]) -> None:
-        get = self.calls.get
-        mismatch = (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,)
-        mem = get(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, quiet=mismatch)
+        get, v2 = self.calls.get, "nvmlDeviceGetMemoryInfo_v2"
+        mem = None
+        if v2 not in self.calls.missing:
+            mismatch = (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,)
+            mem = get(
+                pynvml.nvmlDeviceGetMemoryInfo,
+                handle,
+                pynvml.nvmlMemory_v2,
+                quiet=mismatch,
+                name=v2,
+            )
         # Drivers before R510 have only v1, which counts the reserved memory as used.
         mem = mem or get(pynvml.nvmlDeviceGetMemoryInfo, handle)
         if mem is None:

@@ -14,6 +14,8 @@
  *   time <scenario seconds>          timestamp_us <CPU time of the values, us since 1970>
  *   driver <version>  loaded <0|1>   generation <driver reloads so far>
  *   slow <function|*> <ms>           delay before a call, outside the lock
+ *   missing <function>               the call answers NVML_ERROR_FUNCTION_NOT_FOUND (an
+ *                                    older driver; pynvml raises as for a missing symbol)
  *   gpu <index>                      starts a GPU block; keys below belong to it
  *   mig <gpu index> <slot>           starts a MIG block (keys below belong to it)
  *   proc <pid> <bytes> <gi> <ci> <sm%> <mem%>   a compute process of the current GPU
@@ -95,6 +97,8 @@ typedef struct {
     int nxids;
     slow_t slow[MAX_SLOW];
     int nslow;
+    char missing[MAX_SLOW][64];
+    int nmissing;
 } state_t;
 
 /* A handle is the address of one of these. GPU handles are issued per library
@@ -217,6 +221,8 @@ static state_t *parse(FILE *f) {
             if (s->nxids < MAX_XIDS &&
                 sscanf(val, "%llu %u %llu %u %u", &x.seq, &x.gpu, &x.xid, &x.gi, &x.ci) == 5)
                 s->xids[s->nxids++] = x;
+        } else if (strcmp(key, "missing") == 0) {
+            if (s->nmissing < MAX_SLOW) snprintf(s->missing[s->nmissing++], 64, "%s", val);
         } else if (strcmp(key, "slow") == 0) {
             if (s->nslow < MAX_SLOW &&
                 sscanf(val, "%63s %u", s->slow[s->nslow].fn, &s->slow[s->nslow].ms) == 2)
@@ -282,9 +288,15 @@ static int live(void) {
     return refcount > 0 && cur != NULL && cur->loaded && cur->generation == lib_generation;
 }
 
+static int is_missing(const char *fn) {
+    for (int i = 0; cur != NULL && i < cur->nmissing; i++)
+        if (strcmp(cur->missing[i], fn) == 0) return 1;
+    return 0;
+}
+
 /* Count the call, apply an injected delay, then lock and refresh the state.
- * Returns with `mu` held. */
-static void enter(const char *fn) {
+ * Returns with `mu` held: NVML_SUCCESS, or FUNCTION_NOT_FOUND for a "missing" function. */
+static nvmlReturn_t enter(const char *fn) {
     unsigned ms;
     count_call(fn);
     pthread_mutex_lock(&mu);
@@ -296,12 +308,19 @@ static void enter(const char *fn) {
         pthread_mutex_lock(&mu);
         reload();
     }
+    return is_missing(fn) ? NVML_ERROR_FUNCTION_NOT_FOUND : NVML_SUCCESS;
 }
 
 static nvmlReturn_t leave(nvmlReturn_t r) {
     pthread_mutex_unlock(&mu);
     return r;
 }
+
+#define ENTER()                                    \
+    do {                                           \
+        nvmlReturn_t entered_ = enter(__func__);   \
+        if (entered_ != NVML_SUCCESS) return leave(entered_); \
+    } while (0)
 
 /* The object a handle names: the GPU block or the MIG block. */
 static nvmlReturn_t resolve(nvmlDevice_t dev, obj_t **obj, gpu_t **gpu) {
@@ -341,7 +360,7 @@ static nvmlDevice_t mig_handle(int gpu, int slot) {
     obj_t *o;                                            \
     gpu_t *g;                                            \
     nvmlReturn_t r;                                      \
-    enter(__func__);                                     \
+    ENTER();                                             \
     r = resolve((dev), &o, &g);                          \
     if (r != NVML_SUCCESS) return leave(r);              \
     (void)g
@@ -407,17 +426,17 @@ static nvmlReturn_t init_locked(void) {
 
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
-    enter(__func__);
+    ENTER();
     return leave(init_locked());
 }
 
 EXPORT nvmlReturn_t nvmlInit(void) { /* nvml.h maps this to nvmlInit_v2 */
-    enter(__func__);
+    ENTER();
     return leave(init_locked());
 }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
-    enter(__func__);
+    ENTER();
     if (refcount == 0) return leave(NVML_ERROR_UNINITIALIZED);
     refcount--;
     return leave(NVML_SUCCESS);
@@ -444,7 +463,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(version);
     if (strlen(cur->driver) + 1 > length) return leave(NVML_ERROR_INSUFFICIENT_SIZE);
@@ -454,7 +473,7 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     char v[96];
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(version);
     snprintf(v, sizeof v, "%d.%s", NVML_API_VERSION, cur->driver);
@@ -466,7 +485,7 @@ EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 /* ---------------------------------------------------------------- enumeration */
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { /* -> _v2 */
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(deviceCount);
     *deviceCount = (unsigned)cur->ngpus;
@@ -474,7 +493,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { /* -> _v2 */
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) { /* -> _v2 */
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(device);
     if (index >= (unsigned)cur->ngpus) return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -484,7 +503,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t 
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(uuid);
     CHECK_PTR(device);
@@ -514,7 +533,7 @@ static int parse_bus_id(const char *s, unsigned *dom, unsigned *bus, unsigned *d
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device) { /* -> _v2 */
     unsigned a[4], b[4];
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(pciBusId);
     CHECK_PTR(device);
@@ -723,6 +742,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatur
     return leave(get_uint(o, "temp_gpu", temp));
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
+    unsigned int t;
+    DEVICE_CALL(device);
+    CHECK_PTR(temperature);
+    if (temperature->version != nvmlTemperature_v1) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (temperature->sensorType != NVML_TEMPERATURE_GPU) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    r = get_uint(o, "temp_gpu", &t);
+    if (r == NVML_SUCCESS) temperature->temperature = (int)t;
+    return leave(r);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
     static const char *keys[] = {"clock_graphics", "clock_sm", "clock_memory", "clock_video"};
     DEVICE_CALL(device);
@@ -922,7 +952,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
 
 EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     struct nvmlEventSet_st *s;
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(set);
     s = calloc(1, sizeof *s);
@@ -957,7 +987,7 @@ static double now_ms(void) {
 
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     double deadline = now_ms() + timeoutms;
-    enter(__func__);
+    ENTER();
     for (;;) {
         if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
         if (set == NULL || data == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -988,7 +1018,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 }
 
 EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
-    enter(__func__);
+    ENTER();
     free(set);
     return leave(NVML_SUCCESS);
 }
@@ -1055,7 +1085,7 @@ EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuIns
 EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     const struct nvmlGpmSample_st *a, *b;
     double dt;
-    enter(__func__);
+    ENTER();
     if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
     CHECK_PTR(m);
     if (m->version != NVML_GPM_METRICS_GET_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
