@@ -514,6 +514,7 @@ nvidia:
     - {kind: missing, function: nvmlDeviceGetTemperatureV}
     - {kind: missing, function: nvmlDeviceGetMemoryInfo_v2}
     - {kind: missing, function: nvmlGpmQueryDeviceSupport}
+    - {kind: missing, function: nvmlDeviceGetCurrentClocksEventReasons}
 """)
     source = node.source()
     caplog.set_level("INFO")
@@ -525,6 +526,7 @@ nvidia:
         # v1 memory info: the reserved memory counts as used, and is not reported apart
         assert value(r, "hw.gpu.memory.usage") == 491 * 2**20
         assert value(r, "hw.gpu.memory.reserved") is None
+        assert value(r, "hw.gpu.clock.throttled", hw__gpu__clock__throttle_reason="gpu_idle") == 0
     # the newer calls are tried once, then only the older ones
     assert node.calls("nvmlDeviceGetTemperatureV") == 1
     assert node.calls("nvmlDeviceGetTemperature") == 2
@@ -534,6 +536,7 @@ nvidia:
     assert missing == [  # each logged once
         f"NVML here has no {fn} (an older driver): not calling it again"
         for fn in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
             "nvmlDeviceGetMemoryInfo_v2",
             "nvmlDeviceGetTemperatureV",
             "nvmlGpmQueryDeviceSupport",

@@ -157,7 +157,11 @@ _REINIT_ERRORS = {
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
 }
-_ABSENT_ERRORS = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+_MISSING_ERRORS = {
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,  # the function, but not this struct version
+}
+_ABSENT_ERRORS = {pynvml.NVML_ERROR_NOT_SUPPORTED, *_MISSING_ERRORS}
 
 
 class NvmlUnavailable(RuntimeError):
@@ -188,11 +192,23 @@ class _Calls:
         """fn(*args), or None when the value does not exist here (NOT_SUPPORTED, function
         missing, a code in `quiet`) or could not be read (counted as a field error).
         `name` is the NVML function, where it is not the wrapper's name."""
+        name = name or fn.__name__
+        if name in self.missing:
+            return None
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            self.interpret(exc, name or fn.__name__, quiet)
+            self.interpret(exc, name, quiet)
             return None
+
+    def newest(self, *calls: tuple[str, Callable[[], Any]]) -> Any:
+        """The value of the first (NVML function, call) this driver has: newer functions
+        first, older drivers fall through to the older ones."""
+        for name, call in calls:
+            value = self.get(call, name=name)
+            if name not in self.missing:
+                return value
+        return None
 
     def interpret(self, exc: pynvml.NVMLError, what: str, quiet: Iterable[int] = ()) -> None:
         code = exc.value
@@ -200,7 +216,7 @@ class _Calls:
             raise _GpuLost(what) from exc
         if code in _REINIT_ERRORS:
             raise _DriverGone(f"{what}: {exc}") from exc
-        if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and what not in self.missing:
+        if code in _MISSING_ERRORS and what not in self.missing:
             self.missing.add(what)
             self.log.info("NVML here has no %s (an older driver): not calling it again", what)
         if code not in _ABSENT_ERRORS and code not in quiet:
@@ -589,7 +605,16 @@ class NvmlSource:
         for kind, clock in CLOCKS:
             mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
             add(samples, "hw.gpu.clock", mhz and mhz * 1e6, ("hw.gpu.clock.type", kind))
-        reasons = get(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+        reasons = self.calls.newest(  # renamed in R535
+            (
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+            ),
+            (
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+            ),
+        )
         if reasons is not None:
             for reason, bit in THROTTLE_REASONS:
                 add(
@@ -602,30 +627,29 @@ class NvmlSource:
         return samples, degraded
 
     def _temperature(self, handle: Any) -> float | None:
-        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); drivers before R550
-        # have only it.
-        newer = "nvmlDeviceGetTemperatureV"
-        temp = None
-        if newer not in self.calls.missing:
-            temp = self.calls.get(pynvml.nvmlDeviceGetTemperatureV, handle, GPU_SENSOR)
-        if newer in self.calls.missing:
-            temp = self.calls.get(pynvml.nvmlDeviceGetTemperature, handle, GPU_SENSOR)
+        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); before R550 it is all
+        # there is.
+        temp = self.calls.newest(
+            (
+                "nvmlDeviceGetTemperatureV",
+                lambda: pynvml.nvmlDeviceGetTemperatureV(handle, GPU_SENSOR),
+            ),
+            (
+                "nvmlDeviceGetTemperature",
+                lambda: pynvml.nvmlDeviceGetTemperature(handle, GPU_SENSOR),
+            ),
+        )
         return None if temp is None else float(temp)
 
     def _memory_samples(self, handle: Any, samples: list[Sample]) -> None:
-        get, v2 = self.calls.get, "nvmlDeviceGetMemoryInfo_v2"
-        mem = None
-        if v2 not in self.calls.missing:
-            mismatch = (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,)
-            mem = get(
-                pynvml.nvmlDeviceGetMemoryInfo,
-                handle,
-                pynvml.nvmlMemory_v2,
-                quiet=mismatch,
-                name=v2,
-            )
         # Drivers before R510 have only v1, which counts the reserved memory as used.
-        mem = mem or get(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        mem = self.calls.newest(
+            (
+                "nvmlDeviceGetMemoryInfo_v2",
+                lambda: pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2),
+            ),
+            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)),
+        )
         if mem is None:
             return
         add(samples, "hw.gpu.memory.usage", mem.used)
