@@ -25,10 +25,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
+from pynvml import (
+    NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+    NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+    NVML_FI_DEV_MEMORY_TEMP,
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+    NVML_FI_DEV_REMAPPED_COR,
+    NVML_FI_DEV_REMAPPED_FAILURE,
+    NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+)
 
 from exporter.join import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.sources.counters import MonotonicCounters
 
 SOURCE = "nvml"
 NO_INSTANCE = 0xFFFFFFFF
@@ -64,91 +84,36 @@ class _Field:
 _ALL_LINKS = 0xFFFFFFFF
 """scopeId that sums a per-link NVLink field over every link."""
 
+
+def _count(field_id: int, metric: str, key: str, value: str, **kw: Any) -> _Field:
+    return _Field(field_id, metric, ((key, value),), counter=True, **kw)
+
+
+def _errors(field_id: int, error_type: str) -> _Field:
+    return _count(field_id, "hw.errors", "error.type", error_type)
+
+
+_IO, _REMAP = "network.io.direction", "hw.gpu.memory.remap_cause"
+_NVLINK = {"scale": 1024.0, "scope": _ALL_LINKS}  # KiB over all links
+
 FIELDS = (
-    _Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True),
-    _Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
-    _Field(
-        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-        "hw.gpu.io",
-        (("network.io.direction", "transmit"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
-        "hw.gpu.io",
-        (("network.io.direction", "receive"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,
-        "hw.errors",
-        (("error.type", "pcie_replay"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-        "hw.errors",
-        (("error.type", "ecc_corrected"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-        "hw.errors",
-        (("error.type", "ecc_uncorrected"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_REMAPPED_COR,
-        "hw.gpu.memory.remapped_rows",
-        (("hw.gpu.memory.remap_cause", "correctable"),),
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_REMAPPED_UNC,
-        "hw.gpu.memory.remapped_rows",
-        (("hw.gpu.memory.remap_cause", "uncorrectable"),),
-    ),
-    _Field(pynvml.NVML_FI_DEV_REMAPPED_PENDING, "hw.gpu.memory.row_remap.pending"),
-    _Field(pynvml.NVML_FI_DEV_REMAPPED_FAILURE, "hw.gpu.memory.row_remap.failed"),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-        "hw.gpu.nvlink.io",
-        (("network.io.direction", "transmit"),),
-        scale=1024.0,
-        counter=True,
-        scope=_ALL_LINKS,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-        "hw.gpu.nvlink.io",
-        (("network.io.direction", "receive"),),
-        scale=1024.0,
-        counter=True,
-        scope=_ALL_LINKS,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-        "hw.errors",
-        (("error.type", "nvlink_crc"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-        "hw.errors",
-        (("error.type", "nvlink_crc_flit"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
-        "hw.errors",
-        (("error.type", "nvlink_replay"),),
-        counter=True,
-    ),
-    _Field(
-        pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-        "hw.errors",
-        (("error.type", "nvlink_recovery"),),
-        counter=True,
-    ),
+    _Field(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True),
+    _Field(NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
+    _count(NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "hw.gpu.io", _IO, "transmit"),
+    _count(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, "hw.gpu.io", _IO, "receive"),
+    _errors(NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replay"),
+    _errors(NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "ecc_corrected"),
+    _errors(NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "ecc_uncorrected"),
+    _Field(NVML_FI_DEV_REMAPPED_COR, "hw.gpu.memory.remapped_rows", ((_REMAP, "correctable"),)),
+    _Field(NVML_FI_DEV_REMAPPED_UNC, "hw.gpu.memory.remapped_rows", ((_REMAP, "uncorrectable"),)),
+    _Field(NVML_FI_DEV_REMAPPED_PENDING, "hw.gpu.memory.row_remap.pending"),
+    _Field(NVML_FI_DEV_REMAPPED_FAILURE, "hw.gpu.memory.row_remap.failed"),
+    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "hw.gpu.nvlink.io", _IO, "transmit", **_NVLINK),
+    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "hw.gpu.nvlink.io", _IO, "receive", **_NVLINK),
+    _errors(NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, "nvlink_crc"),
+    _errors(NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, "nvlink_crc_flit"),
+    _errors(NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, "nvlink_replay"),
+    _errors(NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, "nvlink_recovery"),
 )
 """Everything read through the one batched field-value call per GPU."""
 
@@ -222,25 +187,6 @@ class _Calls:
         if code not in _ABSENT_ERRORS and code not in quiet:
             self.errors += 1
             self.log.debug("%s failed: %s", what, exc)
-
-
-class _Counters:
-    """Counters that never go backwards: a driver reload or a wrapped hardware counter
-    restarts the raw value, and we keep counting from where we were."""
-
-    def __init__(self) -> None:
-        self._raw: dict[tuple[object, ...], float] = {}
-        self._total: dict[tuple[object, ...], float] = {}
-
-    def update(self, key: tuple[object, ...], raw: float) -> float:
-        last = self._raw.get(key)
-        total = self._total.get(key, 0.0)
-        total += raw if last is None or raw < last else raw - last
-        self._raw[key], self._total[key] = raw, total
-        return total
-
-    def last(self, key: tuple[object, ...]) -> float | None:
-        return self._total.get(key)
 
 
 class _XidCounts:
@@ -341,7 +287,7 @@ class NvmlSource:
         self.processes = boolean(ctx.options.get("processes", "true"))
         self.xid_events = boolean(ctx.options.get("xid-events", "true"))
         self.calls = _Calls(self.log)
-        self.counters = _Counters()
+        self.counters = MonotonicCounters()
         self.xids = _XidCounts()
         self._initialized = False
         self._gpus: list[_Gpu] | None = None
