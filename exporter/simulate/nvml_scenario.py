@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.join import pci_address
-from exporter.simulate.scenario import ScenarioError
+from exporter.simulate.scenario import ScenarioError, _Where
 from exporter.simulate.signals import Signal, parse_signal
 
 MIB = 1024**2
@@ -239,7 +239,7 @@ class NvidiaSpec:
     driver_version: str = "580.95.05"
     gpus: tuple[GpuSpec, ...] = ()
     xids: tuple[XidSpec, ...] = ()
-    faults: tuple[Fault, ...] = field(default=())
+    faults: tuple[Fault, ...] = ()
 
     def device_index(self) -> dict[str, tuple[int, int, int]]:
         """Every UUID -> (gpu index, gi, ci); full GPUs have no instance ids."""
@@ -254,31 +254,23 @@ class NvidiaSpec:
 # --- parsing --------------------------------------------------------------------------
 
 
-class _Doc:
-    """Validation helpers: every error names the scenario, the key path and the problem."""
+class _Doc(_Where):
+    """The scenario parser's validation helpers, extended to values: every error names the
+    scenario, the key path and the problem."""
 
-    def __init__(self, scenario: str) -> None:
-        self.scenario = scenario
+    def fields(self, value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+        doc = self.mapping(value, where)
+        self.keys(doc, where, allowed)
+        return doc
 
-    def fail(self, where: str, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.scenario}: {where}: {problem}")
-
-    def mapping(self, value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"expected a mapping, got {type(value).__name__}")
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise self.fail(where, f"unknown keys {unknown} (allowed: {sorted(allowed)})")
-        return value
-
-    def seq(self, value: Any, where: str) -> list[Any]:
+    def items(self, value: Any, where: str) -> list[Any]:
         if value is None:
             return []
         if not isinstance(value, list):
             raise self.fail(where, f"expected a list, got {type(value).__name__}")
         return value
 
-    def number(self, value: Any, where: str) -> float:
+    def num(self, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(where, f"expected a number, got {value!r}")
         return float(value)
@@ -291,16 +283,16 @@ class _Doc:
                 raise self.fail(where, f"expected a size like 80GiB, got {value!r}")
             unit = {"B": 1, "KiB": 1024, "MiB": MIB, "GiB": GIB, "TiB": 1024 * GIB, None: 1}
             return int(float(m[1]) * unit[m[2]])
-        return int(self.number(value, where))
+        return int(self.num(value, where))
 
     def signal(self, value: Any, where: str) -> Signal:
         try:
             return parse_signal(value, where)
         except ValueError as exc:
-            raise ScenarioError(f"{self.scenario}: {exc}") from exc
+            raise ScenarioError(f"{self.name}: {exc}") from exc
 
     def features(self, value: Any, where: str) -> frozenset[str]:
-        names = [str(n) for n in self.seq(value, where)]
+        names = [str(n) for n in self.items(value, where)]
         unknown = sorted(set(names) - set(FEATURES))
         if unknown:
             raise self.fail(where, f"unknown features {unknown} (known: {sorted(FEATURES)})")
@@ -309,14 +301,12 @@ class _Doc:
 
 def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
     doc = _Doc(scenario)
-    top = doc.mapping(
-        section, "nvidia", {"driver_version", "gpu_defaults", "gpus", "xid", "faults"}
-    )
+    top = doc.fields(section, "nvidia", {"driver_version", "gpu_defaults", "gpus", "xid", "faults"})
     defaults = dict(GPU_DEFAULTS)
-    defaults.update(doc.mapping(top.get("gpu_defaults") or {}, "nvidia.gpu_defaults", GPU_KEYS))
+    defaults.update(doc.fields(top.get("gpu_defaults") or {}, "nvidia.gpu_defaults", GPU_KEYS))
     gpus = tuple(
-        _gpu(doc, i, defaults | doc.mapping(g, f"nvidia.gpus[{i}]", GPU_KEYS))
-        for i, g in enumerate(doc.seq(top.get("gpus"), "nvidia.gpus"))
+        _gpu(doc, i, defaults | doc.fields(g, f"nvidia.gpus[{i}]", GPU_KEYS))
+        for i, g in enumerate(doc.items(top.get("gpus"), "nvidia.gpus"))
     )
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig]
     duplicates = sorted({u for u in uuids if uuids.count(u) > 1})
@@ -324,11 +314,12 @@ def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
         raise doc.fail("nvidia.gpus", f"UUIDs used twice: {duplicates}")
     spec = NvidiaSpec(driver_version=str(top.get("driver_version", "580.95.05")), gpus=gpus)
     xids = tuple(
-        _xid(doc, spec, x, f"nvidia.xid[{i}]") for i, x in enumerate(doc.seq(top.get("xid"), "xid"))
+        _xid(doc, spec, x, f"nvidia.xid[{i}]")
+        for i, x in enumerate(doc.items(top.get("xid"), "xid"))
     )
     faults = tuple(
         _fault(doc, spec, f, f"nvidia.faults[{i}]")
-        for i, f in enumerate(doc.seq(top.get("faults"), "nvidia.faults"))
+        for i, f in enumerate(doc.items(top.get("faults"), "nvidia.faults"))
     )
     return NvidiaSpec(spec.driver_version, gpus, tuple(sorted(xids, key=lambda x: x.at)), faults)
 
@@ -337,15 +328,15 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
     where = f"nvidia.gpus[{index}]"
     if "uuid" not in g or not str(g["uuid"]).startswith("GPU-"):
         raise doc.fail(where, "needs a uuid starting with GPU-")
-    remap = doc.mapping(
+    remap = doc.fields(
         g["remapped_rows"],
         f"{where}.remapped_rows",
         {"correctable", "uncorrectable", "pending", "failure"},
     )
-    limit = doc.number(g["power_limit"], f"{where}.power_limit")
+    limit = doc.num(g["power_limit"], f"{where}.power_limit")
     migs = tuple(
         _mig(doc, m, f"{where}.mig[{i}]")
-        for i, m in enumerate(doc.seq(g.get("mig"), f"{where}.mig"))
+        for i, m in enumerate(doc.items(g.get("mig"), f"{where}.mig"))
     )
     if len(migs) > int(g["max_mig_devices"]):
         raise doc.fail(f"{where}.mig", f"more slices than max_mig_devices ({g['max_mig_devices']})")
@@ -355,13 +346,13 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
         name=str(g["name"]),
         serial=str(g.get("serial", f"16509230{index:05d}")),
         pci_bus_id=_bus_id(doc, g.get("pci_bus_id", f"0000:{DGX_BUS_IDS[index % 8]}:00.0"), where),
-        minor=int(doc.number(g.get("minor", index), f"{where}.minor")),
+        minor=int(doc.num(g.get("minor", index), f"{where}.minor")),
         memory=doc.size(g["memory"], f"{where}.memory"),
         memory_reserved=doc.size(g["memory_reserved"], f"{where}.memory_reserved"),
         memory_used=doc.size(g["memory_used"], f"{where}.memory_used"),
         power_limit=limit,
-        power_idle=doc.number(g["power_idle"], f"{where}.power_idle"),
-        power_max=doc.number(g.get("power_max", 0.95 * limit), f"{where}.power_max"),
+        power_idle=doc.num(g["power_idle"], f"{where}.power_idle"),
+        power_max=doc.num(g.get("power_max", 0.95 * limit), f"{where}.power_max"),
         utilization=doc.signal(g["utilization"], f"{where}.utilization"),
         memory_utilization=(
             doc.signal(g["memory_utilization"], f"{where}.memory_utilization")
@@ -370,21 +361,19 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
         ),
         encoder_utilization=doc.signal(g["encoder_utilization"], f"{where}.encoder_utilization"),
         decoder_utilization=doc.signal(g["decoder_utilization"], f"{where}.decoder_utilization"),
-        temperature_idle=doc.number(g["temperature_idle"], f"{where}.temperature_idle"),
-        temperature_max=doc.number(g["temperature_max"], f"{where}.temperature_max"),
-        sm_clock_idle=int(doc.number(g["sm_clock_idle"], f"{where}.sm_clock_idle")),
-        sm_clock_max=int(doc.number(g["sm_clock_max"], f"{where}.sm_clock_max")),
-        memory_clock=int(doc.number(g["memory_clock"], f"{where}.memory_clock")),
-        pcie_peak=doc.number(g["pcie_peak"], f"{where}.pcie_peak"),
-        pcie_replays_per_hour=doc.number(
-            g["pcie_replays_per_hour"], f"{where}.pcie_replays_per_hour"
-        ),
-        ecc_corrected_per_hour=doc.number(
+        temperature_idle=doc.num(g["temperature_idle"], f"{where}.temperature_idle"),
+        temperature_max=doc.num(g["temperature_max"], f"{where}.temperature_max"),
+        sm_clock_idle=int(doc.num(g["sm_clock_idle"], f"{where}.sm_clock_idle")),
+        sm_clock_max=int(doc.num(g["sm_clock_max"], f"{where}.sm_clock_max")),
+        memory_clock=int(doc.num(g["memory_clock"], f"{where}.memory_clock")),
+        pcie_peak=doc.num(g["pcie_peak"], f"{where}.pcie_peak"),
+        pcie_replays_per_hour=doc.num(g["pcie_replays_per_hour"], f"{where}.pcie_replays_per_hour"),
+        ecc_corrected_per_hour=doc.num(
             g["ecc_corrected_per_hour"], f"{where}.ecc_corrected_per_hour"
         ),
         ecc_uncorrected_at=tuple(
-            doc.number(x, f"{where}.ecc_uncorrected_at")
-            for x in doc.seq(g["ecc_uncorrected_at"], f"{where}.ecc_uncorrected_at")
+            doc.num(x, f"{where}.ecc_uncorrected_at")
+            for x in doc.items(g["ecc_uncorrected_at"], f"{where}.ecc_uncorrected_at")
         ),
         remapped_rows=(
             int(remap.get("correctable", 0)),
@@ -392,10 +381,10 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
             bool(remap.get("pending", False)),
             bool(remap.get("failure", False)),
         ),
-        nvlink_links=int(doc.number(g["nvlink_links"], f"{where}.nvlink_links")),
-        nvlink_peak=doc.number(g["nvlink_peak"], f"{where}.nvlink_peak"),
-        nvlink_crc_per_hour=doc.number(g["nvlink_crc_per_hour"], f"{where}.nvlink_crc_per_hour"),
-        max_mig_devices=int(doc.number(g["max_mig_devices"], f"{where}.max_mig_devices")),
+        nvlink_links=int(doc.num(g["nvlink_links"], f"{where}.nvlink_links")),
+        nvlink_peak=doc.num(g["nvlink_peak"], f"{where}.nvlink_peak"),
+        nvlink_crc_per_hour=doc.num(g["nvlink_crc_per_hour"], f"{where}.nvlink_crc_per_hour"),
+        max_mig_devices=int(doc.num(g["max_mig_devices"], f"{where}.max_mig_devices")),
         gpm=bool(g["gpm"]),
         unsupported=doc.features(g["unsupported"], f"{where}.unsupported"),
         pci_device_id=int(g["pci_device_id"]),
@@ -413,7 +402,7 @@ def _bus_id(doc: _Doc, value: Any, where: str) -> str:
 
 
 def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
-    m = doc.mapping(
+    m = doc.fields(
         value,
         where,
         {"uuid", "profile", "gi", "ci", "memory", "utilization", "memory_utilization", "processes"},
@@ -430,8 +419,8 @@ def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
     return MigSpec(
         uuid=str(m["uuid"]),
         profile=profile,
-        gi=int(doc.number(m["gi"], f"{where}.gi")),
-        ci=int(doc.number(m.get("ci", 0), f"{where}.ci")),
+        gi=int(doc.num(m["gi"], f"{where}.gi")),
+        ci=int(doc.num(m.get("ci", 0), f"{where}.ci")),
         memory=doc.size(m.get("memory", default_memory), f"{where}.memory"),
         utilization=doc.signal(m.get("utilization", 0.0), f"{where}.utilization"),
         memory_utilization=(
@@ -445,17 +434,17 @@ def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
 
 def _processes(doc: _Doc, value: Any, where: str) -> tuple[ProcessSpec, ...]:
     out = []
-    for i, p in enumerate(doc.seq(value, where)):
-        p = doc.mapping(p, f"{where}[{i}]", {"pid", "memory", "utilization", "start", "end"})
+    for i, p in enumerate(doc.items(value, where)):
+        p = doc.fields(p, f"{where}[{i}]", {"pid", "memory", "utilization", "start", "end"})
         if "pid" not in p:
             raise doc.fail(f"{where}[{i}]", "needs 'pid'")
         out.append(
             ProcessSpec(
-                pid=int(doc.number(p["pid"], f"{where}[{i}].pid")),
+                pid=int(doc.num(p["pid"], f"{where}[{i}].pid")),
                 memory=doc.size(p.get("memory", 0), f"{where}[{i}].memory"),
                 utilization=doc.signal(p.get("utilization", 0.0), f"{where}[{i}].utilization"),
-                start=doc.number(p.get("start", 0), f"{where}[{i}].start"),
-                end=doc.number(p["end"], f"{where}[{i}].end") if "end" in p else math.inf,
+                start=doc.num(p.get("start", 0), f"{where}[{i}].start"),
+                end=doc.num(p["end"], f"{where}[{i}].end") if "end" in p else math.inf,
             )
         )
     return tuple(out)
@@ -474,16 +463,16 @@ def _device(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> tuple[int, i
 
 
 def _xid(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> XidSpec:
-    x = doc.mapping(value, where, {"at", "device", "xid"})
+    x = doc.fields(value, where, {"at", "device", "xid"})
     for key in ("at", "device", "xid"):
         if key not in x:
             raise doc.fail(where, f"needs {key!r}")
     gpu, gi, ci = _device(doc, spec, x["device"], f"{where}.device")
-    return XidSpec(doc.number(x["at"], f"{where}.at"), gpu, int(x["xid"]), gi, ci)
+    return XidSpec(doc.num(x["at"], f"{where}.at"), gpu, int(x["xid"]), gi, ci)
 
 
 def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
-    f = doc.mapping(
+    f = doc.fields(
         value,
         where,
         {"kind", "start", "end", "gpus", "features", "reasons", "function", "ms", "code"},
@@ -494,22 +483,22 @@ def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
     gpus = None
     if "gpus" in f:
         gpus = frozenset(
-            _device(doc, spec, g, f"{where}.gpus")[0] for g in doc.seq(f["gpus"], f"{where}.gpus")
+            _device(doc, spec, g, f"{where}.gpus")[0] for g in doc.items(f["gpus"], f"{where}.gpus")
         )
-    reasons = [str(r) for r in doc.seq(f.get("reasons"), f"{where}.reasons")]
+    reasons = [str(r) for r in doc.items(f.get("reasons"), f"{where}.reasons")]
     unknown = sorted(set(reasons) - set(THROTTLE_BITS))
     if unknown:
         raise doc.fail(f"{where}.reasons", f"unknown {unknown} (known: {sorted(THROTTLE_BITS)})")
     return Fault(
         kind=kind,
-        start=doc.number(f.get("start", 0), f"{where}.start"),
-        end=doc.number(f["end"], f"{where}.end") if "end" in f else math.inf,
+        start=doc.num(f.get("start", 0), f"{where}.start"),
+        end=doc.num(f["end"], f"{where}.end") if "end" in f else math.inf,
         gpus=gpus,
         features=doc.features(f.get("features"), f"{where}.features"),
         reasons=sum(THROTTLE_BITS[r] for r in reasons),
         function=str(f.get("function", "*")),
-        ms=int(doc.number(f.get("ms", 0), f"{where}.ms")),
-        code=int(doc.number(f.get("code", 999), f"{where}.code")),
+        ms=int(doc.num(f.get("ms", 0), f"{where}.ms")),
+        code=int(doc.num(f.get("code", 999), f"{where}.code")),
     )
 
 
