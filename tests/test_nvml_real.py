@@ -1,0 +1,99 @@
+"""The NVML source on a real NVIDIA driver, when this machine has one.
+
+Runs in a subprocess: the test process may already hold the simulated library. Without a
+driver the test is skipped with the reason; run it on a GPU machine with
+`pytest -q -s tests/test_nvml_real.py` (it prints the cycle cost it measured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.simulate.nvml import STATE_ENV
+from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
+
+__all__ = ["fakenvml", "nvidia_node"]
+
+SCRIPT = r"""
+import json, statistics
+from exporter.simulate.nvml import measure_collect
+from exporter.sources import SourceContext
+from exporter.sources.nvml import NvmlSource
+
+source = NvmlSource(SourceContext())
+source.collect()
+result = source.collect()
+source.close()
+durations = measure_collect(None, cycles=20, interval=0)
+print(json.dumps({
+    "devices": [
+        {"id": r.device.id, "parent": r.device.parent, "model": r.device.model,
+         "attributes": dict(r.device.attributes),
+         "metrics": sorted({s.metric for s in r.samples}),
+         "status": [dict(s.attributes)["hw.state"] for s in r.samples
+                    if s.metric == "hw.status" and s.value == 1]}
+        for r in result.readings
+    ],
+    "field_errors": result.field_errors,
+    "first_ms": durations[0] * 1e3,
+    "median_ms": statistics.median(durations[1:]) * 1e3,
+    "max_ms": max(durations[1:]) * 1e3,
+}))
+"""
+
+
+def run_report(env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def check_report(report: dict[str, Any]) -> None:
+    assert report["devices"], "the driver reported no GPU"
+    for device in report["devices"]:
+        assert device["id"].startswith(("GPU-", "MIG-"))
+        assert device["status"] in (["ok"], ["degraded"])
+        assert "hw.gpu.memory.limit" in device["metrics"]
+        if not device["parent"]:
+            assert device["attributes"]["hw.pci.bus_id"]
+            assert "hw.power" in device["metrics"] or "hw.energy" in device["metrics"]
+    assert report["median_ms"] < 1000
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", STATE_ENV)}
+
+
+@pytest.mark.skipif(
+    not Path("/dev/nvidiactl").exists(), reason="no NVIDIA driver here (/dev/nvidiactl)"
+)
+def test_the_source_reads_the_real_driver() -> None:
+    check_report(run_report(clean_env()))
+
+
+def test_the_same_check_passes_on_the_simulated_driver(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """Keeps the real-driver check honest where no GPU is: same script, same assertions,
+    the simulated library found through LD_LIBRARY_PATH by the exporter's own source."""
+    node = nvidia_node("demo")
+    report = run_report({**clean_env(), **node.part.env()})
+    check_report(report)
+    assert len(report["devices"]) == 8
