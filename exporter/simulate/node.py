@@ -65,7 +65,6 @@ class SimulatedNode:
             "--kubelet-socket", str(self.socket_path),
             "--node-name", self.scenario.node,
             "--collect-interval", "2s",
-            "--collect-timeout", "2s",
         ]  # fmt: skip
         for part in self.parts:
             args += part.exporter_args()
