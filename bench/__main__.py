@@ -59,6 +59,8 @@ async def _median(fn: Callable[[], Awaitable[object]], reps: int) -> list[float]
 async def bench_scenario(name: str, reps: int, workdir: Path) -> Row:
     scenario = load_scenario(name)
     node = SimulatedNode(scenario, workdir / name)
+    # The stand-in NVML library reads its state file from the environment at call time.
+    os.environ.update({k: v for k, v in node.env().items() if k != "LD_LIBRARY_PATH"})
     await node.start()
     config = parse_config(
         [*node.exporter_args(), "--web.listen-address", "127.0.0.1:0", "--collect-interval", "1h"]

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -37,7 +37,8 @@ class _Unavailable:
         return None
 
 
-def build_sources(config: Config) -> dict[str, Source]:
+def build_sources(config: Config, *, clock: Callable[[], float] | None = None) -> dict[str, Source]:
+    """Every enabled source; `clock` (monotonic seconds) is injectable for tests."""
     sources: dict[str, Source] = {}
     for name, info in registry().items():
         if name not in config.collectors:
@@ -46,6 +47,7 @@ def build_sources(config: Config) -> dict[str, Source]:
             sysfs=config.sysfs,
             procfs=config.procfs,
             options=config.source_options.get(name, {}),
+            clock=clock,
             logger=logging.getLogger(f"exporter.sources.{name}"),
         )
         try:

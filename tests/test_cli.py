@@ -48,7 +48,7 @@ def fake_sources() -> dict[str, SourceInfo]:
         ["--no-such-flag"],
         ["--collect-interval", "1s", "--collect-timeout", "5s"],
         ["simulate", "no-such-scenario"],
-        ["simulate", "tests/data/bad-sysfs-scenario.yaml"],
+        ["simulate", str(Path(__file__).parent / "data" / "bad-sysfs-scenario.yaml")],
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:

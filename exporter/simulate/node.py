@@ -66,6 +66,8 @@ class SimulatedNode:
             "--node-name", self.scenario.node,
             "--collect-interval", "2s",
         ]  # fmt: skip
+        if "nvidia" not in self.scenario.sections:
+            args.append("--no-collector.nvml")  # no NVIDIA driver on this node, as configured
         for part in self.parts:
             args += part.exporter_args()
         return args

@@ -1,0 +1,76 @@
+"""Whole /metrics of every bundled scenario, compared with tests/golden/, linted by promtool.
+
+The real sources (NVML through nvidia-ml-py and the simulated library, the sysfs sources
+over the rendered tree) run against the simulated node at fixed scenario times with frozen
+clocks, so the output is reproducible byte for byte. `pytest --update-golden` rewrites.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from exporter.app import build_sources
+from exporter.cli import parse_config
+from exporter.simulate import nvml as simnvml
+from exporter.simulate.node import SimulatedNode
+from exporter.simulate.scenario import bundled_names, load_scenario
+from tests.nvml_support import fakenvml  # noqa: F401 - fixture
+from tests.peers import need
+from tests.support import assert_golden, metrics_text, one_cycle
+
+T0, T1 = 100.0, 130.0  # two cycles 30 s apart, so rates (Intel busy, power) exist
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_every_bundled_scenario_has_a_golden_file() -> None:
+    assert sorted(bundled_names()) == ["demo", "dense", "mixed"]
+
+
+@pytest.mark.parametrize("name", ["demo", "dense", "mixed"])
+async def test_golden_metrics(
+    name: str,
+    tmp_path: Path,
+    fakenvml: ctypes.CDLL,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    update_golden: bool,
+) -> None:
+    scenario = load_scenario(name)
+    clock = Clock()
+    node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
+    state = node.env().get(simnvml.STATE_ENV)
+    if state:
+        monkeypatch.setenv(simnvml.STATE_ENV, state)
+    config = parse_config(node.exporter_args(), env={})
+    sources = build_sources(config, clock=clock)
+    try:
+        clock.now = T0
+        node.advance()
+        for source in sources.values():
+            source.collect()
+        clock.now = T1
+        node.advance()
+        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1)
+    finally:
+        for source in sources.values():
+            source.close()
+        for part in node.parts:
+            part.close()
+    assert all(h.success for h in snapshot.sources), snapshot.sources
+    text = metrics_text(snapshot)
+    assert_golden(f"scenario-{name}.prom", text, update_golden)
+    lint = subprocess.run(
+        [need("promtool", "prometheus"), "check", "metrics"],
+        input=text, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
