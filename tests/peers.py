@@ -143,6 +143,18 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, check=False)
 
 
+def promtool_check_metrics(text: str) -> None:
+    """`promtool check metrics` on a whole /metrics output; fails with promtool's words."""
+    done = subprocess.run(
+        [need("promtool", "prometheus"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def chromium(url: str, *, screenshot: Path | None = None, budget_ms: int = 8000) -> str:
     """Load `url` in real headless Chromium, let its scripts run, return the DOM."""
     binary = shutil.which("chromium") or need("chromium", "chromium")

@@ -8,7 +8,6 @@ clocks, so the output is reproducible byte for byte. `pytest --update-golden` re
 from __future__ import annotations
 
 import ctypes
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import bundled_names, load_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
-from tests.peers import need
+from tests.peers import promtool_check_metrics
 from tests.support import assert_golden, metrics_text, one_cycle
 
 T0, T1 = 100.0, 130.0  # two cycles 30 s apart, so rates (Intel busy, power) exist
@@ -69,8 +68,4 @@ async def test_golden_metrics(
     assert all(h.success for h in snapshot.sources), snapshot.sources
     text = metrics_text(snapshot)
     assert_golden(f"scenario-{name}.prom", text, update_golden)
-    lint = subprocess.run(
-        [need("promtool", "prometheus"), "check", "metrics"],
-        input=text, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    promtool_check_metrics(text)

@@ -3,7 +3,6 @@ and the simulated mixed node served end to end."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +17,7 @@ from exporter.sources.intel import IntelSource
 from exporter.sources.netdev import NetdevSource
 from exporter.sources.rdma import RdmaSource
 from exporter.sources.sysfs import SysfsSource
-from tests.peers import free_port, need
+from tests.peers import free_port, promtool_check_metrics
 from tests.support import assert_golden, metrics_text, one_cycle
 from tests.sysfs_support import Clock, context, make_tree, scenario
 
@@ -29,17 +28,6 @@ VENDORS = {
     "rdma": (RdmaSource, ("rdma/*",)),
     "netdev": (NetdevSource, ("intel.com/*",)),
 }
-
-
-def promtool_check(text: str) -> None:
-    done = subprocess.run(
-        [need("promtool", "prometheus"), "check", "metrics"],
-        input=text,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("vendor", sorted(VENDORS))
@@ -63,7 +51,7 @@ async def test_golden_metrics(tmp_path: Path, vendor: str, update_golden: bool) 
     text = metrics_text(snapshot)
     assert "k8s_pod_name=" in text.split("# HELP hw_allocation_info")[0], "pod-labelled devices"
     assert_golden(f"sysfs-{vendor}.prom", text, update_golden)
-    promtool_check(text)
+    promtool_check_metrics(text)
 
 
 async def test_simulate_mixed_serves_pod_labelled_metrics_of_every_vendor(tmp_path: Path) -> None:
