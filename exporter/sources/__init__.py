@@ -81,14 +81,13 @@ def register(
 
 
 def registry() -> dict[str, SourceInfo]:
-    """Every known source, importing the source modules on first use."""
+    """Every known source in SOURCE_MODULES order (flags, polling and output follow it)."""
     for module in SOURCE_MODULES:
-        try:
-            importlib.import_module(f"exporter.sources.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"exporter.sources.{module}":
-                raise
-    return dict(_REGISTRY)
+        importlib.import_module(f"exporter.sources.{module}")
+    order = {name: i for i, name in enumerate(SOURCE_MODULES)}
+    return {
+        name: _REGISTRY[name] for name in sorted(_REGISTRY, key=lambda n: (order.get(n, 99), n))
+    }
 
 
 def add(samples: list[Sample], metric: str, value: float | None, *attrs: tuple[str, str]) -> None:
