@@ -34,12 +34,13 @@ IDLE_NOW = idle_now_allocated(NODE, THRESHOLD)
 UTIL = sel("hw.gpu.utilization", GENERAL, NODE)
 
 LAST_BUSY = (
-    f"max by ({KEY}) (max_over_time(timestamp({utilization(NODE)} >= {THRESHOLD})[$lookback:1m]))"
+    f"max by ({KEY}) (max_over_time(timestamp({utilization(NODE)} >= {THRESHOLD})[$lookback:]))"
 )
-FIRST_SEEN = f"max by ({KEY}) (min_over_time(timestamp({utilization(NODE)})[$lookback:1m]))"
+FIRST_SEEN = f"max by ({KEY}) (min_over_time(timestamp({utilization(NODE)})[$lookback:]))"
 IDLE_FOR = f"(time() - {LAST_BUSY}) or (time() - {FIRST_SEEN})"
 """Seconds since the device was last at or above the threshold; for a device never busy in
-the lookback, seconds since it was first seen in it (so at most the lookback)."""
+the lookback, seconds since it was first seen in it (so at most the lookback). The subqueries
+step at Prometheus's evaluation interval (`[$lookback:]`)."""
 
 
 def _join(device_expr: str, by: str = HOLDER_LABELS) -> str:
