@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
 RULES = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.test.yaml"
-PROMETHEUS_RULE = ROOT / "deploy" / "prometheus-operator" / "prometheusrule.yaml"
+PROMETHEUS_RULE = ROOT / "deploy" / "prometheusrule" / "prometheusrule.yaml"
 
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds"}
 """Series Prometheus itself makes per target; the only non-spec names the kit may use."""
