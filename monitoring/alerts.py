@@ -172,8 +172,12 @@ def _memory_alerts() -> list[Alert]:
             "{hw.model} {hw.id} on {k8s.node.name} has no spare memory rows left: the GPU "
             "needs service.",
             (
-                Case("failed", {f"hw.gpu.memory.row_remap.failed{{{GPU}}}": "1+0x5"}, "2m",
-                     (GPU_LABELS,)),
+                Case(
+                    "failed",
+                    {f"hw.gpu.memory.row_remap.failed{{{GPU}}}": "1+0x5"},
+                    "2m",
+                    (GPU_LABELS,),
+                ),
                 Case("not failed", {f"hw.gpu.memory.row_remap.failed{{{GPU}}}": "0+0x5"}, "2m"),
             ),
         ),
@@ -186,10 +190,17 @@ def _memory_alerts() -> list[Alert]:
             "{hw.model} {hw.id} on {k8s.node.name} has remapped memory rows waiting for a GPU "
             "reset; schedule one when its workloads allow.",
             (
-                Case("pending for 20m", {f"hw.gpu.memory.row_remap.pending{{{GPU}}}": "1+0x30"},
-                     "20m", (GPU_LABELS,)),
-                Case("pending for 10m only",
-                     {f"hw.gpu.memory.row_remap.pending{{{GPU}}}": "1+0x30"}, "10m"),
+                Case(
+                    "pending for 20m",
+                    {f"hw.gpu.memory.row_remap.pending{{{GPU}}}": "1+0x30"},
+                    "20m",
+                    (GPU_LABELS,),
+                ),
+                Case(
+                    "pending for 10m only",
+                    {f"hw.gpu.memory.row_remap.pending{{{GPU}}}": "1+0x30"},
+                    "10m",
+                ),
             ),
         ),
     ]
@@ -268,8 +279,12 @@ def _device_state_alerts() -> list[Alert]:
             "{hw.id} on {k8s.node.name} reports a failed state",
             "{hw.vendor} {hw.model} {hw.id} on {k8s.node.name} reports status failed.",
             (
-                Case("failed", {f'hw.status{{{device}, hw.state="failed"}}': "1+0x10"}, "5m",
-                     (device_labels,)),
+                Case(
+                    "failed",
+                    {f'hw.status{{{device}, hw.state="failed"}}': "1+0x10"},
+                    "5m",
+                    (device_labels,),
+                ),
                 Case(
                     "ok",
                     {
@@ -289,15 +304,22 @@ def _device_state_alerts() -> list[Alert]:
             "{hw.vendor} {hw.model} {hw.id} on {k8s.node.name} has reported status degraded "
             "for 15 minutes.",
             (
-                Case("degraded 20m", {f'hw.status{{{device}, hw.state="degraded"}}': "1+0x30"},
-                     "20m", (device_labels,)),
-                Case("degraded 5m", {f'hw.status{{{device}, hw.state="degraded"}}': "0+0x10 1+0x5"},
-                     "15m"),
+                Case(
+                    "degraded 20m",
+                    {f'hw.status{{{device}, hw.state="degraded"}}': "1+0x30"},
+                    "20m",
+                    (device_labels,),
+                ),
+                Case(
+                    "degraded 5m",
+                    {f'hw.status{{{device}, hw.state="degraded"}}': "0+0x10 1+0x5"},
+                    "15m",
+                ),
             ),
         ),
         Alert(
             "KubeDeviceLost",
-            f"max by ({identity}) (max_over_time({info}{{hw.gpu.mig.profile=\"\"}}[1h]))"
+            f'max by ({identity}) (max_over_time({info}{{hw.gpu.mig.profile=""}}[1h]))'
             f" unless on({KEY}) {info}"
             " and on(k8s.node.name) kube_device_exporter.build.info"
             " unless on(k8s.node.name)"
@@ -315,8 +337,7 @@ def _device_state_alerts() -> list[Alert]:
                     "25m",
                     (device_labels,),
                 ),
-                Case("device still there", {f"{info}{{{device}}}": "1+0x40", **exporter_up},
-                     "25m"),
+                Case("device still there", {f"{info}{{{device}}}": "1+0x40", **exporter_up}, "25m"),
                 Case(
                     "exporter gone too",
                     {
@@ -330,8 +351,9 @@ def _device_state_alerts() -> list[Alert]:
                     {
                         f"{info}{{{device}}}": "1+0x10",
                         f"kube_device_exporter.build.info{{{N1}}}": "1+0x40",
-                        f'kube_device_exporter.source.success{{{N1}, source="nvml"}}':
-                            "1+0x10 0+0x30",
+                        f'kube_device_exporter.source.success{{{N1}, source="nvml"}}': (
+                            "1+0x10 0+0x30"
+                        ),
                     },
                     "25m",
                 ),
@@ -365,7 +387,8 @@ def _idle_alerts() -> list[Alert]:
         Alert(
             "KubeDeviceAllocatedIdle",
             f"(max by ({KEY}) (max_over_time({util}[15m])) < {IDLE_THRESHOLD})"
-            f' * on({KEY}) group_right() max by ({DEVICE}, {holder}) (hw.allocation.info{{hw.id!=""}})',
+            f" * on({KEY}) group_right()"
+            f' max by ({DEVICE}, {holder}) (hw.allocation.info{{hw.id!=""}})',
             "45m",
             "info",
             "{k8s.namespace.name}/{k8s.pod.name} holds {hw.id} but leaves it idle",
@@ -423,12 +446,17 @@ def _exporter_alerts() -> list[Alert]:
             "PodResources List fails on {k8s.node.name}: devices lose their pod labels. Check "
             "the pod-resources mount (kubelet root directory) and SELinux labels.",
             (
-                Case("unreachable",
-                     {f'kube_device_exporter.podresources.up{{{N1}, api_version=""}}': "0+0x10"},
-                     "6m", ({"k8s.node.name": "node-1"},)),
-                Case("connected",
-                     {f'kube_device_exporter.podresources.up{{{N1}, api_version="v1"}}': "1+0x10"},
-                     "6m"),
+                Case(
+                    "unreachable",
+                    {f'kube_device_exporter.podresources.up{{{N1}, api_version=""}}': "0+0x10"},
+                    "6m",
+                    ({"k8s.node.name": "node-1"},),
+                ),
+                Case(
+                    "connected",
+                    {f'kube_device_exporter.podresources.up{{{N1}, api_version="v1"}}': "1+0x10"},
+                    "6m",
+                ),
             ),
         ),
         Alert(
@@ -440,13 +468,17 @@ def _exporter_alerts() -> list[Alert]:
             "The {source} collector of kube-device-exporter on {k8s.node.name} has failed for "
             "10 minutes: its devices are missing. The exporter's log says why.",
             (
-                Case("failing",
-                     {f'kube_device_exporter.source.success{{{N1}, source="nvml"}}': "0+0x15"},
-                     "11m", ({"k8s.node.name": "node-1", "source": "nvml"},)),
-                Case("failed briefly",
-                     {f'kube_device_exporter.source.success{{{N1}, source="nvml"}}':
-                      "0+0x5 1+0x10"},
-                     "11m"),
+                Case(
+                    "failing",
+                    {f'kube_device_exporter.source.success{{{N1}, source="nvml"}}': "0+0x15"},
+                    "11m",
+                    ({"k8s.node.name": "node-1", "source": "nvml"},),
+                ),
+                Case(
+                    "failed briefly",
+                    {f'kube_device_exporter.source.success{{{N1}, source="nvml"}}': "0+0x5 1+0x10"},
+                    "11m",
+                ),
             ),
         ),
         Alert(
@@ -458,12 +490,17 @@ def _exporter_alerts() -> list[Alert]:
             "The last collection cycle on {k8s.node.name} finished more than 5 minutes ago "
             "although the exporter still answers: /metrics serves old values.",
             (
-                Case("stalled at 1m",
-                     {f"kube_device_exporter.cycle.last_success{{{N1}}}": "60+0x20"},
-                     "15m", ({"k8s.node.name": "node-1"},)),
-                Case("collecting",
-                     {f"kube_device_exporter.cycle.last_success{{{N1}}}": "0+60x20"},
-                     "15m"),
+                Case(
+                    "stalled at 1m",
+                    {f"kube_device_exporter.cycle.last_success{{{N1}}}": "60+0x20"},
+                    "15m",
+                    ({"k8s.node.name": "node-1"},),
+                ),
+                Case(
+                    "collecting",
+                    {f"kube_device_exporter.cycle.last_success{{{N1}}}": "0+60x20"},
+                    "15m",
+                ),
             ),
         ),
     ]

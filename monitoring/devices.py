@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
-from monitoring.grafana import Q, bar_panel, state_panel, table_panel, timeseries_panel
+from monitoring.grafana import (
+    PanelBuilder,
+    Q,
+    bar_panel,
+    state_panel,
+    table_panel,
+    timeseries_panel,
+)
 from monitoring.layout import new_dashboard, variables
-from monitoring.queries import DEVICE, GENERAL, KEY, NODE, or_zero, sel
+from monitoring.queries import DEVICE, KEY, NODE, or_zero, sel
 
 UID = "kde-devices"
 DEV = f'{DEVICE}, hw.id=~"$device"'
@@ -41,7 +48,7 @@ def build() -> dash.Dashboard:
     return board
 
 
-def _health() -> list[object]:
+def _health() -> list[PanelBuilder]:
     return [
         table_panel(
             "Devices",
@@ -75,7 +82,7 @@ def _health() -> list[object]:
     ]
 
 
-def _errors() -> list[object]:
+def _errors() -> list[PanelBuilder]:
     return [
         table_panel(
             "XID errors in the time range",
@@ -135,13 +142,17 @@ def _errors() -> list[object]:
                     ID,
                 )
             ],
-            states={"0": ("ok", "green"), "1": ("pending", "orange"), "2": ("failed", "red"),
-                    "3": ("failed", "red")},
+            states={
+                "0": ("ok", "green"),
+                "1": ("pending", "orange"),
+                "2": ("failed", "red"),
+                "3": ("failed", "red"),
+            },
         ),
     ]
 
 
-def _thermals() -> list[object]:
+def _thermals() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Temperature",
@@ -169,7 +180,7 @@ def _thermals() -> list[object]:
     ]
 
 
-def _clocks() -> list[object]:
+def _clocks() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Clocks",
@@ -192,7 +203,7 @@ def _clocks() -> list[object]:
     ]
 
 
-def _activity() -> list[object]:
+def _activity() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Utilization",
@@ -203,8 +214,7 @@ def _activity() -> list[object]:
         ),
         timeseries_panel(
             "Busy (idle residency)",
-            "1 - idle residency, for GPUs that report idle time instead of utilization "
-            "(Intel).",
+            "1 - idle residency, for GPUs that report idle time instead of utilization (Intel).",
             [Q(f"1 - max by ({KEY}) (rate({sel('hw.gpu.idle.time', DEV)}[{RATE}]))", ID)],
             unit="percentunit",
             maximum=1,
@@ -236,8 +246,7 @@ def _activity() -> list[object]:
             "Bytes per second over PCIe, by direction.",
             [
                 Q(
-                    f"sum by ({KEY}, network.io.direction)"
-                    f" (rate({sel('hw.gpu.io', DEV)}[{RATE}]))",
+                    f"sum by ({KEY}, network.io.direction) (rate({sel('hw.gpu.io', DEV)}[{RATE}]))",
                     "{{hw_id}} {{network_io_direction}}",
                 )
             ],
@@ -258,7 +267,7 @@ def _activity() -> list[object]:
     ]
 
 
-def _mig() -> list[object]:
+def _mig() -> list[PanelBuilder]:
     return [
         table_panel(
             "MIG slices",
@@ -285,7 +294,7 @@ def _mig() -> list[object]:
     ]
 
 
-def _network() -> list[object]:
+def _network() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Throughput",

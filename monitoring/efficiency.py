@@ -6,6 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring.grafana import (
     BAD_IF_ANY,
+    PanelBuilder,
     Q,
     bar_panel,
     stat_panel,
@@ -32,6 +33,8 @@ THRESHOLD = "$idle_threshold"
 IDLE = idle_allocated(NODE, "$idle_window", THRESHOLD)
 IDLE_NOW = idle_now_allocated(NODE, THRESHOLD)
 UTIL = sel("hw.gpu.utilization", GENERAL, NODE)
+RANGE_MEAN = f"max by ({KEY}) (avg_over_time({UTIL}[$__range]))"
+NAMESPACE = "k8s.namespace.name"
 
 LAST_BUSY = (
     f"max by ({KEY}) (max_over_time(timestamp({utilization(NODE)} >= {THRESHOLD})[$lookback:]))"
@@ -64,7 +67,7 @@ def build() -> dash.Dashboard:
     return board
 
 
-def _idle() -> list[object]:
+def _idle() -> list[PanelBuilder]:
     return [
         stat_panel(
             "Idle while allocated",
@@ -106,7 +109,11 @@ def _idle() -> list[object]:
                 ),
                 ("Utilization now", _join(IDLE_NOW)),
             ],
-            units={"Idle for": "s", "Peak in window": "percentunit", "Utilization now": "percentunit"},
+            units={
+                "Idle for": "s",
+                "Peak in window": "percentunit",
+                "Utilization now": "percentunit",
+            },
             height=10,
         ),
         timeseries_panel(
@@ -135,7 +142,7 @@ def _idle() -> list[object]:
     ]
 
 
-def _use() -> list[object]:
+def _use() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Utilization of allocated devices, by namespace",
@@ -143,7 +150,7 @@ def _use() -> list[object]:
             "counts for each namespace holding it).",
             [
                 Q(
-                    f"avg by (k8s.namespace.name) ({_join(utilization(NODE), 'k8s.namespace.name')})",
+                    f"avg by (k8s.namespace.name) ({_join(utilization(NODE), NAMESPACE)})",
                     "{{k8s_namespace_name}}",
                 )
             ],
@@ -156,8 +163,7 @@ def _use() -> list[object]:
             "dashboard's range.",
             [
                 Q(
-                    f"sort(avg by (k8s.namespace.name) ("
-                    f"{_join(f'max by ({KEY}) (avg_over_time({UTIL}[$__range]))', 'k8s.namespace.name')}))",
+                    f"sort(avg by (k8s.namespace.name) ({_join(RANGE_MEAN, NAMESPACE)}))",
                     "{{k8s_namespace_name}}",
                 )
             ],

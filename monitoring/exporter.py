@@ -6,6 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring.grafana import (
     BAD_IF_ANY,
+    PanelBuilder,
     Q,
     stat_panel,
     state_panel,
@@ -41,10 +42,11 @@ def build() -> dash.Dashboard:
     return board
 
 
-def _targets() -> list[object]:
+def _targets() -> list[PanelBuilder]:
     return [
-        stat_panel("Targets up", "Exporter targets Prometheus scrapes successfully.",
-                   f"sum(up{{{JOB}}})"),
+        stat_panel(
+            "Targets up", "Exporter targets Prometheus scrapes successfully.", f"sum(up{{{JOB}}})"
+        ),
         stat_panel(
             "Targets down",
             "Exporter targets whose last scrape failed.",
@@ -86,12 +88,17 @@ def _targets() -> list[object]:
         timeseries_panel(
             "Series per exporter",
             "Series in each exporter's last /metrics output.",
-            [Q(f"max by (k8s.node.name) ({sel('kube_device_exporter.series', NODE)})", NODE_LEGEND)],
+            [
+                Q(
+                    f"max by (k8s.node.name) ({sel('kube_device_exporter.series', NODE)})",
+                    NODE_LEGEND,
+                )
+            ],
         ),
     ]
 
 
-def _sources() -> list[object]:
+def _sources() -> list[PanelBuilder]:
     return [
         state_panel(
             "Source success",
@@ -131,7 +138,7 @@ def _sources() -> list[object]:
     ]
 
 
-def _kubelet() -> list[object]:
+def _kubelet() -> list[PanelBuilder]:
     return [
         state_panel(
             "PodResources connection",
@@ -183,7 +190,7 @@ def _kubelet() -> list[object]:
     ]
 
 
-def _cycles() -> list[object]:
+def _cycles() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Cycle duration",

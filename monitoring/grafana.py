@@ -10,19 +10,23 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, text, timeseries
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
+    Panel,
     Threshold,
     ThresholdsMode,
     ValueMap,
     ValueMappingResult,
+    VariableModel,
     VariableOption,
     VariableRefresh,
     VariableSort,
@@ -32,6 +36,8 @@ from grafana_foundation_sdk.models.text import TextMode
 
 from monitoring.promql import promql
 
+PanelBuilder = Builder[Panel]
+VariableBuilder = Builder[VariableModel]
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 ALL = ".*"
 """What "All" means in a multi-value variable: also matches series without the label
@@ -184,7 +190,8 @@ def table_panel(
     if len(queries) == 1:
         renames["Value"] = names[0]
     else:
-        renames |= {f"Value #{ref}": name for ref, name in zip(string.ascii_uppercase, names)}
+        refs = string.ascii_uppercase[: len(names)]
+        renames |= {f"Value #{ref}": name for ref, name in zip(refs, names, strict=True)}
     transformations = [
         DataTransformerConfig(id_val="merge", options={}),
         DataTransformerConfig(
@@ -207,7 +214,9 @@ def table_panel(
         .targets(_targets([q for _, q in queries], instant=True))  # type: ignore[arg-type]
     )
     for column, column_unit in (units or {}).items():
-        panel = panel.override_by_name(column, [DynamicConfigValue(id_val="unit", value=column_unit)])
+        panel = panel.override_by_name(
+            column, [DynamicConfigValue(id_val="unit", value=column_unit)]
+        )
     return panel
 
 
@@ -240,12 +249,7 @@ def state_panel(
 
 def text_panel(title: str, content: str, *, span: int = 24, height: int = 4) -> text.Panel:
     return (
-        text.Panel()
-        .title(title)
-        .mode(TextMode.MARKDOWN)
-        .content(content)
-        .span(span)
-        .height(height)
+        text.Panel().title(title).mode(TextMode.MARKDOWN).content(content).span(span).height(height)
     )
 
 

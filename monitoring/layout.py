@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DashboardLinkType
 
-from monitoring.grafana import custom_variable, datasource_variable, query_variable
+from monitoring.grafana import (
+    VariableBuilder,
+    custom_variable,
+    datasource_variable,
+    query_variable,
+)
 
 TAG = "kube-device-exporter"
 NODE_QUERY = "label_values(kube_device_exporter.build.info, k8s.node.name)"
@@ -49,13 +53,11 @@ def variables(board: dash.Dashboard, names: Sequence[str]) -> dash.Dashboard:
     return board
 
 
-def _type() -> Any:
-    return query_variable(
-        "type", "Type", 'label_values(hw.info{k8s.node.name=~"$node"}, hw.type)'
-    )
+def _type() -> VariableBuilder:
+    return query_variable("type", "Type", 'label_values(hw.info{k8s.node.name=~"$node"}, hw.type)')
 
 
-def _vendor() -> Any:
+def _vendor() -> VariableBuilder:
     return query_variable(
         "vendor",
         "Vendor",
@@ -63,7 +65,7 @@ def _vendor() -> Any:
     )
 
 
-def _model() -> Any:
+def _model() -> VariableBuilder:
     return query_variable(
         "model",
         "Model",
@@ -72,7 +74,7 @@ def _model() -> Any:
     )
 
 
-def _device() -> Any:
+def _device() -> VariableBuilder:
     return query_variable(
         "device",
         "Device",
@@ -81,7 +83,7 @@ def _device() -> Any:
     )
 
 
-def _namespace() -> Any:
+def _namespace() -> VariableBuilder:
     return query_variable(
         "namespace",
         "Namespace",
@@ -89,7 +91,7 @@ def _namespace() -> Any:
     )
 
 
-def _pod() -> Any:
+def _pod() -> VariableBuilder:
     return query_variable(
         "pod",
         "Pod",
@@ -98,7 +100,7 @@ def _pod() -> Any:
     )
 
 
-def _job() -> Any:
+def _job() -> VariableBuilder:
     return query_variable(
         "job",
         "Job",
@@ -108,7 +110,7 @@ def _job() -> Any:
     )
 
 
-_VARIABLES = {
+_VARIABLES: dict[str, Callable[[], VariableBuilder]] = {
     "node": lambda: query_variable("node", "Node", NODE_QUERY),
     "type": _type,
     "vendor": _vendor,

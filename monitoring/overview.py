@@ -6,6 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring.grafana import (
     BAD_IF_ANY,
+    PanelBuilder,
     Q,
     bar_panel,
     stat_panel,
@@ -41,9 +42,7 @@ def build() -> dash.Dashboard:
         "Accelerators and NICs in the cluster: by vendor and model, allocated vs free vs "
         "idle while allocated.",
     )
-    board = variables(
-        board, ("node", "type", "vendor", "model", "idle_threshold", "idle_window")
-    )
+    board = variables(board, ("node", "type", "vendor", "model", "idle_threshold", "idle_window"))
     board = board.with_row(dash.Row("Fleet"))
     for panel in _fleet():
         board = board.with_panel(panel)
@@ -56,7 +55,7 @@ def build() -> dash.Dashboard:
     return board
 
 
-def _fleet() -> list[object]:
+def _fleet() -> list[PanelBuilder]:
     return [
         stat_panel(
             "Devices",
@@ -95,7 +94,7 @@ def _fleet() -> list[object]:
     ]
 
 
-def _models() -> list[object]:
+def _models() -> list[PanelBuilder]:
     return [
         table_panel(
             "Devices by vendor and model",
@@ -130,8 +129,12 @@ def _models() -> list[object]:
         bar_panel(
             "Devices per node",
             "Units per node and model.",
-            [Q(f"count by (k8s.node.name, hw.model) ({units(DEVICE)})",
-               "{{k8s_node_name}} {{hw_model}}")],
+            [
+                Q(
+                    f"count by (k8s.node.name, hw.model) ({units(DEVICE)})",
+                    "{{k8s_node_name}} {{hw_model}}",
+                )
+            ],
             span=12,
         ),
         timeseries_panel(
@@ -178,7 +181,7 @@ def _models() -> list[object]:
     ]
 
 
-def _allocation() -> list[object]:
+def _allocation() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Allocated, free and idle",

@@ -55,9 +55,11 @@ def promql(text: str) -> str:
         if m["string"] is not None:
             literal = m["string"]
             inner = literal[1:-1]
-            return f"{literal[0]}{prometheus_label(inner)}{literal[-1]}" if (
-                "." in inner and inner in ATTRIBUTES
-            ) else literal
+            return (
+                f"{literal[0]}{prometheus_label(inner)}{literal[-1]}"
+                if ("." in inner and inner in ATTRIBUTES)
+                else literal
+            )
         if m["space"] is not None:
             return " "  # queries are written over several lines; Grafana shows one
         return _dotted(m["dotted"])

@@ -66,7 +66,9 @@ def utilization(filters: str) -> str:
 def idle_allocated(filters: str, window: str, threshold: str) -> str:
     """Allocated devices whose utilization stayed below `threshold` for all of `window`;
     the value is the highest utilization seen in the window."""
-    peak = f"max by ({KEY}) (max_over_time({sel('hw.gpu.utilization', GENERAL, filters)}[{window}]))"
+    peak = (
+        f"max by ({KEY}) (max_over_time({sel('hw.gpu.utilization', GENERAL, filters)}[{window}]))"
+    )
     return f"(({peak}) < {threshold} and on({KEY}) {ALLOCATED})"
 
 

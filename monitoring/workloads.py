@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
-from monitoring.grafana import Q, bar_panel, stat_panel, table_panel, text_panel, timeseries_panel
+from monitoring.grafana import (
+    PanelBuilder,
+    Q,
+    bar_panel,
+    stat_panel,
+    table_panel,
+    text_panel,
+    timeseries_panel,
+)
 from monitoring.layout import new_dashboard, variables
 from monitoring.queries import GENERAL, HELD, HOLDER, KEY, RESOLVED, sel
 
@@ -42,7 +50,7 @@ def build() -> dash.Dashboard:
     return board
 
 
-def _who() -> list[object]:
+def _who() -> list[PanelBuilder]:
     return [
         stat_panel(
             "Pods holding devices",
@@ -86,13 +94,17 @@ def _who() -> list[object]:
     ]
 
 
-def _top() -> list[object]:
+def _top() -> list[PanelBuilder]:
     return [
         bar_panel(
             "Devices held by namespace",
             "Device IDs held per namespace.",
-            [Q(f"sort_desc(count by (k8s.namespace.name) ({ALLOCATIONS}))",
-               "{{k8s_namespace_name}}")],
+            [
+                Q(
+                    f"sort_desc(count by (k8s.namespace.name) ({ALLOCATIONS}))",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
         ),
         bar_panel(
             "Top pods by utilization",
@@ -120,7 +132,7 @@ def _top() -> list[object]:
     ]
 
 
-def _per_pod() -> list[object]:
+def _per_pod() -> list[PanelBuilder]:
     legend = "{{k8s_namespace_name}}/{{k8s_pod_name}}/{{k8s_container_name}}"
     return [
         timeseries_panel(
@@ -152,7 +164,12 @@ def _per_pod() -> list[object]:
         timeseries_panel(
             "Power per pod",
             "Power drawn by the devices each pod holds alone.",
-            [Q(f"sum by ({POD}) ({sel('hw.power', HELD)})", "{{k8s_namespace_name}}/{{k8s_pod_name}}")],
+            [
+                Q(
+                    f"sum by ({POD}) ({sel('hw.power', HELD)})",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}}",
+                )
+            ],
             unit="watt",
             stacked=True,
         ),
@@ -183,7 +200,7 @@ def _per_pod() -> list[object]:
     ]
 
 
-def _shared() -> list[object]:
+def _shared() -> list[PanelBuilder]:
     return [
         table_panel(
             "Shared devices and their holders",
@@ -193,8 +210,7 @@ def _shared() -> list[object]:
                 ("Holders", f"count by ({KEY}, hw.model) ({SHARED})"),
                 (
                     "Utilization",
-                    f"max by ({KEY}) ({sel('hw.gpu.utilization', GENERAL)})"
-                    f" and on({KEY}) {SHARED}",
+                    f"max by ({KEY}) ({sel('hw.gpu.utilization', GENERAL)}) and on({KEY}) {SHARED}",
                 ),
                 (
                     "Memory used",
@@ -226,4 +242,3 @@ def _shared() -> list[object]:
             hide=("Held",),
         ),
     ]
-

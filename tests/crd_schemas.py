@@ -12,7 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 STRING = {"type": "string"}
-DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+DURATION = {
+    "type": "string",
+    # The operator's Duration pattern.
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+    r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 LABELS = {"type": "object", "additionalProperties": STRING}
 
 
@@ -31,12 +36,29 @@ METADATA = _strict(
 SELECTOR = _strict({"matchLabels": LABELS})
 RELABEL = _strict(
     {
-        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "sourceLabels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
         "separator": STRING,
         "targetLabel": STRING,
         "regex": STRING,
         "replacement": STRING,
-        "action": {"enum": ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal"]},
+        "action": {
+            "enum": [
+                "replace",
+                "keep",
+                "drop",
+                "hashmod",
+                "labelmap",
+                "labeldrop",
+                "labelkeep",
+                "lowercase",
+                "uppercase",
+                "keepequal",
+                "dropequal",
+            ]
+        },
     }
 )
 ENDPOINT = {
@@ -49,7 +71,9 @@ ENDPOINT = {
     "relabelings": {"type": "array", "items": RELABEL},
     "metricRelabelings": {"type": "array", "items": RELABEL},
 }
-NAMESPACE_SELECTOR = _strict({"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": STRING}})
+NAMESPACE_SELECTOR = _strict(
+    {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": STRING}}
+)
 
 
 def _resource(api: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +103,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "jobLabel": STRING,
                 "selector": SELECTOR,
                 "namespaceSelector": NAMESPACE_SELECTOR,
-                "endpoints": {"type": "array", "minItems": 1, "items": _strict(ENDPOINT, ("port",))},
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(ENDPOINT, ("port",)),
+                },
             },
             ("selector", "endpoints"),
         ),
@@ -92,7 +120,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "jobLabel": STRING,
                 "selector": SELECTOR,
                 "namespaceSelector": NAMESPACE_SELECTOR,
-                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _strict(ENDPOINT, ("port",))},
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(ENDPOINT, ("port",)),
+                },
             },
             ("selector", "podMetricsEndpoints"),
         ),
@@ -105,7 +137,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "groups": {
                     "type": "array",
                     "items": _strict(
-                        {"name": STRING, "interval": DURATION, "rules": {"type": "array", "items": RULE}},
+                        {
+                            "name": STRING,
+                            "interval": DURATION,
+                            "rules": {"type": "array", "items": RULE},
+                        },
                         ("name", "rules"),
                     ),
                 }
@@ -115,7 +151,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     ),
 }
 
-_STRATEGY = _strict({"type": {"enum": ["RunAsAny", "MustRunAs", "MustRunAsRange", "MustRunAsNonRoot"]}})
+VOLUME_TYPES = ["hostPath", "emptyDir", "configMap", "secret", "projected", "downwardAPI",
+                "persistentVolumeClaim", "ephemeral", "csi", "*"]  # fmt: skip
+_STRATEGY = _strict(
+    {"type": {"enum": ["RunAsAny", "MustRunAs", "MustRunAsRange", "MustRunAsNonRoot"]}}
+)
 SCHEMAS["SecurityContextConstraints"] = _strict(
     {
         "apiVersion": {"const": "security.openshift.io/v1"},
@@ -137,7 +177,7 @@ SCHEMAS["SecurityContextConstraints"] = _strict(
         "seLinuxContext": _STRATEGY,
         "supplementalGroups": _STRATEGY,
         "seccompProfiles": {"type": "array", "items": STRING},
-        "volumes": {"type": "array", "items": {"enum": ["hostPath", "emptyDir", "configMap", "secret", "projected", "downwardAPI", "persistentVolumeClaim", "ephemeral", "csi", "*"]}},
+        "volumes": {"type": "array", "items": {"enum": VOLUME_TYPES}},
         "users": {"type": "array", "items": STRING},
         "groups": {"type": "array", "items": STRING},
     },

@@ -61,9 +61,7 @@ MIXED_ONLY = (
 
 def awaiting() -> dict[str, str]:
     """Prometheus name -> why the simulated cluster cannot have that metric yet."""
-    out = {
-        SPECS["kube_device_exporter.export.batches"].prom_name: "only with --otlp.endpoint set"
-    }
+    out = {SPECS["kube_device_exporter.export.batches"].prom_name: "only with --otlp.endpoint set"}
     if not registry():
         for spec in SPECS.values():
             if spec.scope is Scope.DEVICE:
@@ -151,9 +149,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         _wait_ready(proc, target, root / "no-kubelet" / "exporter.log")
         exporters["no-kubelet"] = target
         down = f"127.0.0.1:{free_port()}"
-        prometheus = PrometheusServer(
-            root, [*exporters.values(), down], rule_files=[kit.RULES]
-        )
+        prometheus = PrometheusServer(root, [*exporters.values(), down], rule_files=[kit.RULES])
         prometheus.start()
         try:
             cycles = SPECS["kube_device_exporter.cycles"].prom_name
@@ -218,7 +214,9 @@ def _resolve(cluster: Cluster, board: dict[str, Any], concrete: bool) -> dict[st
     return values
 
 
-def _variable_options(cluster: Cluster, variable: kit.Variable, values: dict[str, str]) -> list[str]:
+def _variable_options(
+    cluster: Cluster, variable: kit.Variable, values: dict[str, str]
+) -> list[str]:
     """What Grafana lists for a label_values(SELECTOR, LABEL) variable."""
     m = _LABEL_VALUES.match(variable.query)
     assert m, f"{variable.name}: not a label_values() query: {variable.query}"
@@ -228,7 +226,9 @@ def _variable_options(cluster: Cluster, variable: kit.Variable, values: dict[str
 
 
 VARIABLES = [
-    (stem, v) for stem, board in kit.dashboards().items() for v in kit.variables(board)
+    (stem, v)
+    for stem, board in kit.dashboards().items()
+    for v in kit.variables(board)
     if v.kind == "query"
 ]
 
@@ -236,7 +236,9 @@ VARIABLES = [
 @pytest.mark.parametrize(
     ("stem", "variable"), VARIABLES, ids=[f"{stem}:${v.name}" for stem, v in VARIABLES]
 )
-def test_template_variable_lists_values(cluster: Cluster, stem: str, variable: kit.Variable) -> None:
+def test_template_variable_lists_values(
+    cluster: Cluster, stem: str, variable: kit.Variable
+) -> None:
     values = _variable_values(cluster, stem, concrete=False)
     if _variable_options(cluster, variable, values):
         return

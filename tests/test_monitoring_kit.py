@@ -58,8 +58,9 @@ def test_every_metric_and_label_used_exists() -> None:
 def test_names_in_sees_series_and_labels() -> None:
     """The checker above can fail: it finds the names in a query."""
     series, labels = kit.names_in(
-        'sum by (k8s_node_name) (rate(hw_energy_joules_total{hw_vendor=~"$vendor"}[$__rate_interval]))'
-        ' / on(hw_id) group_left(k8s_pod_name) nonsense_metric offset 5m > bool 0.5'
+        'sum by (k8s_node_name) (rate(hw_energy_joules_total{hw_vendor=~"$vendor"}'
+        "[$__rate_interval]))"
+        " / on(hw_id) group_left(k8s_pod_name) nonsense_metric offset 5m > bool 0.5"
     )
     assert series == {"hw_energy_joules_total", "nonsense_metric"}
     assert labels == {"k8s_node_name", "hw_vendor", "hw_id", "k8s_pod_name"}
