@@ -10,7 +10,7 @@ import yaml
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from monitoring import alerts, devices, efficiency, exporter, overview, workloads
+from monitoring import alerts, devices, docs, efficiency, exporter, overview, workloads
 
 DASHBOARDS: dict[str, Callable[[], dash.Dashboard]] = {
     "overview": overview.build,
@@ -88,8 +88,11 @@ def _configmap(stem: str, text: str) -> dict[str, Any]:
 
 def files() -> dict[str, str]:
     out: dict[str, str] = {}
-    for stem, build in DASHBOARDS.items():
-        text = json.dumps(dashboard_model(build), indent=2, sort_keys=True) + "\n"
+    models = {stem: dashboard_model(build) for stem, build in DASHBOARDS.items()}
+    out["docs/dashboards.md"] = docs.dashboards_md(models)
+    out["docs/alerts.md"] = docs.alerts_md()
+    for stem, model in models.items():
+        text = json.dumps(model, indent=2, sort_keys=True) + "\n"
         out[f"dashboards/{stem}.json"] = text
         out[f"{GRAFANA}/dashboard-{stem}.yaml"] = to_yaml(_configmap(stem, text))
     out[f"{GRAFANA}/kustomization.yaml"] = to_yaml(
