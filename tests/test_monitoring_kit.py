@@ -119,6 +119,7 @@ def test_dashboard_uids_are_unique_and_configmaps_carry_them() -> None:
 # --- alert rules -----------------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     done = promtool("check", "rules", str(kit.RULES))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -131,6 +132,7 @@ def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.peer
 def test_rule_unit_tests_pass() -> None:
     done = promtool("test", "rules", str(kit.RULE_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -149,6 +151,7 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
     assert alerts == set(quiet), f"alerts never shown quiet: {alerts - set(quiet)}"
 
 
+@pytest.mark.peer
 def test_unit_tests_fail_when_an_alert_never_fires(tmp_path: Path) -> None:
     """Replace each alert's expression with one that never fires: promtool must fail, so
     each firing case really exercises its alert."""
