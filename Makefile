@@ -11,7 +11,7 @@ DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 
-.PHONY: install demo test lint typecheck pytest bench proto debs fakenvml monitoring clean
+.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring clean
 
 install: $(STAMP) debs fakenvml
 
@@ -56,6 +56,9 @@ monitoring: $(STAMP)
 
 bench: install
 	$(PY) -m bench
+
+docs: $(STAMP)
+	$(PY) -m exporter.metrics > docs/metrics.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh

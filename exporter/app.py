@@ -101,11 +101,6 @@ class Exporter:
         return f"http://{host}:{self.port}/"
 
     async def start(self) -> None:
-        if not self.config.kubelet_socket.exists():
-            log.warning(
-                "kubelet socket %s does not exist yet; starting anyway and retrying every cycle",
-                self.config.kubelet_socket,
-            )
         if self.config.listen_address is not None:
             self._runner = web.AppRunner(make_app(self.prometheus, self.view), access_log=None)
             await self._runner.setup()

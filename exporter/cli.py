@@ -56,7 +56,7 @@ def listen_address(text: str) -> tuple[str, int] | None:
     if text.strip().lower() == "none":
         return None
     m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text)
-    if not m or not 0 < int(m["port"]) < 65536:
+    if not m or not 0 <= int(m["port"]) < 65536:
         raise ValueError(f"expected HOST:PORT (e.g. :9405, 0.0.0.0:9405, [::]:9405), got {text!r}")
     return (m["v6"] or m["host"] or "", int(m["port"]))
 
@@ -190,7 +190,8 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "otlp_endpoint",
         str,
         "$OTEL_EXPORTER_OTLP_ENDPOINT",
-        "push metrics to this OTLP collector (empty: no push)",
+        "push metrics to this OTLP collector, a base URL (OTLP/HTTP appends /v1/metrics; "
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given); empty: no push",
     ),
     (
         "otlp",
@@ -234,6 +235,9 @@ def build_parser(sources: dict[str, SourceInfo] | None = None) -> _Parser:
     groups = {k: parser.add_argument_group(v) for k, v in _GROUP_TITLES.items()}
     for group, flag, dest, parse, default, help_ in _FLAGS:
         kwargs: dict[str, Any] = {"dest": dest, "type": _typed(parse), "metavar": dest.upper()}
+        # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
+        # must still win over the environment and the default.
+        kwargs["default"] = argparse.SUPPRESS
         if dest == "resource_patterns":
             kwargs["action"] = "append"
         groups[group].add_argument(
@@ -270,10 +274,14 @@ def parse_config(
     sources = registry() if sources is None else sources
     args = build_parser(sources).parse_args(list(argv))
 
+    given = vars(args)
+    flag_dests = {dest for _, _, dest, _, _, _ in _FLAGS}
+
     def pick(flag: str, dest: str, parse: Callable[[str], Any], default: Any) -> Any:
-        value = getattr(args, dest)
-        if value is not None:
-            return value
+        if dest in flag_dests and dest in given:
+            return given[dest]
+        if given.get(dest) is not None:
+            return given[dest]
         name = env_name(flag)
         if name in env:
             try:
@@ -307,9 +315,14 @@ def parse_config(
         )
     )
     endpoint = get("otlp_endpoint", None)
+    signal_endpoint = False
+    if endpoint is None and env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        endpoint, signal_endpoint = env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], True
     if endpoint is None:
-        endpoint = env.get(
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    if endpoint and protocol == "http/protobuf" and not re.match(r"https?://", endpoint):
+        raise UsageError(
+            f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
         )
     interval = get("collect_interval", 10.0)
     timeout = get("collect_timeout", min(5.0, interval))
@@ -336,7 +349,7 @@ def parse_config(
         podresources_timeout=get("podresources_timeout", 5.0),
         podresources_max_message_bytes=get("podresources_max_message_bytes", 256 * 1024**2),
         podresources_stale_after=get("podresources_stale_after", 300.0),
-        otlp=OtlpConfig(endpoint=endpoint, protocol=protocol),
+        otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
     )
 
 

@@ -17,6 +17,9 @@ class OtlpConfig:
     endpoint: str = ""
     """Empty: no OTLP push."""
     protocol: str = "grpc"
+    signal_endpoint: bool = False
+    """The endpoint came from OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: a full URL, used as given.
+    Otherwise it is a base URL and OTLP/HTTP appends `/v1/metrics` (as the SDK does)."""
 
 
 @dataclass(frozen=True, slots=True)

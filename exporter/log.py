@@ -47,6 +47,14 @@ class StateLog:
         self._states[key] = "ok"
 
     def failed(self, key: str, message: str) -> None:
-        if self._states.get(key) != message:
+        if key not in self._states or self._states[key] == "ok":
             self.logger.warning("%s", message)
         self._states[key] = message
+
+    def ok_all(self, prefix: str, message: str) -> None:
+        """Clear every failed state under `prefix` (e.g. all kubelet error codes) at once."""
+        failed = [k for k, v in self._states.items() if k.startswith(prefix) and v != "ok"]
+        if failed:
+            self.logger.info("%s", message)
+        for key in failed:
+            self._states[key] = "ok"

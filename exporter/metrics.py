@@ -464,6 +464,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
         attributes=("sink", "result"),
     ),
+    MetricSpec(
+        "kube_device_exporter.export.rejected",
+        C,
+        "{data_point}",
+        "Data points a receiver rejected in exports it otherwise accepted (OTLP partial success).",
+        scope=_E,
+        attributes=("sink",),
+    ),
 )
 
 SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in SPECS_LIST}
@@ -472,3 +480,76 @@ SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in SPECS_LIST}
 def spec(name: str) -> MetricSpec:
     """The spec for `name`; a KeyError names the unknown metric."""
     return SPECS[name]
+
+
+# --- docs/metrics.md is generated from this table -------------------------------------------
+
+_DOC_HEAD = """# Metrics
+
+Generated from `exporter/metrics.py` by `make docs`; a test keeps this file equal to the table.
+
+Names are the OpenTelemetry ones (the hardware semantic conventions `hw.*`, extended in the
+same pattern where none exists). The Prometheus names and labels are what the OpenTelemetry
+Collector's Prometheus translation produces from them (`.` -> `_`, a unit suffix, `_total` on
+counters, `_ratio` on unit-1 gauges), so dashboards and alerts work the same whether the data
+was scraped from `/metrics` or pushed over OTLP through a Collector.
+
+## Label semantics
+
+- **Every device series is emitted once per device**, never copied per pod. It carries the
+  device's identity (`hw_id`, `hw_type`, `hw_vendor`, `hw_model`, `hw_parent` and the vendor
+  attributes below) and `k8s_namespace_name`, `k8s_pod_name`, `k8s_container_name` of its
+  holder **when exactly one container holds it**; when nobody holds it, or several containers
+  share it (time-slicing, MPS, RDMA shared pools), those labels are absent (empty in PromQL).
+- **`hw_allocation_info` has one series per (device, holder)**, straight from PodResources,
+  with the resource name, the raw device ID, the replica and `hw_allocation_shared`. Join any
+  device series to pods with it, e.g. per-pod memory of shared GPUs:
+  `hw_gpu_memory_usage_bytes * on(hw_id) group_right hw_allocation_info`.
+- **`k8s_node_name`** on every series comes from `--node-name` (`NODE_NAME` from the downward
+  API). In OTLP it is the resource attribute `k8s.node.name`.
+- **No collisions with target labels.** Prometheus (and kube-prometheus ServiceMonitors) add
+  `namespace`, `pod`, `container`, `service`, `endpoint`, `instance`, `job` to every scraped
+  series, naming the exporter's own pod. Ours are `k8s_*`, so nothing is renamed to
+  `exported_*` and `honorLabels` can stay `false` (the default) in the ServiceMonitor/PodMonitor:
+  the target labels keep describing the exporter pod, ours describe the workload.
+- Label values are escaped by the Prometheus client, whatever the pod or container name.
+- Series of pods that are gone disappear in the next cycle: families are rebuilt from each
+  snapshot, nothing is kept between cycles.
+- A value a device does not support (NVML NOT_SUPPORTED, a missing sysfs file) has **no
+  series**; it is never reported as 0.
+
+"""
+
+
+def markdown() -> str:
+    """docs/metrics.md."""
+    out = [_DOC_HEAD]
+    titles = {
+        Scope.DEVICE: "Device metrics",
+        Scope.ALLOCATION: "Allocation metrics (from PodResources)",
+        Scope.EXPORTER: "Exporter self-metrics",
+    }
+    for scope, title in titles.items():
+        out.append(f"## {title}\n\n")
+        out.append("| Prometheus name | type | OpenTelemetry name | unit | labels | help |\n")
+        out.append("|---|---|---|---|---|---|\n")
+        for s in SPECS_LIST:
+            if s.scope is not scope:
+                continue
+            typ = "counter" if s.kind is Kind.COUNTER else "gauge"
+            otel = f"{s.name} ({s.kind.value})"
+            labels = ", ".join(f"`{prometheus_label(a)}`" for a in s.attributes)
+            unit = s.unit or "-"
+            out.append(f"| `{s.prom_name}` | {typ} | `{otel}` | `{unit}` | {labels} | {s.help} |\n")
+        out.append("\n")
+    out.append(
+        "## Attributes (labels)\n\n| Prometheus label | OpenTelemetry attribute | meaning |\n"
+    )
+    out.append("|---|---|---|\n")
+    for key, meaning in ATTRIBUTES.items():
+        out.append(f"| `{prometheus_label(key)}` | `{key}` | {meaning} |\n")
+    return "".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -131,12 +131,14 @@ class Poller:
             state = await self.client.poll()
         except PodResourcesError as exc:
             if exc.code != "BACKOFF":
-                self._states.failed("kubelet", f"PodResources unavailable ({exc}); keeps trying")
+                self._states.failed(
+                    f"kubelet/{exc.code}", f"PodResources unavailable ({exc}); retrying every cycle"
+                )
             if self._state is not None and self._clock() - self._state_at > self.stale_after:
                 log.warning("dropping PodResources data older than %.0fs", self.stale_after)
                 self._state = None
             return self._state
-        self._states.ok("kubelet", f"PodResources {state.api_version} answering again")
+        self._states.ok_all("kubelet/", f"PodResources {state.api_version} answering")
         self._state, self._state_at = state, self._clock()
         return state
 

@@ -201,7 +201,7 @@ class PodResourcesClient:
             return await rpc(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not _local_size_limit(exc):
                 self._backoff = min(self.backoff_max, max(self.backoff_initial, self._backoff * 2))
                 self._backoff_until = self._clock() + self._backoff
             elif exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -245,6 +245,11 @@ class PodResourcesClient:
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close(grace=None)
+
+
+def _local_size_limit(exc: grpc.aio.AioRpcError) -> bool:
+    """Our own receive limit also says RESOURCE_EXHAUSTED; backing off would not help it."""
+    return "larger than max" in (exc.details() or "")
 
 
 # --- proto -> model -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
@@ -22,7 +22,7 @@ from exporter.metrics import Kind, prometheus_label
 from exporter.model import Snapshot
 from exporter.points import Point, points
 
-TEXT = CONTENT_TYPE_LATEST
+TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the classic format Prometheus 2.x expects
 OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
 
 

@@ -1,0 +1,69 @@
+"""`kube-device-exporter podresources`: what the kubelet reports, for debugging attribution."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
+from exporter.simulate.scenario import parse_scenario
+
+SCENARIO = """
+node: n
+pods:
+  - name: p
+    namespace: ns
+    containers: [{name: c, devices: [{resource: nvidia.com/gpu, ids: ["GPU-x::1"], numa: [1]}]}]
+"""
+
+
+async def inspect(*args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "exporter", "podresources", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_list_get_and_a_kubelet_without_get(tmp_path: Path) -> None:
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    try:
+        done = await inspect("--kubelet-socket", str(sock))
+        assert done.returncode == 0, done.stderr
+        state = json.loads(done.stdout)
+        assert state["api_version"] == "v1"
+        device = state["pods"][0]["containers"][0]["devices"][0]
+        assert device == {
+            "resource_name": "nvidia.com/gpu",
+            "device_ids": ["GPU-x::1"],
+            "numa_nodes": [1],
+        }
+
+        done = await inspect("--kubelet-socket", str(sock), "--pod", "ns/p")
+        assert json.loads(done.stdout)["pod"]["name"] == "p"
+
+        kubelet.set_behaviour(get=False)
+        done = await inspect("--kubelet-socket", str(sock), "--pod", "ns/p")
+        assert done.returncode == 1
+        assert GET_DISABLED in done.stdout
+    finally:
+        await kubelet.stop()
+
+
+async def test_missing_socket_and_bad_pod_argument(tmp_path: Path) -> None:
+    done = await inspect("--kubelet-socket", str(tmp_path / "nope.sock"))
+    assert done.returncode == 1
+    assert "does not exist" in done.stdout
+    done = await inspect("--pod", "no-slash")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "kube-device-exporter: error: --pod: expected NAMESPACE/NAME, got 'no-slash'"
+    )

@@ -1,0 +1,200 @@
+"""The join, table-tested: every device-ID form, sharing modes, pools, DRA, allocatable."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.join import ResourceMatcher, join, normalize_device_id, pci_address
+from exporter.model import (
+    AllocationKind,
+    ClaimResource,
+    Container,
+    ContainerDevices,
+    Device,
+    DeviceReading,
+    DynamicResource,
+    Holder,
+    Pod,
+    PodResourcesState,
+    SourceResult,
+)
+
+GPU0 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+GPU1 = "GPU-11111111-2222-3333-4444-555555555555"
+MIG = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "replica"),
+    [
+        (GPU0, GPU0, ""),
+        (f"{GPU0}::3", GPU0, "3"),
+        (f"{MIG}::0", MIG, "0"),
+        (f"MIG-{GPU0}/1/0", f"MIG-{GPU0}/1/0", ""),
+        ("nvidia0", "nvidia0", ""),
+        ("nvidia3/vgpu2", "nvidia3", "2"),
+        ("nvidia0/gi7", "nvidia0/gi7", ""),
+        ("nvidia0/gi3/vgpu1", "nvidia0/gi3", "1"),
+        ("card1-4", "card1", "4"),
+        ("0000:19:00.0", "0000:19:00.0", ""),
+        ("0000:AF:00.1", "0000:af:00.1", ""),
+        ("00000000:07:00.0", "0000:07:00.0", ""),
+        ("3b:00.0", "0000:3b:00.0", ""),
+        ("amdgpu_xcp_30", "amdgpu_xcp_30", ""),
+        ("0", "0", ""),
+        ("mlx5_core.sf.4", "mlx5_core.sf.4", ""),
+    ],
+)
+def test_normalize(raw: str, key: str, replica: str) -> None:
+    assert normalize_device_id(raw) == (key, replica)
+
+
+def test_pci_address_rejects_non_addresses() -> None:
+    assert pci_address("GPU-1") is None
+    assert pci_address("0000:19:00.9") is None
+
+
+def dev(id_: str, *aliases: str, parent: str = "", pools: tuple[str, ...] = ()) -> Device:
+    return Device(
+        id=id_, type="gpu", vendor="nvidia", model="H100", source="t", parent=parent,
+        aliases=frozenset(aliases), pools=frozenset(pools),
+    )  # fmt: skip
+
+
+DEVICES = (
+    dev(GPU0, "nvidia0", "0000:07:00.0"),
+    dev(MIG, f"MIG-{GPU0}/1/0", "nvidia0/gi1", parent=GPU0),
+    dev(GPU1, "nvidia1"),
+    dev("mlx5_0/1", "0000:3b:00.0", pools=("rdma/hca_a",)),
+    dev("mlx5_1/1", "0000:3c:00.0", pools=("rdma/hca_a",)),
+)
+RESULT = SourceResult("t", tuple(DeviceReading(d) for d in DEVICES))
+
+
+def container(name: str, resource: str, *ids: str) -> Container:
+    return Container(name, (ContainerDevices(resource, ids, (0,)),))
+
+
+def holders_of(result, device_id: str) -> list[tuple[str, str, bool]]:  # type: ignore[no-untyped-def]
+    return [
+        (a.holder.pod, a.raw_id, a.shared) for a in result.allocations if a.device_id == device_id
+    ]
+
+
+def run(*pods: Pod, allocatable: tuple[ContainerDevices, ...] = ()):  # type: ignore[no-untyped-def]
+    return join([RESULT], PodResourcesState(pods=pods, allocatable=allocatable))
+
+
+def joined(result, device_id: str):  # type: ignore[no-untyped-def]
+    return next(j for j in result.devices if j.reading.device.id == device_id)
+
+
+def test_exclusive_gpu_gets_its_holder() -> None:
+    result = run(Pod("train", "ml", (container("main", "nvidia.com/gpu", GPU1),)))
+    assert joined(result, GPU1).holder == Holder("ml", "train", "main")
+    assert holders_of(result, GPU1) == [("train", GPU1, False)]
+
+
+@pytest.mark.parametrize("raw", [MIG, f"MIG-{GPU0}/1/0", "nvidia0/gi1", f"{MIG}::0"])
+def test_mig_slice_by_every_id_form(raw: str) -> None:
+    result = run(Pod("nb", "r", (container("c", "nvidia.com/mig-1g.10gb", raw),)))
+    assert joined(result, MIG).holder == Holder("r", "nb", "c")
+    assert joined(result, GPU0).holder is None  # the parent GPU is nobody's
+
+
+@pytest.mark.parametrize("raw", ["nvidia1", "nvidia1/vgpu0", f"{GPU1}::0"])
+def test_gke_and_replica_forms(raw: str) -> None:
+    result = run(Pod("p", "n", (container("c", "nvidia.com/gpu", raw),)))
+    assert joined(result, GPU1).holder == Holder("n", "p", "c")
+
+
+def test_time_sliced_gpu_has_no_single_holder_and_one_allocation_each() -> None:
+    result = run(
+        Pod("a", "b", (container("w", "nvidia.com/gpu", f"{GPU1}::0"),)),
+        Pod("b", "b", (container("w", "nvidia.com/gpu", f"{GPU1}::1"),)),
+    )
+    device = joined(result, GPU1)
+    assert device.holder is None
+    assert device.holders == 2
+    assert sorted(holders_of(result, GPU1)) == [
+        ("a", f"{GPU1}::0", True),
+        ("b", f"{GPU1}::1", True),
+    ]
+    assert {a.replica for a in result.allocations} == {"0", "1"}
+
+
+def test_renamed_shared_resource_is_marked_shared_even_with_one_holder() -> None:
+    result = run(Pod("a", "b", (container("w", "nvidia.com/gpu.shared", f"{GPU1}::0"),)))
+    assert joined(result, GPU1).holder == Holder("b", "a", "w")
+    assert holders_of(result, GPU1) == [("a", f"{GPU1}::0", True)]
+
+
+def test_two_containers_holding_one_device_without_replicas_are_shared() -> None:
+    result = run(
+        Pod(
+            "a",
+            "n",
+            (container("x", "nvidia.com/gpu", GPU1), container("y", "nvidia.com/gpu", GPU1)),
+        )
+    )
+    assert joined(result, GPU1).holder is None
+    assert all(shared for _, _, shared in holders_of(result, GPU1))
+
+
+def test_rdma_shared_pool_ids_map_to_every_pool_device() -> None:
+    result = run(Pod("mpi", "hpc", (container("rank0", "rdma/hca_a", "0"),)))
+    assert holders_of(result, "mlx5_0/1") == [("mpi", "0", True)]
+    assert holders_of(result, "mlx5_1/1") == [("mpi", "0", True)]
+
+
+def test_pci_address_in_other_case_and_domain_width() -> None:
+    result = run(Pod("p", "n", (container("c", "intel.com/sriov", "0000:3B:00.0"),)))
+    assert joined(result, "mlx5_0/1").holder == Holder("n", "p", "c")
+
+
+def test_unknown_device_keeps_an_allocation_with_empty_device() -> None:
+    result = run(Pod("p", "n", (container("c", "nvidia.com/gpu", "GPU-unknown"),)))
+    (alloc,) = result.allocations
+    assert (alloc.device_id, alloc.raw_id) == ("", "GPU-unknown")
+
+
+def test_resources_outside_the_patterns_are_ignored() -> None:
+    pod = Pod("p", "n", (container("c", "example.com/fpga", GPU1),))
+    assert join([RESULT], PodResourcesState(pods=(pod,))).allocations == ()
+    matcher = ResourceMatcher(["example.com/*"])
+    assert len(join([RESULT], PodResourcesState(pods=(pod,)), matcher).allocations) == 1
+
+
+def test_allocatable_devices_are_marked() -> None:
+    result = run(allocatable=(ContainerDevices("nvidia.com/gpu", (f"{GPU1}::0", f"{GPU1}::1")),))
+    assert joined(result, GPU1).allocatable
+    assert not joined(result, GPU0).allocatable
+
+
+def test_dra_claims_are_parsed_and_joined_by_device_name() -> None:
+    claimed = Device(
+        GPU1, "gpu", "nvidia", "H100", "t", aliases=frozenset({"gpu.nvidia.com/gpu-1"})
+    )
+    pod = Pod(
+        "p", "n",
+        (Container("c", dynamic_resources=(DynamicResource("claim", "n", (
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-1", ("nvidia.com/gpu=gpu-1",)),
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-9"),
+        )),)),),
+    )  # fmt: skip
+    result = join([SourceResult("t", (DeviceReading(claimed),))], PodResourcesState(pods=(pod,)))
+    found, missing = sorted(result.allocations, key=lambda a: a.raw_id)
+    assert (found.kind, found.device_id, found.claim, found.pool) == (
+        AllocationKind.DRA,
+        GPU1,
+        "n/claim",
+        "node-a",
+    )
+    assert missing.device_id == ""
+    assert joined(result, GPU1).holder == Holder("n", "p", "c")
+
+
+def test_no_kubelet_still_lists_every_device() -> None:
+    result = join([RESULT], None)
+    assert len(result.devices) == len(DEVICES)
+    assert result.allocations == ()

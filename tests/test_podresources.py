@@ -1,0 +1,279 @@
+"""The real PodResources client against the simulated kubelet over a real unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
+from exporter.simulate.scenario import parse_scenario
+
+SCENARIO = """
+node: n1
+allocatable:
+  - {resource: nvidia.com/gpu, ids: [GPU-a, GPU-b], numa: [0]}
+pods:
+  - name: p1
+    namespace: ns1
+    containers:
+      - name: c1
+        devices: [{resource: nvidia.com/gpu, ids: [GPU-a], numa: [0, 1]}]
+        cpu_ids: [4, 5]
+        memory: [{type: hugepages-1Gi, size: 1073741824, numa: [1]}]
+        claims:
+          - name: claim-a
+            namespace: ns1
+            resources:
+              - {driver: gpu.nvidia.com, pool: n1, device: gpu-1, cdi: ["nvidia.com/gpu=gpu-1"], share_id: "s1"}
+      - name: sidecar
+  - name: later
+    namespace: ns2
+    start: 10
+    containers: [{name: c, devices: [{resource: nvidia.com/gpu, ids: [GPU-b]}]}]
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Path:
+    return tmp_path / "pod-resources" / "kubelet.sock"
+
+
+async def test_v1_list_and_allocatable(sock: Path) -> None:
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    client = PodResourcesClient(sock)
+    try:
+        state = await client.poll()
+    finally:
+        await client.close()
+        await kubelet.stop()
+    assert state.api_version == "v1"
+    assert state.allocatable_known
+    assert [(d.resource_name, d.device_ids, d.numa_nodes) for d in state.allocatable] == [
+        ("nvidia.com/gpu", ("GPU-a", "GPU-b"), (0,))
+    ]
+    (pod,) = state.pods  # `later` starts at t=10
+    assert (pod.name, pod.namespace) == ("p1", "ns1")
+    c1, sidecar = pod.containers
+    assert c1.devices[0].device_ids == ("GPU-a",)
+    assert c1.devices[0].numa_nodes == (0, 1)
+    assert c1.cpu_ids == (4, 5)
+    assert c1.memory[0].memory_type == "hugepages-1Gi"
+    assert c1.memory[0].size_bytes == 1 << 30
+    assert c1.memory[0].numa_nodes == (1,)
+    claim = c1.dynamic_resources[0]
+    assert (claim.claim_name, claim.claim_namespace) == ("claim-a", "ns1")
+    res = claim.claim_resources[0]
+    assert (res.driver_name, res.pool_name, res.device_name, res.share_id) == (
+        "gpu.nvidia.com",
+        "n1",
+        "gpu-1",
+        "s1",
+    )
+    assert res.cdi_devices == ("nvidia.com/gpu=gpu-1",)
+    assert sidecar.devices == ()
+    health = client.health()
+    assert health.requests_total[("List", "OK")] == 1
+    assert health.requests_total[("GetAllocatableResources", "OK")] == 1
+
+
+async def test_pod_set_changes_over_time(sock: Path) -> None:
+    clock = Clock()
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
+    await kubelet.start()
+    client = PodResourcesClient(sock)
+    try:
+        assert [p.name for p in (await client.poll()).pods] == ["p1"]
+        clock.now = 11
+        assert [p.name for p in (await client.poll()).pods] == ["p1", "later"]
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_get_and_get_disabled(sock: Path) -> None:
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    client = PodResourcesClient(sock)
+    try:
+        pod = await client.get("p1", "ns1")
+        assert [c.name for c in pod.containers] == ["c1", "sidecar"]
+        with pytest.raises(PodResourcesError, match="pod nope in namespace ns1 not found"):
+            await client.get("nope", "ns1")
+        kubelet.set_behaviour(get=False)
+        with pytest.raises(PodResourcesError) as err:
+            await client.get("p1", "ns1")
+        assert err.value.message == GET_DISABLED
+        assert err.value.code == "UNKNOWN"
+        # List keeps working on a kubelet without the Get gate.
+        assert [p.name for p in (await client.poll()).pods] == ["p1"]
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_v1alpha1_only_kubelet_then_v1_appears(sock: Path) -> None:
+    scenario = parse_scenario(SCENARIO + "kubelet: {api: v1alpha1}\n")
+    kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 0.0)
+    await kubelet.start()
+    clock = Clock()
+    client = PodResourcesClient(sock, clock=clock, v1_retry_interval=60)
+    try:
+        state = await client.poll()
+        assert state.api_version == "v1alpha1"
+        assert not state.allocatable_known
+        (pod,) = state.pods
+        assert pod.containers[0].devices[0].device_ids == ("GPU-a",)
+        assert pod.containers[0].cpu_ids == ()  # v1alpha1 has no CPUs/topology
+        assert client.health().requests_total[("List", "UNIMPLEMENTED")] == 1
+        # Still v1alpha1 within the retry interval: no v1 call is wasted.
+        clock.now = 30
+        assert (await client.poll()).api_version == "v1alpha1"
+        assert client.health().requests_total[("List", "UNIMPLEMENTED")] == 1
+        # The kubelet is upgraded (restarts with v1); after the interval we move back.
+        await kubelet.restart(api="v1")
+        clock.now = 61
+        state = await client.poll()
+        assert state.api_version == "v1"
+        assert state.allocatable_known
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_restart_on_the_same_path(sock: Path) -> None:
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    client = PodResourcesClient(sock, timeout=2)
+    try:
+        assert (await client.poll()).pods
+        await kubelet.stop()
+        assert not sock.exists()
+        with pytest.raises(PodResourcesError) as err:
+            await client.poll()
+        assert err.value.code == "NO_SOCKET"
+        await kubelet.start()
+        assert [p.name for p in (await client.poll()).pods] == ["p1"]
+        assert client.health().connected
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_socket_absent_at_start_then_appears(sock: Path) -> None:
+    client = PodResourcesClient(sock, timeout=2)
+    try:
+        with pytest.raises(PodResourcesError, match="does not exist"):
+            await client.poll()
+        assert not client.health().connected
+        kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+        await kubelet.start()
+        try:
+            assert [p.name for p in (await client.poll()).pods] == ["p1"]
+        finally:
+            await kubelet.stop()
+    finally:
+        await client.close()
+
+
+async def test_rate_limit_backs_off_and_recovers(sock: Path) -> None:
+    scenario = parse_scenario(SCENARIO + "kubelet: {qps: 0.0001, burst: 3}\n")
+    kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 0.0)
+    await kubelet.start()
+    clock = Clock()
+    client = PodResourcesClient(sock, clock=clock, backoff_initial=1.0, backoff_max=8.0)
+    try:
+        await client.poll()  # List + GetAllocatableResources: 2 of 3 tokens
+        await client.poll()  # List: the last token
+        with pytest.raises(PodResourcesError) as err:
+            await client.poll()
+        assert err.value.code == "RESOURCE_EXHAUSTED"
+        assert "rejected by rate limit" in err.value.message
+        served = dict(kubelet.requests)
+        # During back-off the client makes no call at all.
+        clock.now = 0.5
+        with pytest.raises(PodResourcesError) as err:
+            await client.poll()
+        assert err.value.code == "BACKOFF"
+        assert kubelet.requests == served
+        # Back-off doubles on the next rejection...
+        clock.now = 1.1
+        with pytest.raises(PodResourcesError):
+            await client.poll()
+        clock.now = 2.5
+        with pytest.raises(PodResourcesError) as err:
+            await client.poll()
+        assert err.value.code == "BACKOFF"
+        # ...and a kubelet with tokens again is read normally.
+        kubelet.set_behaviour(qps=100.0, burst=10)
+        clock.now = 3.2
+        assert (await client.poll()).pods
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+def test_token_bucket_matches_kubelet_numbers() -> None:
+    from exporter.simulate.kubelet import TokenBucket
+
+    clock = Clock()
+    bucket = TokenBucket(100, 10, clock)
+    assert sum(bucket.allow() for _ in range(20)) == 10  # burst 10
+    clock.now = 0.05  # 100 qps refills 5 tokens in 50 ms
+    assert sum(bucket.allow() for _ in range(20)) == 5
+
+
+async def test_slow_kubelet_past_the_deadline(sock: Path) -> None:
+    scenario = parse_scenario(SCENARIO + "kubelet: {latency: 1.0}\n")
+    kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 0.0)
+    await kubelet.start()
+    client = PodResourcesClient(sock, timeout=0.2)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(PodResourcesError) as err:
+            await client.poll()
+        assert err.value.code == "DEADLINE_EXCEEDED"
+        assert loop.time() - started < 0.9  # the deadline, not the kubelet, ended the call
+        kubelet.set_behaviour(latency=0.0)
+        assert (await client.poll()).pods
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
+    ids = ", ".join(f"GPU-{i:08x}-0000-4000-8000-{i:012x}" for i in range(40))
+    scenario = parse_scenario(
+        "node: big\npod_sets:\n"
+        "  - prefix: a-rather-long-pod-name-prefix-like-real-controllers-make\n"
+        "    namespace: some-team-namespace\n    count: 2500\n"
+        f"    containers: [{{name: main, devices: [{{resource: nvidia.com/gpu.shared, ids: [{ids}]}}]}}]\n"
+    )
+    kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 0.0)
+    await kubelet.start()
+    small = PodResourcesClient(sock, max_message_bytes=4 * 1024 * 1024, timeout=20)
+    client = PodResourcesClient(sock, timeout=20)
+    try:
+        with pytest.raises(PodResourcesError) as err:
+            await small.poll()
+        assert err.value.code == "RESOURCE_EXHAUSTED"
+        assert "larger than max" in err.value.message
+        state = await client.poll()
+        assert len(state.pods) == 2500
+        assert len(state.pods[-1].containers[0].devices[0].device_ids) == 40
+    finally:
+        await small.close()
+        await client.close()
+        await kubelet.stop()

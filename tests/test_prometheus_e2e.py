@@ -1,0 +1,144 @@
+"""A real Prometheus scrapes the real exporter process running the simulated demo node.
+
+PromQL then checks pod attribution for each sharing mode: an exclusive GPU, a MIG slice,
+a time-sliced GPU (allocation series, values never copied per pod), a free GPU, and a pod
+deleted mid-run (its series are gone after the next cycle).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.simulate.scenario import load_scenario
+from tests.peers import PrometheusServer, free_port
+
+GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-00000000000{}"
+MIG = "MIG-0b6f4a21-7d3c-5e2a-8f10-00000000010{}"
+DELETED_AT = 12.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    # The bundled demo, with the short job ending a few seconds into the run.
+    demo = load_scenario("demo")
+    assert demo.path is not None
+    doc = yaml.safe_load(demo.path.read_text())
+    (short,) = [p for p in doc["pods"] if p["name"] == "short-job"]
+    short["end"] = DELETED_AT
+    scenario = tmp / "demo-short.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+
+    port = free_port()
+    log = (tmp / "exporter.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "simulate", str(scenario),
+         "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    started = time.monotonic()
+    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s")
+    prom.start()
+    try:
+        prom.wait_for('up{job="kube-device-exporter"} == 1', timeout=30)
+        prom.started = started  # type: ignore[attr-defined]
+        yield prom
+    finally:
+        prom.stop()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        print((tmp / "exporter.log").read_text()[-3000:])
+
+
+def labels(result: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return sorted((r["metric"] for r in result), key=lambda m: sorted(m.items()))
+
+
+def pods(result: list[dict[str, Any]]) -> set[str]:
+    return {r["metric"].get("k8s_pod_name", "") for r in result}
+
+
+def util(hw_id: str) -> str:
+    return f'hw_gpu_utilization_ratio{{hw_id="{hw_id}",hw_gpu_task="general"}}'
+
+
+@pytest.mark.peer
+def test_deleted_pod_disappears_after_one_cycle(stack: PrometheusServer) -> None:
+    mig2 = MIG.format(2)
+    query = 'hw_allocation_info{k8s_pod_name="short-job"}'
+    started: float = stack.started  # type: ignore[attr-defined]
+    # This test runs first in the module, while the pod still exists.
+    assert time.monotonic() - started < DELETED_AT - 2, "stack too slow to see the pod alive"
+    stack.wait_for(query, timeout=5)
+    (held,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{mig2}"}}', timeout=5)
+    assert held["metric"].get("k8s_pod_name") == "short-job"
+    # Gone within a cycle and a scrape of the deletion (Prometheus marks the series stale).
+    stack.wait_for(query, lambda r: r == [], timeout=DELETED_AT + 10)
+    assert time.monotonic() - started < DELETED_AT + 8
+    (now,) = stack.wait_for(
+        f'hw_gpu_memory_usage_bytes{{hw_id="{mig2}"}}',
+        lambda r: "k8s_pod_name" not in r[0]["metric"],
+    )
+    assert now["metric"]["hw_id"] == mig2
+
+
+@pytest.mark.peer
+def test_exclusive_gpu_is_labelled_with_its_pod(stack: PrometheusServer) -> None:
+    gpu0 = GPU.format(0)
+    (series,) = labels(stack.wait_for(util(gpu0)))
+    assert series["k8s_pod_name"] == "trainer-0"
+    assert series["k8s_namespace_name"] == "ml-team"
+    assert series["k8s_container_name"] == "pytorch"
+    assert series["k8s_node_name"] == "demo-node-1"
+    assert series["job"] == "kube-device-exporter"  # target labels untouched, no exported_*
+    (memory,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{gpu0}"}}')
+    assert memory["metric"]["k8s_pod_name"] == "trainer-0"
+    assert float(memory["value"][1]) > 0
+
+
+@pytest.mark.peer
+def test_mig_slice_is_labelled_with_its_pod(stack: PrometheusServer) -> None:
+    (series,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{MIG.format(1)}"}}')
+    assert series["metric"]["k8s_pod_name"] == "notebook-alice"
+    assert series["metric"]["hw_parent"] == GPU.format(1)
+    assert series["metric"]["hw_gpu_mig_profile"] == "1g.10gb"
+    (big,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{MIG.format(4)}"}}')
+    assert big["metric"]["k8s_pod_name"] == "inference-small"
+    # The MIG parent itself belongs to nobody.
+    parent = stack.wait_for(f'hw_gpu_memory_limit_bytes{{hw_id="{GPU.format(1)}"}}')
+    assert pods(parent) == {""}
+
+
+@pytest.mark.peer
+def test_time_sliced_gpu_values_are_not_copied_per_pod(stack: PrometheusServer) -> None:
+    gpu2 = GPU.format(2)
+    (series,) = stack.wait_for(util(gpu2))  # one series, not one per sharing pod
+    assert "k8s_pod_name" not in series["metric"]
+    allocations = stack.wait_for(f'hw_allocation_info{{hw_id="{gpu2}"}}', lambda r: len(r) == 2)
+    assert pods(allocations) == {"batch-a", "batch-b"}
+    assert {r["metric"]["hw_allocation_shared"] for r in allocations} == {"true"}
+    assert {r["metric"]["hw_allocation_replica"] for r in allocations} == {"0", "1"}
+    # The documented PromQL join gives each sharing pod the device's value, marked shared.
+    joined = stack.wait_for(
+        f"{util(gpu2)} * on(hw_id) group_right hw_allocation_info", lambda r: len(r) == 2
+    )
+    assert pods(joined) == {"batch-a", "batch-b"}
+
+
+@pytest.mark.peer
+def test_unallocated_gpu_has_no_pod(stack: PrometheusServer) -> None:
+    gpu3 = GPU.format(3)
+    (series,) = stack.wait_for(util(gpu3))
+    assert "k8s_pod_name" not in series["metric"]
+    assert stack.query(f'hw_allocation_info{{hw_id="{gpu3}"}}') == []
+    free = stack.wait_for('hw_allocatable_devices{hw_allocation_resource="nvidia.com/gpu"}')
+    assert float(free[0]["value"][1]) == 2
