@@ -4,8 +4,8 @@ dashboard panel query and template-variable query is evaluated through its HTTP 
 The exporters run as `kube-device-exporter simulate SCENARIO` subprocesses, as a user runs
 them: the simulated NVML library must be on LD_LIBRARY_PATH before the process starts, and
 the runner re-executes itself to get it. Beside the simulated nodes Prometheus scrapes an
-exporter whose kubelet socket does not exist and an address nobody listens on, so the health
-alerts have something real to select.
+exporter whose kubelet socket does not exist (and whose OTLP push goes nowhere) and an
+address nobody listens on, so the health alerts and panels have something real to select.
 
 A query must parse and return data. The only queries allowed to come back empty are those
 naming a metric listed in `awaiting()`, each with the reason the simulation cannot produce
@@ -61,7 +61,7 @@ MIXED_ONLY = (
 
 def awaiting() -> dict[str, str]:
     """Prometheus name -> why the simulated cluster cannot have that metric yet."""
-    out = {SPECS["kube_device_exporter.export.batches"].prom_name: "only with --otlp.endpoint set"}
+    out: dict[str, str] = {}
     if not registry():
         for spec in SPECS.values():
             if spec.scope is Scope.DEVICE:
@@ -99,9 +99,11 @@ class Cluster:
         return result
 
 
-def _start_exporter(args: list[str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_exporter(
+    args: list[str], workdir: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "KDE_SIMULATE_WORKDIR": str(workdir)}
+    env = {**os.environ, "KDE_SIMULATE_WORKDIR": str(workdir), **(env or {})}
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "exporter.log").open("wb")
     proc = subprocess.Popen(
@@ -140,10 +142,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             procs.append(proc)
             _wait_ready(proc, target, root / scenario / "exporter.log")
             exporters[scenario] = target
+        # It also pushes OTLP to an address nobody listens on: its export counters are real.
         proc, target = _start_exporter(
             ["--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
-             "--node-name", "no-kubelet-node"],
+             "--node-name", "no-kubelet-node",
+             "--otlp.endpoint", f"http://127.0.0.1:{free_port()}"],
             root / "no-kubelet",
+            env={"OTEL_EXPORTER_OTLP_TIMEOUT": "500"},
         )  # fmt: skip
         procs.append(proc)
         _wait_ready(proc, target, root / "no-kubelet" / "exporter.log")
