@@ -1,6 +1,7 @@
 # kube-device-exporter — every entry point a developer or CI needs.
 #   make demo    run the exporter against the simulated node and print where to look
 #   make test    install everything it needs, lint, type-check and run the whole suite
+#   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 
-.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml clean
+.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring clean
 
 install: $(STAMP) debs fakenvml
 
@@ -39,8 +40,8 @@ demo: install
 	$(VENV)/bin/kube-device-exporter simulate demo --web.listen-address $(DEMO_ADDR)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check exporter tests bench
-	$(VENV)/bin/ruff format --check exporter tests bench
+	$(VENV)/bin/ruff check exporter tests bench monitoring
+	$(VENV)/bin/ruff format --check exporter tests bench monitoring
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -49,6 +50,9 @@ pytest: install
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test: install lint typecheck pytest
+
+monitoring: $(STAMP)
+	$(PY) -m monitoring
 
 bench: install
 	$(PY) -m bench

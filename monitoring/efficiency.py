@@ -1,0 +1,174 @@
+"""Allocation efficiency: devices that are allocated but idle, and for how long."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as dash
+
+from monitoring.grafana import (
+    BAD_IF_ANY,
+    PanelBuilder,
+    Q,
+    bar_panel,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
+from monitoring.layout import new_dashboard, variables
+from monitoring.queries import (
+    ALLOCATED,
+    GENERAL,
+    HOLDER,
+    KEY,
+    NODE,
+    holders,
+    idle_allocated,
+    idle_now_allocated,
+    sel,
+    utilization,
+)
+
+UID = "kde-efficiency"
+HOLDER_LABELS = "k8s.namespace.name, k8s.pod.name, k8s.container.name, hw.model"
+THRESHOLD = "$idle_threshold"
+IDLE = idle_allocated(NODE, "$idle_window", THRESHOLD)
+IDLE_NOW = idle_now_allocated(NODE, THRESHOLD)
+UTIL = sel("hw.gpu.utilization", GENERAL, NODE)
+RANGE_MEAN = f"max by ({KEY}) (avg_over_time({UTIL}[$__range]))"
+NAMESPACE = "k8s.namespace.name"
+
+LAST_BUSY = (
+    f"max by ({KEY}) (max_over_time(timestamp({utilization(NODE)} >= {THRESHOLD})[$lookback:]))"
+)
+FIRST_SEEN = f"max by ({KEY}) (min_over_time(timestamp({utilization(NODE)})[$lookback:]))"
+IDLE_FOR = f"(time() - {LAST_BUSY}) or (time() - {FIRST_SEEN})"
+"""Seconds since the device was last at or above the threshold; for a device never busy in
+the lookback, seconds since it was first seen in it (so at most the lookback). The subqueries
+step at Prometheus's evaluation interval (`[$lookback:]`)."""
+
+
+def _join(device_expr: str, by: str = HOLDER_LABELS) -> str:
+    """A per-device value, copied to each holder of the device (holders filtered)."""
+    return f"({device_expr}) * on({KEY}) group_right() {holders(HOLDER, by)}"
+
+
+def build() -> dash.Dashboard:
+    board = new_dashboard(
+        UID,
+        "Devices / Allocation efficiency",
+        "Devices that are allocated but idle, who holds them, and for how long.",
+    )
+    board = variables(
+        board, ("node", "namespace", "pod", "idle_threshold", "idle_window", "lookback")
+    )
+    for title, panels in (("Idle while allocated", _idle()), ("Use of allocations", _use())):
+        board = board.with_row(dash.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
+
+
+def _idle() -> list[PanelBuilder]:
+    return [
+        stat_panel(
+            "Idle while allocated",
+            "Allocated devices below $idle_threshold utilization for all of $idle_window.",
+            f"count({_join(IDLE, 'k8s.namespace.name')}) or vector(0)",
+            thresholds=BAD_IF_ANY,
+        ),
+        stat_panel(
+            "Idle now",
+            "Allocated devices below $idle_threshold right now.",
+            f"count({_join(IDLE_NOW, 'k8s.namespace.name')}) or vector(0)",
+        ),
+        stat_panel(
+            "Mean utilization of allocated devices",
+            "General utilization averaged over every allocated device, now.",
+            f"avg({utilization(NODE)} and on({KEY}) {holders(HOLDER, 'k8s.namespace.name')})",
+            unit="percentunit",
+        ),
+        stat_panel(
+            "Free devices",
+            "Devices no container holds (MIG parents excluded).",
+            f"count(max by ({KEY}) ({sel('hw.info', NODE)}) unless on({KEY}) {ALLOCATED}"
+            f" unless on({KEY}) label_replace(max by (k8s.node.name, hw.parent)"
+            f' (hw.info{{hw.parent!=""}}), "hw.id", "$1", "hw.parent", "(.+)")) or vector(0)',
+        ),
+        table_panel(
+            "Allocated but idle",
+            "Each holder of an allocated device that is below $idle_threshold now: how long "
+            "since the device was last busy (within $lookback), its peak in $idle_window and "
+            "its utilization now.",
+            [
+                ("Idle for", _join(f"({IDLE_FOR}) and on({KEY}) {IDLE_NOW}")),
+                (
+                    "Peak in window",
+                    _join(
+                        f"max by ({KEY}) (max_over_time({UTIL}[$idle_window]))"
+                        f" and on({KEY}) {IDLE_NOW}"
+                    ),
+                ),
+                ("Utilization now", _join(IDLE_NOW)),
+            ],
+            units={
+                "Idle for": "s",
+                "Peak in window": "percentunit",
+                "Utilization now": "percentunit",
+            },
+            height=10,
+        ),
+        timeseries_panel(
+            "Allocated devices idle now, by namespace",
+            "Allocated devices below $idle_threshold at each moment, per holding namespace.",
+            [
+                Q(
+                    f"count by (k8s.namespace.name) ({_join(IDLE_NOW, 'k8s.namespace.name')})",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
+            stacked=True,
+        ),
+        bar_panel(
+            "Idle while allocated, by namespace",
+            "Allocated devices idle for all of $idle_window, per holding namespace.",
+            [
+                Q(
+                    f"sort_desc(count by (k8s.namespace.name)"
+                    f" ({_join(IDLE, 'k8s.namespace.name')}))",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
+            span=12,
+        ),
+    ]
+
+
+def _use() -> list[PanelBuilder]:
+    return [
+        timeseries_panel(
+            "Utilization of allocated devices, by namespace",
+            "Mean general utilization of the devices each namespace holds (a shared device "
+            "counts for each namespace holding it).",
+            [
+                Q(
+                    f"avg by (k8s.namespace.name) ({_join(utilization(NODE), NAMESPACE)})",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
+            unit="percentunit",
+            maximum=1,
+        ),
+        bar_panel(
+            "Mean utilization over the time range, by namespace",
+            "General utilization of the devices each namespace holds now, averaged over the "
+            "dashboard's range.",
+            [
+                Q(
+                    f"sort(avg by (k8s.namespace.name) ({_join(RANGE_MEAN, NAMESPACE)}))",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
+            unit="percentunit",
+            maximum=1,
+            span=12,
+        ),
+    ]

@@ -1,0 +1,244 @@
+"""Namespaces and pods: who holds which device, top consumers, per-pod memory and utilization.
+
+Per-pod figures come from device series held by exactly one container (they carry the
+holder's labels). A shared device (time-slicing, MPS, shared RDMA pools) has no single
+holder: its figures are whole-device ones, listed in their own row with its holders, until
+per-process attribution splits them.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as dash
+
+from monitoring.grafana import (
+    PanelBuilder,
+    Q,
+    bar_panel,
+    stat_panel,
+    table_panel,
+    text_panel,
+    timeseries_panel,
+)
+from monitoring.layout import new_dashboard, variables
+from monitoring.queries import GENERAL, HELD, HOLDER, KEY, RESOLVED, sel
+
+UID = "kde-workloads"
+POD = "k8s.namespace.name, k8s.pod.name"
+CONTAINER = f"{POD}, k8s.container.name"
+ALLOCATIONS = sel("hw.allocation.info", HOLDER)
+UNRESOLVED = 'hw.id=""'
+SHARED = sel("hw.allocation.info", HOLDER, RESOLVED, 'hw.allocation.shared="true"')
+
+
+def build() -> dash.Dashboard:
+    board = new_dashboard(
+        UID,
+        "Devices / Namespaces and pods",
+        "Which pod holds which device, the top consumers, and per-pod utilization, memory "
+        "and power.",
+    )
+    board = variables(board, ("node", "namespace", "pod"))
+    for title, panels in (
+        ("Who uses what", _who()),
+        ("Top consumers", _top()),
+        ("Per pod (devices held by one container)", _per_pod()),
+        ("Shared devices", _shared()),
+    ):
+        board = board.with_row(dash.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
+
+
+def _who() -> list[PanelBuilder]:
+    return [
+        stat_panel(
+            "Pods holding devices",
+            "Pods with at least one device allocated (device plugins and DRA claims).",
+            f"count(count by ({POD}) ({ALLOCATIONS})) or vector(0)",
+        ),
+        stat_panel(
+            "Device IDs held",
+            "Device IDs handed to containers, as the kubelet reports them (a time-sliced "
+            "replica counts once per replica).",
+            f"count(count by (k8s.node.name, hw.allocation.resource, hw.allocation.device_id)"
+            f" ({ALLOCATIONS})) or vector(0)",
+        ),
+        stat_panel(
+            "Shared devices held",
+            "Devices held by more than one container.",
+            f"count(count by ({KEY}) ({SHARED})) or vector(0)",
+        ),
+        stat_panel(
+            "Unresolved allocations",
+            "Device IDs held by containers that no source can see (a missing or failing "
+            "collector, or a device plugin this exporter does not know).",
+            f"count({sel('hw.allocation.info', HOLDER, UNRESOLVED)}) or vector(0)",
+            thresholds=((None, "green"), (1, "orange")),
+        ),
+        table_panel(
+            "Allocations",
+            "One row per (container, device ID) from the kubelet's PodResources API.",
+            [
+                (
+                    "Held",
+                    f"max by (k8s.node.name, {CONTAINER}, hw.allocation.resource,"
+                    f" hw.allocation.device_id, hw.id, hw.model, hw.allocation.shared)"
+                    f" ({ALLOCATIONS})",
+                )
+            ],
+            hide=("Held",),
+            span=24,
+            height=10,
+        ),
+    ]
+
+
+def _top() -> list[PanelBuilder]:
+    return [
+        bar_panel(
+            "Devices held by namespace",
+            "Device IDs held per namespace.",
+            [
+                Q(
+                    f"sort_desc(count by (k8s.namespace.name) ({ALLOCATIONS}))",
+                    "{{k8s_namespace_name}}",
+                )
+            ],
+        ),
+        bar_panel(
+            "Top pods by utilization",
+            "Mean general utilization of the devices each pod holds alone.",
+            [
+                Q(
+                    f"topk(10, avg by ({POD}) ({sel('hw.gpu.utilization', GENERAL, HELD)}))",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}}",
+                )
+            ],
+            unit="percentunit",
+            maximum=1,
+        ),
+        bar_panel(
+            "Top pods by device memory",
+            "Device memory in use on the devices each pod holds alone.",
+            [
+                Q(
+                    f"topk(10, sum by ({POD}) ({sel('hw.gpu.memory.usage', HELD)}))",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}}",
+                )
+            ],
+            unit="bytes",
+        ),
+    ]
+
+
+def _per_pod() -> list[PanelBuilder]:
+    legend = "{{k8s_namespace_name}}/{{k8s_pod_name}}/{{k8s_container_name}}"
+    return [
+        timeseries_panel(
+            "Utilization per container",
+            "Mean general utilization of the devices the container holds alone.",
+            [Q(f"avg by ({CONTAINER}) ({sel('hw.gpu.utilization', GENERAL, HELD)})", legend)],
+            unit="percentunit",
+            maximum=1,
+        ),
+        timeseries_panel(
+            "Device memory per container",
+            "Device memory in use on the devices the container holds alone.",
+            [Q(f"sum by ({CONTAINER}) ({sel('hw.gpu.memory.usage', HELD)})", legend)],
+            unit="bytes",
+        ),
+        timeseries_panel(
+            "Device memory used, fraction per container",
+            "Device memory in use over the size of the devices the container holds alone.",
+            [
+                Q(
+                    f"sum by ({CONTAINER}) ({sel('hw.gpu.memory.usage', HELD)})"
+                    f" / sum by ({CONTAINER}) ({sel('hw.gpu.memory.limit', HELD)})",
+                    legend,
+                )
+            ],
+            unit="percentunit",
+            maximum=1,
+        ),
+        timeseries_panel(
+            "Power per pod",
+            "Power drawn by the devices each pod holds alone.",
+            [
+                Q(
+                    f"sum by ({POD}) ({sel('hw.power', HELD)})",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}}",
+                )
+            ],
+            unit="watt",
+            stacked=True,
+        ),
+        bar_panel(
+            "Energy per pod in the time range",
+            "Energy used by the devices each pod held alone during the dashboard's range.",
+            [
+                Q(
+                    f"sort_desc(sum by ({POD}) (increase({sel('hw.energy', HELD)}[$__range])))",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}}",
+                )
+            ],
+            unit="joule",
+            span=12,
+        ),
+        timeseries_panel(
+            "PCIe throughput per pod",
+            "Bytes per second over PCIe on the devices each pod holds alone.",
+            [
+                Q(
+                    f"sum by ({POD}, network.io.direction)"
+                    f" (rate({sel('hw.gpu.io', HELD)}[$__rate_interval]))",
+                    "{{k8s_namespace_name}}/{{k8s_pod_name}} {{network_io_direction}}",
+                )
+            ],
+            unit="Bps",
+        ),
+    ]
+
+
+def _shared() -> list[PanelBuilder]:
+    return [
+        table_panel(
+            "Shared devices and their holders",
+            "Devices held by more than one container, with whole-device utilization and "
+            "memory: a shared device's use is not split between its holders yet.",
+            [
+                ("Holders", f"count by ({KEY}, hw.model) ({SHARED})"),
+                (
+                    "Utilization",
+                    f"max by ({KEY}) ({sel('hw.gpu.utilization', GENERAL)}) and on({KEY}) {SHARED}",
+                ),
+                (
+                    "Memory used",
+                    f"max by ({KEY}) ({sel('hw.gpu.memory.usage')}) and on({KEY}) {SHARED}",
+                ),
+            ],
+            units={"Utilization": "percentunit", "Memory used": "bytes"},
+            span=16,
+        ),
+        text_panel(
+            "Per-process attribution",
+            "Shared devices (time-slicing, MPS, shared RDMA pools) have no single holder, so "
+            "their series carry no pod labels and the per-pod panels above leave them out. "
+            "Per-process attribution (`hw_gpu_process_*` series joined to pods) will split "
+            "their utilization and memory between holders here.",
+            span=8,
+            height=8,
+        ),
+        table_panel(
+            "Holders of shared devices",
+            "Every container that holds a shared device, with the replica it was given.",
+            [
+                (
+                    "Held",
+                    f"max by ({KEY}, {CONTAINER}, hw.allocation.resource,"
+                    f" hw.allocation.device_id, hw.allocation.replica) ({SHARED})",
+                )
+            ],
+            hide=("Held",),
+        ),
+    ]

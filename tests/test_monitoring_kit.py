@@ -1,0 +1,180 @@
+"""The monitoring kit as files: generated and up to date, only spec-table names, importable
+dashboards, alert rules that promtool accepts and whose unit tests cover every alert."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from monitoring.__main__ import stale
+from monitoring.promql import UnknownName, promql
+from monitoring.render import files
+from tests import kit
+from tests.peers import promtool
+
+
+def test_generated_files_are_up_to_date() -> None:
+    assert stale() == [], "run `python -m monitoring` and commit the result"
+
+
+def test_promql_translates_spec_names_and_rejects_unknown_ones() -> None:
+    assert (
+        promql('sum by (k8s.node.name) (rate(hw.energy{hw.vendor="nvidia.com"}[5m]))')
+        == 'sum by (k8s_node_name) (rate(hw_energy_joules_total{hw_vendor="nvidia.com"}[5m]))'
+    )
+    assert promql('label_replace(x, "hw.id", "$1", "hw.parent", "(.+)")') == (
+        'label_replace(x, "hw_id", "$1", "hw_parent", "(.+)")'
+    )
+    with pytest.raises(UnknownName, match=r"hw\.gpu\.utilisation"):
+        promql("hw.gpu.utilisation")
+
+
+def _every_expr() -> list[tuple[str, str]]:
+    exprs = [(q.id, q.expr) for q in kit.panel_queries()]
+    for stem, board in kit.dashboards().items():
+        exprs += [(f"{stem}:${v.name}", v.query) for v in kit.variables(board) if v.kind == "query"]
+    exprs += [(rule["alert"], rule["expr"]) for rule in kit.rules()]
+    return exprs
+
+
+def test_every_metric_and_label_used_exists() -> None:
+    """Every series a dashboard or rule names is a row of the metric-spec table (or one
+    Prometheus makes per target); every label is a spec attribute or a target label."""
+    exprs = _every_expr()
+    assert len(exprs) > 100
+    for where, expr in exprs:
+        series, labels = kit.names_in(expr)
+        unknown = series - kit.SPEC_SERIES - kit.PROMETHEUS_SERIES
+        assert not unknown, f"{where}: not in exporter/metrics.py: {unknown}\n{expr}"
+        known = kit.SPEC_LABELS | kit.TARGET_LABELS | kit.label_replace_targets(expr)
+        assert not labels - known, f"{where}: unknown labels {labels - known}\n{expr}"
+
+
+def test_names_in_sees_series_and_labels() -> None:
+    """The checker above can fail: it finds the names in a query."""
+    series, labels = kit.names_in(
+        'sum by (k8s_node_name) (rate(hw_energy_joules_total{hw_vendor=~"$vendor"}'
+        "[$__rate_interval]))"
+        " / on(hw_id) group_left(k8s_pod_name) nonsense_metric offset 5m > bool 0.5"
+    )
+    assert series == {"hw_energy_joules_total", "nonsense_metric"}
+    assert labels == {"k8s_node_name", "hw_vendor", "hw_id", "k8s_pod_name"}
+
+
+def _datasources(node: Any) -> list[Any]:
+    found = []
+    if isinstance(node, dict):
+        if "datasource" in node:
+            found.append(node["datasource"])
+        for value in node.values():
+            found += _datasources(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _datasources(value)
+    return found
+
+
+@pytest.mark.parametrize("stem", sorted(kit.dashboards()))
+def test_dashboard_is_importable_anywhere(stem: str) -> None:
+    board = kit.dashboards()[stem]
+    variables = {v.name: v for v in kit.variables(board)}
+    assert variables["datasource"].kind == "datasource"
+    assert variables["datasource"].query == "prometheus"
+    refs = _datasources(board)
+    assert refs, "no panel names a datasource"
+    for ref in refs:
+        assert ref == {"type": "prometheus", "uid": "${datasource}"}, ref
+    assert board["id"] is None and board["uid"].startswith("kde-")
+    ids = [p["id"] for p in kit.panels(board)]
+    assert len(ids) == len(set(ids))
+    for panel in kit.panels(board):
+        if panel["type"] not in ("row", "text"):
+            assert panel.get("description"), f"{panel['title']}: no description"
+            assert panel["targets"], panel["title"]
+            refs_ids = [t["refId"] for t in panel["targets"]]
+            assert len(set(refs_ids)) == len(refs_ids) and all(refs_ids)
+
+
+def test_dashboard_uids_are_unique_and_configmaps_carry_them() -> None:
+    boards = kit.dashboards()
+    assert len({b["uid"] for b in boards.values()}) == len(boards) == 5
+    for stem, board in boards.items():
+        path = kit.ROOT / "deploy" / "grafana" / f"dashboard-{stem}.yaml"
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        assert len(docs) == 1
+        cm = docs[0]
+        assert cm["kind"] == "ConfigMap"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (text,) = cm["data"].values()
+        assert json.loads(text) == board
+        # kubectl's client-side apply keeps a copy in an annotation limited to 256 KiB.
+        assert len(text.encode()) < 200 * 1024
+
+
+# --- alert rules -----------------------------------------------------------------------
+
+
+@pytest.mark.peer
+def test_rules_pass_promtool_check(tmp_path: Path) -> None:
+    done = promtool("check", "rules", str(kit.RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    operator = yaml.safe_load(kit.PROMETHEUS_RULE.read_text())
+    plain = yaml.safe_load(kit.RULES.read_text())
+    assert operator["spec"]["groups"] == plain["groups"], "PrometheusRule and rule file differ"
+    extracted = tmp_path / "from-prometheusrule.yaml"
+    extracted.write_text(yaml.safe_dump({"groups": operator["spec"]["groups"]}))
+    done = promtool("check", "rules", str(extracted))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.peer
+def test_rule_unit_tests_pass() -> None:
+    done = promtool("test", "rules", str(kit.RULE_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_firing_and_quiet_cases() -> None:
+    tests = yaml.safe_load(kit.RULE_TESTS.read_text())["tests"]
+    fires: dict[str, int] = {}
+    quiet: dict[str, int] = {}
+    for test in tests:
+        for check in test["alert_rule_test"]:
+            counts = fires if check["exp_alerts"] else quiet
+            counts[check["alertname"]] = counts.get(check["alertname"], 0) + 1
+    alerts = {rule["alert"] for rule in kit.rules()}
+    assert alerts == set(fires), f"alerts never shown firing: {alerts - set(fires)}"
+    assert alerts == set(quiet), f"alerts never shown quiet: {alerts - set(quiet)}"
+
+
+@pytest.mark.peer
+def test_unit_tests_fail_when_an_alert_never_fires(tmp_path: Path) -> None:
+    """Replace each alert's expression with one that never fires: promtool must fail, so
+    each firing case really exercises its alert."""
+    rules = yaml.safe_load(kit.RULES.read_text())
+    tests = yaml.safe_load(kit.RULE_TESTS.read_text())
+    for name in sorted(rule["alert"] for rule in kit.rules()):
+        broken = copy.deepcopy(rules)
+        for group in broken["groups"]:
+            for rule in group["rules"]:
+                if rule["alert"] == name:
+                    rule["expr"] = "vector(1) > 2"
+        own = [t for t in tests["tests"] if t["alert_rule_test"][0]["alertname"] == name]
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(broken))
+        (tmp_path / "tests.yaml").write_text(
+            yaml.safe_dump({**tests, "rule_files": ["rules.yaml"], "tests": own})
+        )
+        done = promtool("test", "rules", str(tmp_path / "tests.yaml"))
+        assert done.returncode != 0, f"{name}: unit tests pass with an alert that never fires"
+        assert name in done.stdout + done.stderr
+
+
+def test_generator_writes_only_what_it_declares() -> None:
+    paths = set(files())
+    assert {p for p in paths if p.startswith("dashboards/")} == {
+        f"dashboards/{p.name}" for p in kit.DASHBOARDS.glob("*.json")
+    }
