@@ -7,8 +7,10 @@ clocks, so the output is reproducible byte for byte. `pytest --update-golden` re
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,11 +19,13 @@ from exporter.cli import parse_config
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import bundled_names, load_scenario
+from exporter.sources import Source
+from exporter.sources.nvml import NvmlSource
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
 from tests.support import assert_golden, metrics_text, one_cycle
 
-T0, T1 = 100.0, 130.0  # two cycles 30 s apart, so rates (Intel busy, power) exist
+T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any XID event
 
 
 class Clock:
@@ -59,6 +63,7 @@ async def test_golden_metrics(
             source.collect()
         clock.now = T1
         node.advance()
+        await _xids_delivered(sources, scenario.sections.get("nvidia", {}))
         snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1)
     finally:
         for source in sources.values():
@@ -69,3 +74,17 @@ async def test_golden_metrics(
     text = metrics_text(snapshot)
     assert_golden(f"scenario-{name}.prom", text, update_golden)
     promtool_check_metrics(text)
+
+
+async def _xids_delivered(sources: dict[str, Source], nvidia: dict[str, Any]) -> None:
+    """XIDs arrive on the NVML source's event thread: wait (bounded) until every event of
+    (T0, T1] has been counted, so the golden output does not depend on thread timing."""
+    expected = sum(1 for e in nvidia.get("xid", []) if T0 < e["at"] <= T1)
+    source = sources.get("nvml")
+    if not expected or not isinstance(source, NvmlSource):
+        return
+    for _ in range(100):
+        if sum(source.xids.snapshot().values()) >= expected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{expected} XID events not delivered: {source.xids.snapshot()}")
