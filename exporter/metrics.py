@@ -14,6 +14,7 @@ collector.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -72,6 +73,7 @@ _UNIT_WORDS = {
 }
 
 
+@functools.cache
 def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     """OpenTelemetry metric name -> Prometheus name, as the Collector translates it."""
     base = re.sub(r"[^a-zA-Z0-9_]", "_", name)
@@ -89,6 +91,7 @@ def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     return base
 
 
+@functools.cache
 def prometheus_label(attribute: str) -> str:
     """OpenTelemetry attribute key -> Prometheus label name (`hw.id` -> `hw_id`)."""
     label = re.sub(r"[^a-zA-Z0-9_]", "_", attribute)

@@ -59,18 +59,20 @@ def families(pts: Iterable[Point]) -> Iterator[Metric]:
         yield current
 
 
-class _SnapshotCollector(Collector):
-    def __init__(self, pts: list[Point]) -> None:
-        self.pts = pts
+class _Families(Collector):
+    """Families built once per cycle, rendered in both exposition formats."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
-        return families(self.pts)
+        return self.metrics
 
 
 def render(snapshot: Snapshot) -> Rendered:
     pts = list(points(snapshot))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(pts))
+    registry.register(_Families(list(families(pts))))
     text = generate_latest(registry)
     om = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
     return Rendered(
