@@ -12,7 +12,7 @@ from monitoring.grafana import (
     table_panel,
     timeseries_panel,
 )
-from monitoring.layout import new_dashboard, variables
+from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import DEVICE, KEY, NODE, or_zero, sel
 
 UID = "kde-devices"
@@ -33,19 +33,18 @@ def build() -> dash.Dashboard:
         "activity, MIG layout and network links.",
     )
     board = variables(board, ("node", "type", "vendor", "model", "device"))
-    for title, panels in (
-        ("Health", _health()),
-        ("Errors", _errors()),
-        ("Thermals and power", _thermals()),
-        ("Clocks and throttling", _clocks()),
-        ("Activity", _activity()),
-        ("MIG layout", _mig()),
-        ("Network and RDMA links", _network()),
-    ):
-        board = board.with_row(dash.Row(title))
-        for panel in panels:
-            board = board.with_panel(panel)
-    return board
+    return rows(
+        board,
+        (
+            ("Health", _health()),
+            ("Errors", _errors()),
+            ("Thermals and power", _thermals()),
+            ("Clocks and throttling", _clocks()),
+            ("Activity", _activity()),
+            ("MIG layout", _mig()),
+            ("Network and RDMA links", _network()),
+        ),
+    )
 
 
 def _health() -> list[PanelBuilder]:

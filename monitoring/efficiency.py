@@ -13,7 +13,7 @@ from monitoring.grafana import (
     table_panel,
     timeseries_panel,
 )
-from monitoring.layout import new_dashboard, variables
+from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import (
     ALLOCATED,
     GENERAL,
@@ -60,11 +60,7 @@ def build() -> dash.Dashboard:
     board = variables(
         board, ("node", "namespace", "pod", "idle_threshold", "idle_window", "lookback")
     )
-    for title, panels in (("Idle while allocated", _idle()), ("Use of allocations", _use())):
-        board = board.with_row(dash.Row(title))
-        for panel in panels:
-            board = board.with_panel(panel)
-    return board
+    return rows(board, (("Idle while allocated", _idle()), ("Use of allocations", _use())))
 
 
 def _idle() -> list[PanelBuilder]:

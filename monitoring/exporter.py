@@ -13,7 +13,7 @@ from monitoring.grafana import (
     table_panel,
     timeseries_panel,
 )
-from monitoring.layout import new_dashboard, variables
+from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import NODE, sel
 
 UID = "kde-exporter"
@@ -30,16 +30,15 @@ def build() -> dash.Dashboard:
         "PodResources connection, collection cycles and output size.",
     )
     board = variables(board, ("job", "node"))
-    for title, panels in (
-        ("Targets", _targets()),
-        ("Sources", _sources()),
-        ("Kubelet PodResources", _kubelet()),
-        ("Cycles and output", _cycles()),
-    ):
-        board = board.with_row(dash.Row(title))
-        for panel in panels:
-            board = board.with_panel(panel)
-    return board
+    return rows(
+        board,
+        (
+            ("Targets", _targets()),
+            ("Sources", _sources()),
+            ("Kubelet PodResources", _kubelet()),
+            ("Cycles and output", _cycles()),
+        ),
+    )
 
 
 def _targets() -> list[PanelBuilder]:

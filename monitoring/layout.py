@@ -8,6 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DashboardLinkType
 
 from monitoring.grafana import (
+    PanelBuilder,
     VariableBuilder,
     custom_variable,
     datasource_variable,
@@ -43,6 +44,17 @@ def new_dashboard(uid: str, title: str, description: str) -> dash.Dashboard:
             .keep_time(True)
         )
     )
+
+
+def rows(
+    board: dash.Dashboard, sections: Sequence[tuple[str, Sequence[PanelBuilder]]]
+) -> dash.Dashboard:
+    """Add each (row title, panels) section in order."""
+    for title, panels in sections:
+        board = board.with_row(dash.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
 
 
 def variables(board: dash.Dashboard, names: Sequence[str]) -> dash.Dashboard:

@@ -13,7 +13,7 @@ from monitoring.grafana import (
     table_panel,
     timeseries_panel,
 )
-from monitoring.layout import new_dashboard, variables
+from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import (
     DEVICE,
     GENERAL,
@@ -43,16 +43,10 @@ def build() -> dash.Dashboard:
         "idle while allocated.",
     )
     board = variables(board, ("node", "type", "vendor", "model", "idle_threshold", "idle_window"))
-    board = board.with_row(dash.Row("Fleet"))
-    for panel in _fleet():
-        board = board.with_panel(panel)
-    board = board.with_row(dash.Row("By vendor and model"))
-    for panel in _models():
-        board = board.with_panel(panel)
-    board = board.with_row(dash.Row("Allocation"))
-    for panel in _allocation():
-        board = board.with_panel(panel)
-    return board
+    return rows(
+        board,
+        (("Fleet", _fleet()), ("By vendor and model", _models()), ("Allocation", _allocation())),
+    )
 
 
 def _fleet() -> list[PanelBuilder]:

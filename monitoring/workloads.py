@@ -19,7 +19,7 @@ from monitoring.grafana import (
     text_panel,
     timeseries_panel,
 )
-from monitoring.layout import new_dashboard, variables
+from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import GENERAL, HELD, HOLDER, KEY, RESOLVED, sel
 
 UID = "kde-workloads"
@@ -38,16 +38,15 @@ def build() -> dash.Dashboard:
         "and power.",
     )
     board = variables(board, ("node", "namespace", "pod"))
-    for title, panels in (
-        ("Who uses what", _who()),
-        ("Top consumers", _top()),
-        ("Per pod (devices held by one container)", _per_pod()),
-        ("Shared devices", _shared()),
-    ):
-        board = board.with_row(dash.Row(title))
-        for panel in panels:
-            board = board.with_panel(panel)
-    return board
+    return rows(
+        board,
+        (
+            ("Who uses what", _who()),
+            ("Top consumers", _top()),
+            ("Per pod (devices held by one container)", _per_pod()),
+            ("Shared devices", _shared()),
+        ),
+    )
 
 
 def _who() -> list[PanelBuilder]:
