@@ -20,6 +20,16 @@ GOLDEN = Path(__file__).parent / "golden"
 FIXED_WALL_TIME = 1_800_000_000.0
 
 
+class Clock:
+    """Monotonic seconds the test moves by hand (`clock.now = 30`)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class StaticSource:
     """A source that returns a fixed result (for tests of the join and the sinks)."""
 

@@ -10,16 +10,7 @@ from pathlib import Path
 from exporter.simulate.scenario import Scenario, load_scenario, parse_scenario
 from exporter.simulate.sysfs import SysfsPart
 from exporter.sources import SourceContext
-
-
-class Clock:
-    """Monotonic seconds the test moves by hand."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import Clock
 
 
 def scenario(text_or_name: str) -> Scenario:

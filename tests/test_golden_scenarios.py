@@ -23,17 +23,9 @@ from exporter.sources import Source
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
-from tests.support import assert_golden, metrics_text, one_cycle
+from tests.support import Clock, assert_golden, metrics_text, one_cycle
 
 T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any XID event
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_every_bundled_scenario_has_a_golden_file() -> None:

@@ -23,6 +23,7 @@ from exporter.simulate.scenario import load_scenario
 from exporter.sinks.otlp_transport import export_timeout, http_url
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Point, Receiver, points_of
 from tests.otlp_snapshots import GPU0, MIG102, FakeGpus, energy_snapshot, sink_for
+from tests.support import Clock
 
 PROTOCOLS = ["grpc", "http/protobuf"]
 CUMULATIVE, DELTA = 2, 1
@@ -46,17 +47,9 @@ def by_metric(pts: list[Point], metric: str) -> list[Point]:
 # --- a simulated node, end to end ----------------------------------------------------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-async def demo_kubelet() -> AsyncIterator[tuple[SimulatedKubelet, _Clock]]:
-    clock = _Clock()
+async def demo_kubelet() -> AsyncIterator[tuple[SimulatedKubelet, Clock]]:
+    clock = Clock()
     # A short directory: unix socket paths are limited to ~107 bytes.
     with tempfile.TemporaryDirectory(prefix="kde-otlp-") as tmp:
         kubelet = SimulatedKubelet(load_scenario("demo"), Path(tmp) / "kubelet.sock", clock=clock)
@@ -73,7 +66,7 @@ def _kind(point: Point) -> Kind:
 
 @pytest.mark.parametrize("protocol,web", [("grpc", False), ("http/protobuf", True)])
 async def test_simulated_node_end_to_end(
-    protocol: str, web: bool, demo_kubelet: tuple[SimulatedKubelet, _Clock]
+    protocol: str, web: bool, demo_kubelet: tuple[SimulatedKubelet, Clock]
 ) -> None:
     kubelet, clock = demo_kubelet
     receiver = make_receiver(protocol)
@@ -172,7 +165,7 @@ def _as_prometheus(pts: list[Point]) -> set[tuple[str, frozenset[tuple[str, str]
 
 
 async def test_otlp_translated_to_prometheus_equals_the_scrape(
-    demo_kubelet: tuple[SimulatedKubelet, _Clock],
+    demo_kubelet: tuple[SimulatedKubelet, Clock],
 ) -> None:
     kubelet, _ = demo_kubelet
     receiver = GrpcReceiver()

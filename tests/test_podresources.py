@@ -10,6 +10,7 @@ import pytest
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
+from tests.support import Clock
 
 SCENARIO = """
 node: n1
@@ -34,14 +35,6 @@ pods:
     start: 10
     containers: [{name: c, devices: [{resource: nvidia.com/gpu, ids: [GPU-b]}]}]
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

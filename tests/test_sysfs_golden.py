@@ -18,8 +18,8 @@ from exporter.sources.netdev import NetdevSource
 from exporter.sources.rdma import RdmaSource
 from exporter.sources.sysfs import SysfsSource
 from tests.peers import free_port, promtool_check_metrics
-from tests.support import assert_golden, metrics_text, one_cycle
-from tests.sysfs_support import Clock, context, make_tree, scenario
+from tests.support import Clock, assert_golden, metrics_text, one_cycle
+from tests.sysfs_support import context, make_tree, scenario
 
 VENDORS = {
     # golden name: (source, resource patterns of its pods)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.sysfs import BUFFER_BYTES, Counters, Rates, Reader, read_hwmon
-from tests.sysfs_support import Clock, blocking_file
+from tests.support import Clock
+from tests.sysfs_support import blocking_file
 
 
 def write(root: Path, rel: str, content: str | bytes) -> None:

@@ -15,7 +15,8 @@ from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
 from exporter.sources.netdev import NetdevSource, NetStats, RecordedVfStats
 from exporter.sources.rdma import RdmaSource
-from tests.sysfs_support import Clock, blocking_file, context, make_tree, scenario
+from tests.support import Clock
+from tests.sysfs_support import blocking_file, context, make_tree, scenario
 
 
 def values(
