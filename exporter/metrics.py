@@ -437,7 +437,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("api_version",),
     ),
     MetricSpec(
-        "kube_device_exporter.podresources.last_success",
+        "kube_device_exporter.podresources.last_success_timestamp",
         G,
         "s",
         "Unix time of the last successful List.",
@@ -448,11 +448,20 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
     MetricSpec(
-        "kube_device_exporter.cycle.last_success",
+        "kube_device_exporter.cycle.last_success_timestamp",
         G,
         "s",
         "Unix time the last cycle finished.",
         scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.devices.unseen",
+        G,
+        "{device}",
+        "Devices the kubelet lists as allocatable for a resource that no source can see "
+        "(the pod lacks the vendor library, driver mounts or runtime class).",
+        scope=_E,
+        attributes=("hw.allocation.resource",),
     ),
     MetricSpec(
         "kube_device_exporter.series",

@@ -138,9 +138,13 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         float(pr.connected),
         ("api_version", pr.api_version),
     )
-    yield point("kube_device_exporter.podresources.last_success", pr.last_success_timestamp)
+    yield point(
+        "kube_device_exporter.podresources.last_success_timestamp", pr.last_success_timestamp
+    )
     yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
     yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
-    yield point("kube_device_exporter.cycle.last_success", snapshot.last_success_timestamp)
+    yield point(
+        "kube_device_exporter.cycle.last_success_timestamp", snapshot.last_success_timestamp
+    )
     for sample in snapshot.self_samples:
         yield Point(SPECS[sample.metric], (*sample.attributes, *node), sample.value)

@@ -483,7 +483,7 @@ def _exporter_alerts() -> list[Alert]:
         ),
         Alert(
             "KubeDeviceExporterCycleStalled",
-            "time() - max by (k8s.node.name) (kube_device_exporter.cycle.last_success) > 300",
+            "time() - max by (k8s.node.name) (kube_device_exporter.cycle.last_success_timestamp) > 300",
             "5m",
             "warning",
             "kube-device-exporter on {k8s.node.name} stopped collecting",
@@ -492,13 +492,13 @@ def _exporter_alerts() -> list[Alert]:
             (
                 Case(
                     "stalled at 1m",
-                    {f"kube_device_exporter.cycle.last_success{{{N1}}}": "60+0x20"},
+                    {f"kube_device_exporter.cycle.last_success_timestamp{{{N1}}}": "60+0x20"},
                     "15m",
                     ({"k8s.node.name": "node-1"},),
                 ),
                 Case(
                     "collecting",
-                    {f"kube_device_exporter.cycle.last_success{{{N1}}}": "0+60x20"},
+                    {f"kube_device_exporter.cycle.last_success_timestamp{{{N1}}}": "0+60x20"},
                     "15m",
                 ),
             ),

@@ -156,7 +156,7 @@ def _kubelet() -> list[PanelBuilder]:
             [
                 Q(
                     f"time() - max by (k8s.node.name)"
-                    f" ({sel('kube_device_exporter.podresources.last_success', NODE)})",
+                    f" ({sel('kube_device_exporter.podresources.last_success_timestamp', NODE)})",
                     NODE_LEGEND,
                 )
             ],
@@ -220,7 +220,7 @@ def _cycles() -> list[PanelBuilder]:
             [
                 Q(
                     f"time() - max by (k8s.node.name)"
-                    f" ({sel('kube_device_exporter.cycle.last_success', NODE)})",
+                    f" ({sel('kube_device_exporter.cycle.last_success_timestamp', NODE)})",
                     NODE_LEGEND,
                 )
             ],
