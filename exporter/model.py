@@ -70,6 +70,9 @@ class SourceResult:
     processes: tuple[ProcessUsage, ...] = ()
     field_errors: int = 0
     """Fields skipped this cycle (unreadable files, driver errors): counted, never fatal."""
+    absent: str = ""
+    """Why the source has no devices because the hardware is not on this node (library not
+    installed, driver not loaded, sysfs class empty); empty when it is. Absent is success."""
 
 
 # --- the kubelet's view -------------------------------------------------------------
@@ -180,6 +183,8 @@ class SourceHealth:
     duration_seconds: float
     field_errors_total: int = 0
     error: str = ""
+    absent: str = ""
+    """Set when the source succeeded with no hardware on this node: the reason."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ class Poller:
         slot.field_errors_total += result.field_errors
         self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")
         return result, SourceHealth(
-            slot.name, True, self._clock() - started, slot.field_errors_total
+            slot.name, True, self._clock() - started, slot.field_errors_total, absent=result.absent
         )
 
     def _fail(self, slot: _SourceSlot, started: float, error: str) -> SourceHealth:
