@@ -110,7 +110,10 @@ class Exporter:
             site = web.TCPSite(self._runner, host or None, port)
             await site.start()
             self.port = _bound_port(self._runner) or port
-            log.info("serving on %s", self.url)
+            if host in ("", "0.0.0.0", "::"):
+                log.info("serving on all addresses, port %d (here: %s)", self.port, self.url)
+            else:
+                log.info("serving on %s", self.url)
         if self.otlp is not None:
             self.otlp.start()
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
@@ -152,8 +155,33 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
+SYSFS_FREE_SOURCES = frozenset({"nvml"})
+"""Sources that read no sysfs (NVML asks the driver)."""
+
+
+def host_path_problems(config: Config) -> list[str]:
+    """Host mounts that cannot be what the flags say: each line names the flag. A missing
+    sysfs is not an error (every sysfs source reports zero devices) but never what was meant."""
+    problems = []
+    sysfs_sources = sorted(config.collectors - SYSFS_FREE_SOURCES)
+    if sysfs_sources and not (config.sysfs / "class").is_dir():
+        what = "no such directory" if not config.sysfs.is_dir() else "no class/ under it"
+        problems.append(
+            f"--path.sysfs {config.sysfs}: {what}, so {', '.join(sysfs_sources)} will see no "
+            "devices (mount the host's /sys and point --path.sysfs at it)"
+        )
+    if not config.procfs.is_dir():
+        problems.append(
+            f"--path.procfs {config.procfs}: no such directory (mount the host's /proc and "
+            "point --path.procfs at it)"
+        )
+    return problems
+
+
 def run(config: Config) -> int:
     logsetup.setup(config.log_level, config.log_format)
+    for problem in host_path_problems(config):
+        log.warning("%s", problem)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -4,6 +4,7 @@
     kube-device-exporter simulate SCENARIO [FLAGS] run a simulated node and the exporter on it
     kube-device-exporter podresources [--pod NS/NAME] [FLAGS]
                                                    print what the kubelet reports (debugging)
+    kube-device-exporter doctor [FLAGS]            why are my metrics missing? (exit 1: yes)
 
 A bad value exits 2 with one line naming the flag or variable.
 """
@@ -23,9 +24,11 @@ from exporter import __version__
 from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
 from exporter.join import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
+from exporter.values import METAVARS, boolean, choice, duration, size_bytes
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
 
 class UsageError(Exception):
@@ -40,17 +43,6 @@ class _Parser(argparse.ArgumentParser):
 # --- value types (their ValueError text is what the user reads) ---------------------------
 
 
-def duration(text: str) -> float:
-    """`10`, `10s`, `500ms`, `1m` -> seconds (> 0)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
-    if not m:
-        raise ValueError(f"expected a duration like 10s, 500ms or 1m, got {text!r}")
-    value = float(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m[2]]
-    if value <= 0:
-        raise ValueError(f"must be greater than zero, got {text!r}")
-    return value
-
-
 def listen_address(text: str) -> tuple[str, int] | None:
     """`HOST:PORT`, `:PORT`, `[::]:PORT`; `none` disables the HTTP server."""
     if text.strip().lower() == "none":
@@ -59,30 +51,6 @@ def listen_address(text: str) -> tuple[str, int] | None:
     if not m or not 0 <= int(m["port"]) < 65536:
         raise ValueError(f"expected HOST:PORT (e.g. :9405, 0.0.0.0:9405, [::]:9405), got {text!r}")
     return (m["v6"] or m["host"] or "", int(m["port"]))
-
-
-def choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.lower() not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}, got {text!r}")
-        return text.lower()
-
-    return parse
-
-
-def boolean(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def size_bytes(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB|B)?\s*", text)
-    if not m:
-        raise ValueError(f"expected a size like 64MiB, got {text!r}")
-    return int(m[1]) * {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "B": 1, None: 1}[m[2]]
 
 
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -197,7 +165,7 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "otlp",
         "--otlp.protocol",
         "otlp_protocol",
-        choice("grpc", "http/protobuf"),
+        choice(*OTLP_PROTOCOLS),
         "$OTEL_EXPORTER_OTLP_PROTOCOL or grpc",
         "OTLP transport",
     ),
@@ -222,27 +190,60 @@ _GROUP_TITLES = {
 }
 
 
-def build_parser(sources: dict[str, SourceInfo] | None = None) -> _Parser:
+_METAVARS = {
+    "kubelet_socket": "PATH",
+    "resource_patterns": "GLOB[,GLOB...]",
+    "listen_address": "HOST:PORT",
+    "node_name": "NAME",
+    "sysfs": "PATH",
+    "procfs": "PATH",
+    "otlp_endpoint": "URL",
+    "otlp_protocol": "grpc|http/protobuf",
+    "log_level": "debug|info|warning|error",
+    "log_format": "text|json",
+}
+"""What --help shows in place of a value; otherwise the value type's METAVARS entry."""
+
+COMMANDS = (
+    ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),
+    ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
+    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
+)
+
+
+def _metavar(dest: str, parse: Callable[[str], Any]) -> str:
+    return _METAVARS.get(dest) or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
+
+
+def _default_note(default: str, flag: str) -> str:
+    return f"(default {default}; env {env_name(flag)})" if default else f"(env {env_name(flag)})"
+
+
+def build_parser(sources: dict[str, SourceInfo] | None = None, prog: str = PROG) -> _Parser:
     sources = registry() if sources is None else sources
+    commands = "\n".join(f"  {PROG} {usage:<30} {what}" for usage, what in COMMANDS)
     parser = _Parser(
-        prog=PROG,
+        prog=prog,
         description="Which pod uses which GPU, accelerator or NIC, and how hard. Every flag can "
         "also be set as KDE_<FLAG> in the environment (--web.listen-address -> "
-        "KDE_WEB_LISTEN_ADDRESS); flags win.",
+        "KDE_WEB_LISTEN_ADDRESS); flags win. A bad value exits 2 naming the flag.",
+        epilog=f"other commands:\n{commands}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     groups = {k: parser.add_argument_group(v) for k, v in _GROUP_TITLES.items()}
     for group, flag, dest, parse, default, help_ in _FLAGS:
-        kwargs: dict[str, Any] = {"dest": dest, "type": _typed(parse), "metavar": dest.upper()}
+        kwargs: dict[str, Any] = {
+            "dest": dest,
+            "type": _typed(parse),
+            "metavar": _metavar(dest, parse),
+        }
         # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
         # must still win over the environment and the default.
         kwargs["default"] = argparse.SUPPRESS
         if dest == "resource_patterns":
             kwargs["action"] = "append"
-        groups[group].add_argument(
-            flag, help=f"{help_} (default {default}; env {env_name(flag)})", **kwargs
-        )
+        groups[group].add_argument(flag, help=f"{help_} {_default_note(default, flag)}", **kwargs)
     for info in sources.values():
         flag = f"--collector.{info.name}"
         groups["collectors"].add_argument(
@@ -258,21 +259,39 @@ def build_parser(sources: dict[str, SourceInfo] | None = None) -> _Parser:
             groups["collectors"].add_argument(
                 oflag,
                 dest=f"option_{info.name}_{option.name}",
-                metavar="VALUE",
-                help=f"{option.help} (default {option.default or 'unset'}; env {env_name(oflag)})",
+                type=_typed(_validated(option.parse)),
+                metavar=_metavar("", option.parse),
+                help=f"{option.help} {_default_note(option.default, oflag)}",
             )
     return parser
+
+
+def _validated(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """A source option's check: the source gets the text, but only text its type accepts."""
+
+    def check(text: str) -> str:
+        parse(text)
+        return text
+
+    check.__name__ = getattr(parse, "__name__", "check")
+    return check
+
+
+def split_patterns(text: str) -> list[str]:
+    """`nvidia.com/*,amd.com/*` -> both; blanks dropped (the variable's comma form)."""
+    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def parse_config(
     argv: Sequence[str],
     env: dict[str, str] | None = None,
     sources: dict[str, SourceInfo] | None = None,
+    prog: str = PROG,
 ) -> Config:
     """Flags, then `KDE_*` variables, then defaults -> Config. Raises UsageError."""
     env = dict(os.environ) if env is None else env
     sources = registry() if sources is None else sources
-    args = build_parser(sources).parse_args(list(argv))
+    args = build_parser(sources, prog).parse_args(list(argv))
 
     given = vars(args)
     flag_dests = {dest for _, _, dest, _, _, _ in _FLAGS}
@@ -295,7 +314,7 @@ def parse_config(
     def get(dest: str, default: Any) -> Any:
         flag, parse = table[dest]
         if dest == "resource_patterns":
-            parse = lambda text: [p.strip() for p in text.split(",") if p.strip()]  # noqa: E731
+            parse = split_patterns
         return pick(flag, dest, parse, default)
 
     collectors = set()
@@ -305,21 +324,19 @@ def parse_config(
         if pick(flag, f"collector_{info.name}", boolean, info.default_enabled):
             collectors.add(info.name)
         options[info.name] = {
-            o.name: pick(f"{flag}.{o.name}", f"option_{info.name}_{o.name}", str, o.default)
+            o.name: pick(
+                f"{flag}.{o.name}", f"option_{info.name}_{o.name}", _validated(o.parse), o.default
+            )
             for o in info.options
         }
 
-    protocol = get("otlp_protocol", None) or choice("grpc", "http/protobuf")(
-        env.get(
-            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        )
-    )
     endpoint = get("otlp_endpoint", None)
     signal_endpoint = False
     if endpoint is None and env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         endpoint, signal_endpoint = env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], True
     if endpoint is None:
         endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    protocol = get("otlp_protocol", None) or _otel_protocol(env, push=bool(endpoint))
     if endpoint and protocol == "http/protobuf" and not re.match(r"https?://", endpoint):
         raise UsageError(
             f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
@@ -330,9 +347,14 @@ def parse_config(
         raise UsageError(
             f"--collect-timeout ({timeout:g}s) must not exceed --collect-interval ({interval:g}s)"
         )
-    patterns = tuple(get("resource_patterns", list(DEFAULT_RESOURCE_PATTERNS)))
+    given_patterns = get("resource_patterns", list(DEFAULT_RESOURCE_PATTERNS))
+    # The flag accepts the variable's comma form too; each occurrence may hold several.
+    patterns = tuple(p for item in given_patterns for p in split_patterns(item))
     if not patterns:
-        raise UsageError("--kubernetes.resource-pattern: at least one pattern is needed")
+        raise UsageError(
+            "--kubernetes.resource-pattern: at least one pattern is needed, like nvidia.com/* "
+            f"(got {','.join(given_patterns)!r})"
+        )
     return Config(
         kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET),
         listen_address=get("listen_address", ("", 9405)),
@@ -353,6 +375,23 @@ def parse_config(
     )
 
 
+def _otel_protocol(env: dict[str, str], *, push: bool) -> str:
+    """The standard OTEL_* protocol variable. It is often set cluster-wide, to values we do
+    not speak (http/json): that only matters when this exporter pushes."""
+    name = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+    if name not in env:
+        name = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    try:
+        return choice(*OTLP_PROTOCOLS)(env.get(name, "grpc"))
+    except ValueError as exc:
+        if push:
+            raise UsageError(
+                f"environment variable {name}: {exc} (OTLP push speaks grpc and "
+                "http/protobuf; set --otlp.protocol)"
+            ) from exc
+        return "grpc"
+
+
 def usage_error(message: str) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
@@ -369,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from exporter.podresources.inspect import run_inspect
 
             return run_inspect(argv[1:])
+        if argv[:1] == ["doctor"]:
+            from exporter.doctor import run_doctor
+
+            return run_doctor(parse_config(argv[1:], prog=f"{PROG} doctor"))
         config = parse_config(argv)
     except UsageError as exc:
         return usage_error(str(exc))

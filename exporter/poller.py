@@ -152,21 +152,40 @@ class Poller:
         if slot.running is not None and not slot.running.done():
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
-        slot.running = asyncio.ensure_future(asyncio.to_thread(slot.source.collect))
+        timed = _Timed(slot.source.collect, self._clock)
+        slot.running = asyncio.ensure_future(asyncio.to_thread(timed))
         try:
             result = await asyncio.wait_for(asyncio.shield(slot.running), self.source_timeout)
         except TimeoutError:
             return None, self._fail(slot, started, f"timed out after {self.source_timeout:g}s")
         except Exception as exc:  # noqa: BLE001 - a source's failure is its own, not the cycle's
-            return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}")
+            return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}", timed.seconds)
         slot.field_errors_total += result.field_errors
         self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")
         return result, SourceHealth(
-            slot.name, True, self._clock() - started, slot.field_errors_total, absent=result.absent
+            slot.name, True, timed.seconds or 0.0, slot.field_errors_total, absent=result.absent
         )
 
-    def _fail(self, slot: _SourceSlot, started: float, error: str) -> SourceHealth:
+    def _fail(
+        self, slot: _SourceSlot, started: float, error: str, seconds: float | None = None
+    ) -> SourceHealth:
         self._states.failed(f"source/{slot.name}", f"source {slot.name} failed: {error}")
-        return SourceHealth(
-            slot.name, False, self._clock() - started, slot.field_errors_total, error
-        )
+        elapsed = self._clock() - started if seconds is None else seconds
+        return SourceHealth(slot.name, False, elapsed, slot.field_errors_total, error)
+
+
+class _Timed:
+    """Runs a source's collect() in the worker thread and times it there: the time a source
+    takes, not the time the event loop took to notice (which is the same for every source)."""
+
+    def __init__(self, collect: Callable[[], SourceResult], clock: Callable[[], float]) -> None:
+        self.collect = collect
+        self.clock = clock
+        self.seconds: float | None = None
+
+    def __call__(self) -> SourceResult:
+        started = self.clock()
+        try:
+            return self.collect()
+        finally:
+            self.seconds = self.clock() - started

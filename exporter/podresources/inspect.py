@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -19,10 +20,18 @@ from exporter.podresources.client import PodResourcesClient, PodResourcesError
 
 
 def run_inspect(argv: Sequence[str]) -> int:
-    from exporter.cli import UsageError, _Parser
+    from exporter.cli import UsageError, _Parser, env_name
 
+    # The same socket the exporter uses: its flag, then its variable, then the default.
+    variable = env_name("--kubelet-socket")
     parser = _Parser(prog="kube-device-exporter podresources", description=__doc__)
-    parser.add_argument("--kubelet-socket", type=Path, default=DEFAULT_SOCKET)
+    parser.add_argument(
+        "--kubelet-socket",
+        type=Path,
+        metavar="PATH",
+        default=Path(os.environ.get(variable) or DEFAULT_SOCKET),
+        help=f"PodResources socket (default {DEFAULT_SOCKET}; env {variable})",
+    )
     parser.add_argument("--pod", help="NAMESPACE/NAME: use Get for this pod only")
     args = parser.parse_args(list(argv))
     if args.pod is not None and args.pod.count("/") != 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -15,10 +16,13 @@ from pathlib import Path
 from exporter import log as logsetup
 from exporter.app import Exporter, install_signal_handlers
 from exporter.cli import UsageError, parse_config
+from exporter.config import Config
 from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import ScenarioError, bundled_names, load_scenario
+from exporter.simulate.scenario import Scenario, ScenarioError, bundled_names, load_scenario
 
 WORKDIR_ENV = "KDE_SIMULATE_WORKDIR"
+OWNED_ENV = "KDE_SIMULATE_OWNS_WORKDIR"
+"""Set (to the workdir) when this process made the work directory and must remove it."""
 log = logging.getLogger("exporter.simulate")
 
 
@@ -30,9 +34,25 @@ def run_simulation(argv: Sequence[str]) -> int:
             f"(bundled: {', '.join(bundled_names())}; format: docs/simulation.md)."
         )
         return 0 if argv else 2
-    workdir = Path(os.environ.get(WORKDIR_ENV) or tempfile.mkdtemp(prefix="kde-sim-"))
     try:
-        node = SimulatedNode(load_scenario(argv[0]), workdir)
+        scenario = load_scenario(argv[0])
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from exc
+    given = os.environ.get(WORKDIR_ENV)
+    workdir = Path(given or tempfile.mkdtemp(prefix="kde-sim-"))
+    owned = not given or os.environ.get(OWNED_ENV) == str(workdir)
+    try:
+        return _simulate(scenario, workdir, argv, owned=owned)
+    finally:
+        # Reached on a bad flag, a taken port, Ctrl-C and SIGTERM alike (both only set the
+        # stop event); not after execve, which replaces this process with one that owns it.
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: bool) -> int:
+    try:
+        node = SimulatedNode(scenario, workdir)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from exc
     needed = node.env()
@@ -40,38 +60,53 @@ def run_simulation(argv: Sequence[str]) -> int:
         # The NVML binding dlopens libnvidia-ml.so.1 by name: the library path must be
         # in the environment before the process starts, so start again with it.
         env = {**os.environ, **needed, WORKDIR_ENV: str(workdir)}
+        if owned:
+            env[OWNED_ENV] = str(workdir)
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", "exporter", "simulate", *argv], env)
     config = parse_config([*node.exporter_args(), *argv[1:]])
     logsetup.setup(config.log_level, config.log_format)
-    asyncio.run(_run(node, config))
+    try:
+        asyncio.run(_run(node, config))
+    except OSError as exc:
+        # The port is taken, most often: one line, as the plain exporter says it.
+        log.error("cannot start: %s", exc)
+        return 1
     return 0
 
 
-async def _run(node: SimulatedNode, config: object) -> None:
-    from exporter.config import Config
-
-    assert isinstance(config, Config)
+async def _run(node: SimulatedNode, config: Config) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     await node.start()
-    exporter = Exporter(config)
-    await exporter.start()
-    ticker = asyncio.create_task(node.tick_forever(stop))
     try:
-        await exporter.wait_ready()
-        where = exporter.url if exporter.port else "(no HTTP server: --web.listen-address none)"
-        print(
-            f"\nSimulated node {node.scenario.node!r} ({node.scenario.name}) is up.\n"
-            f"  Landing page: {where}\n"
-            f"  Metrics:      {where}metrics\n"
-            f"  Kubelet:      {node.socket_path}\n"
-            "Press Ctrl-C to stop.\n",
-            flush=True,
-        )
-        await stop.wait()
+        exporter = Exporter(config)
+        try:
+            await exporter.start()
+        except OSError:
+            await exporter.stop()
+            raise
+        ticker = asyncio.create_task(node.tick_forever(stop))
+        try:
+            await exporter.wait_ready()
+            print(_banner(node, exporter), flush=True)
+            await stop.wait()
+        finally:
+            stop.set()
+            await ticker
+            await exporter.stop()
     finally:
-        stop.set()
-        await ticker
-        await exporter.stop()
         await node.stop()
+
+
+def _banner(node: SimulatedNode, exporter: Exporter) -> str:
+    if exporter.port:
+        where = f"  Landing page: {exporter.url}\n  Metrics:      {exporter.url}metrics\n"
+    else:
+        where = "  No HTTP server (--web.listen-address none): OTLP push only.\n"
+    return (
+        f"\nSimulated node {node.scenario.node!r} ({node.scenario.name}) is up.\n"
+        f"{where}"
+        f"  Kubelet:      {node.socket_path}\n"
+        "Press Ctrl-C to stop.\n"
+    )

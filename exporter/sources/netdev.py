@@ -31,6 +31,7 @@ from exporter.sources.sysfs import (
     alias,
     device_reading,
 )
+from exporter.values import boolean, file_path
 
 log = logging.getLogger("exporter.sources.netdev")
 
@@ -161,7 +162,7 @@ class NetdevSource(SysfsSource):
         self.vf_reader: VfStatsReader | None = vf_reader or (
             RecordedVfStats(replay) if replay else NetlinkVfStats()
         )
-        if ctx.options.get("vf-netlink", "true").lower() in ("false", "0", "no", "off"):
+        if not boolean(ctx.options.get("vf-netlink", "true")):
             self.vf_reader = None
         self._states = StateLog(log)
 
@@ -269,11 +270,13 @@ register(
             "read statistics of VFs moved into pod namespaces from their PF over netlink "
             "(needs hostNetwork)",
             "true",
+            boolean,
         ),
         SourceOption(
             "netlink-replay",
             "replay recorded PF netlink answers from this JSON file instead of asking the "
             "kernel (the simulated node; offline support cases)",
+            parse=file_path,
         ),
     ),
 )(NetdevSource)

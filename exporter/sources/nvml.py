@@ -49,6 +49,7 @@ from exporter.join import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import SourceContext, SourceOption, add, register
 from exporter.sources.counters import MonotonicCounters
+from exporter.values import boolean, duration
 
 SOURCE = "nvml"
 NO_INSTANCE = 0xFFFFFFFF
@@ -272,15 +273,14 @@ def _handle_address(handle: Any) -> int:
             "rediscover-interval",
             "how often to look for new GPUs and MIG layout changes",
             "60s",
+            duration,
         ),
-        SourceOption("processes", "per-process GPU memory and utilization (true/false)", "true"),
-        SourceOption("xid-events", "count XID errors from an NVML event set (true/false)", "true"),
+        SourceOption("processes", "per-process GPU memory and utilization", "true", boolean),
+        SourceOption("xid-events", "count XID errors from an NVML event set", "true", boolean),
     ),
 )
 class NvmlSource:
     def __init__(self, ctx: SourceContext) -> None:
-        from exporter.cli import boolean, duration
-
         self.log = ctx.logger
         self.clock = ctx.clock or time.monotonic
         self.rediscover_interval = duration(ctx.options.get("rediscover-interval", "60s"))

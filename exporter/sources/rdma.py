@@ -31,6 +31,7 @@ from exporter.sources.sysfs import (
     alias,
     device_reading,
 )
+from exporter.values import file_path
 
 log = logging.getLogger("exporter.sources.rdma")
 
@@ -251,6 +252,7 @@ register(
             "pool-config",
             "k8s-rdma-shared-dev-plugin config (its config.json, or the ConfigMap as YAML) "
             "naming which HCAs each rdma/* pool holds; without it pool IDs stay unresolved",
+            parse=file_path,
         ),
     ),
 )(RdmaSource)

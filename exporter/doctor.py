@@ -1,0 +1,387 @@
+"""`kube-device-exporter doctor`: why are my metrics missing?
+
+Run in the exporter's pod (`kubectl exec ... -- kube-device-exporter doctor`), with the
+same flags and variables. It asks the kubelet once (List + GetAllocatableResources), runs
+each enabled source's collect() once, looks at the host /proc and /sys, and compares what
+the node advertises with what the sources see. One line per check; each problem gets its
+likely cause and the fix. Exit 1 when something is wrong, above all when the kubelet
+advertises devices no source can see.
+
+The checks are pure functions of what was found, so the landing page shows the same lines
+from the last cycle's snapshot (`snapshot_findings`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.config import Config
+from exporter.join import ResourceMatcher, normalize_device_id
+from exporter.model import (
+    ContainerDevices,
+    DeviceReading,
+    PodResourcesState,
+    Snapshot,
+    SourceResult,
+)
+from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.sources import Source
+
+OK, ABSENT, PROBLEM = "ok", "absent", "problem"
+
+RESOURCE_SOURCES = (
+    ("nvidia.com/*", "nvml"),
+    ("*.shared", "nvml"),
+    ("amd.com/*", "amdgpu"),
+    ("gpu.intel.com/*", "intel"),
+    ("rdma/*", "rdma"),
+    ("intel.com/*", "netdev"),
+    ("mellanox.com/*", "netdev"),
+    ("openshift.io/*", "netdev"),
+)
+"""Which source should see the devices of a resource (the default resource patterns)."""
+
+_SYSFS_FIX = "mount the host's /sys read-only (deploy/: at /host/sys) and set --path.sysfs to it"
+SOURCE_FIXES = {
+    "nvml": "run the pod with runtimeClassName: nvidia (or the NVIDIA runtime as the node's "
+    "default) and NVIDIA_VISIBLE_DEVICES=all, so libnvidia-ml.so.1 and /dev/nvidia* are there",
+    "amdgpu": f"{_SYSFS_FIX}; the amdgpu kernel module must be loaded on the node",
+    "intel": f"{_SYSFS_FIX}; the i915 or xe kernel module must be loaded on the node",
+    "rdma": f"{_SYSFS_FIX}; for rdma/* shared pools also give --collector.rdma.pool-config",
+    "netdev": f"{_SYSFS_FIX}; the PF's driver must have created the VFs (sriov_numvfs)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    status: str
+    """ok, absent (no such hardware here: fine unless the node advertises it) or problem."""
+    subject: str
+    found: str
+    cause: str = ""
+    fix: str = ""
+
+    def lines(self, width: int = 24) -> list[str]:
+        out = [f"{self.status.upper():<8} {self.subject:<{width}} {self.found}"]
+        if self.cause:
+            out.append(f"{'':<8} {'':<{width}} likely cause: {self.cause}")
+        if self.fix:
+            out.append(f"{'':<8} {'':<{width}} fix: {self.fix}")
+        return out
+
+
+def render(findings: Sequence[Finding]) -> str:
+    width = max((len(f.subject) for f in findings), default=0)
+    return "\n".join(line for f in findings for line in f.lines(width))
+
+
+# --- the checks: pure ------------------------------------------------------------------------
+
+
+def unseen_by_resource(
+    allocatable: Iterable[ContainerDevices],
+    readings: Iterable[DeviceReading],
+    matcher: ResourceMatcher,
+) -> dict[str, tuple[str, ...]]:
+    """Resource name -> the device IDs the kubelet can allocate that no source sees (in the
+    kubelet's order). Resources the patterns do not attribute are left out; an RDMA shared
+    pool counts as seen when a device declares the pool."""
+    keys: set[str] = set()
+    pools: set[str] = set()
+    for reading in readings:
+        device = reading.device
+        keys |= {normalize_device_id(a)[0] for a in (device.id, *device.aliases)}
+        pools |= device.pools
+    unseen: dict[str, list[str]] = {}
+    for devs in allocatable:
+        if not matcher(devs.resource_name) or devs.resource_name in pools:
+            continue
+        missing = [raw for raw in devs.device_ids if normalize_device_id(raw)[0] not in keys]
+        if missing:
+            unseen.setdefault(devs.resource_name, []).extend(missing)
+    return {name: tuple(ids) for name, ids in unseen.items()}
+
+
+def source_for(resource_name: str) -> str:
+    return next((s for p, s in RESOURCE_SOURCES if fnmatch.fnmatchcase(resource_name, p)), "")
+
+
+def check_source(name: str, *, error: str, absent: str, devices: int) -> Finding:
+    subject = f"source {name}"
+    if error:
+        cause, fix = _source_error_hint(name, error)
+        return Finding(PROBLEM, subject, f"failed: {error}", cause, fix)
+    if absent:
+        return Finding(ABSENT, subject, f"no hardware: {absent}")
+    if devices == 0:
+        return Finding(ABSENT, subject, "no devices")
+    return Finding(OK, subject, f"{devices} device{'s' if devices != 1 else ''}")
+
+
+def _source_error_hint(name: str, error: str) -> tuple[str, str]:
+    text = error.lower()
+    if "permission" in text:
+        return (
+            "the container may not open the device files",
+            "for NVIDIA use the nvidia runtime class (it adds /dev/nvidia*); otherwise run the "
+            "container privileged or as root",
+        )
+    if "library not found" in text or "libnvidia-ml" in text:
+        return ("libnvidia-ml.so.1 is not in this container", SOURCE_FIXES["nvml"])
+    if "driver not loaded" in text:
+        return (
+            "the nvidia kernel module is not loaded on this node",
+            "install or load the NVIDIA driver on the node (nvidia-smi on the host must work)",
+        )
+    if "timed out" in text or "still running" in text:
+        return (
+            "a driver call hangs (a GPU fallen off the bus, a driver reset)",
+            "look for Xid errors in the node's kernel log (dmesg); raise --collect-timeout only "
+            "if the source is merely slow",
+        )
+    return ("", f"rerun with --log.level debug; {SOURCE_FIXES.get(name, '')}".rstrip("; "))
+
+
+def check_kubelet(
+    socket: Path, state: PodResourcesState | None, error: PodResourcesError | None
+) -> list[Finding]:
+    subject = "kubelet"
+    if error is not None:
+        cause, fix = _kubelet_hint(socket, error)
+        return [Finding(PROBLEM, subject, f"{socket}: {error}", cause, fix)]
+    assert state is not None
+    pods = sum(1 for p in state.pods if any(c.devices or c.dynamic_resources for c in p.containers))
+    found = (
+        f"{socket}: PodResources {state.api_version}, {len(state.pods)} pods "
+        f"({pods} holding devices)"
+    )
+    findings = [Finding(OK, subject, found)]
+    if not state.allocatable_known:
+        findings.append(
+            Finding(
+                ABSENT,
+                "kubelet allocatable",
+                "GetAllocatableResources not answered: devices the node advertises cannot be "
+                "checked",
+                "a kubelet older than 1.23, or KubeletPodResourcesGetAllocatable turned off",
+            )
+        )
+    return findings
+
+
+def _kubelet_hint(socket: Path, error: PodResourcesError) -> tuple[str, str]:
+    text = str(error).lower()
+    if error.code == "NO_SOCKET" and "permission" not in text:
+        return (
+            "the kubelet's pod-resources directory is not mounted in this pod, or this "
+            "kubelet keeps it elsewhere (microk8s: /var/snap/microk8s/common/var/lib/kubelet, "
+            "k0s: /var/lib/k0s/kubelet)",
+            "mount the host directory /var/lib/kubelet/pod-resources (the directory, not the "
+            "socket) and point --kubelet-socket at the socket in it",
+        )
+    if "permission" in text or error.code == "PERMISSION_DENIED":
+        return (
+            f"{socket} belongs to root and this process may not connect to it",
+            "run the container as root (runAsUser: 0); on SELinux nodes (OpenShift) also "
+            "seLinuxOptions type spc_t",
+        )
+    if error.code == "UNIMPLEMENTED":
+        return ("this kubelet serves no PodResources API", "Kubernetes 1.20 or newer")
+    return (
+        "the kubelet does not answer on this socket (restarting, or a stale socket file)",
+        "check the kubelet on the node; mount the directory, not the file, so a new socket is seen",
+    )
+
+
+def check_unseen(
+    allocatable: Iterable[ContainerDevices],
+    readings: Iterable[DeviceReading],
+    matcher: ResourceMatcher,
+    sources: Mapping[str, Finding],
+) -> list[Finding]:
+    """One problem per resource the node advertises whose devices no source sees; `sources`
+    is each enabled source's finding (a missing one is disabled)."""
+    allocatable = list(allocatable)
+    unseen = unseen_by_resource(allocatable, readings, matcher)
+    totals: dict[str, int] = {}
+    for devs in allocatable:
+        if matcher(devs.resource_name):
+            totals[devs.resource_name] = totals.get(devs.resource_name, 0) + len(devs.device_ids)
+    return [
+        _unseen_finding(name, unseen[name], total, sources)
+        if name in unseen
+        else Finding(OK, f"resource {name}", f"{total} allocatable, all seen")
+        for name, total in totals.items()
+    ]
+
+
+def _unseen_finding(
+    resource: str, ids: Sequence[str], total: int, sources: Mapping[str, Finding]
+) -> Finding:
+    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    found = f"{total} allocatable, {len(ids)} seen by no source ({shown})"
+    source = source_for(resource)
+    if not source:
+        return Finding(
+            PROBLEM,
+            f"resource {resource}",
+            found,
+            "no bundled source reads this kind of device",
+            "narrow --kubernetes.resource-pattern to the resources this exporter reads",
+        )
+    state = sources.get(source)
+    if state is None:
+        return Finding(
+            PROBLEM,
+            f"resource {resource}",
+            found,
+            f"the {source} source is turned off",
+            f"turn it on: --collector.{source}",
+        )
+    if resource.startswith("rdma/") and state.status == OK:
+        return Finding(
+            PROBLEM,
+            f"resource {resource}",
+            found,
+            f"source {source} sees {state.found}, but none is in the pool {resource}",
+            "give --collector.rdma.pool-config the RDMA shared-device plugin's config "
+            "(config.json, or its ConfigMap as YAML) naming this pool",
+        )
+    if state.status == OK:
+        cause = f"source {source} sees {state.found}, but none answers to these IDs"
+    else:
+        cause = f"source {source}: {state.found}"
+    return Finding(PROBLEM, f"resource {resource}", found, cause, SOURCE_FIXES[source])
+
+
+def check_procfs(procfs: Path) -> Finding:
+    subject = f"host proc ({procfs})"
+    fix = "mount the host's /proc read-only (deploy/: at /host/proc) and set --path.procfs to it"
+    try:
+        pids = [e.name for e in procfs.iterdir() if e.name.isdigit()]
+    except OSError as exc:
+        return Finding(PROBLEM, subject, f"unreadable: {exc.strerror}", "not mounted here", fix)
+    if not pids:
+        return Finding(PROBLEM, subject, "no processes: not a procfs", "not mounted here", fix)
+    try:
+        init = (procfs / "1" / "comm").read_text().strip()
+    except OSError as exc:
+        init = f"unreadable ({exc.strerror})"
+    return Finding(OK, subject, f"{len(pids)} processes, PID 1 is {init}")
+
+
+def check_sysfs(problems: Sequence[str]) -> list[Finding]:
+    """The start-up warnings about --path.sysfs (procfs has its own, deeper check)."""
+    return [Finding(PROBLEM, "host sys", p) for p in problems if p.startswith("--path.sysfs")]
+
+
+def failed(findings: Iterable[Finding]) -> bool:
+    return any(f.status == PROBLEM for f in findings)
+
+
+def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Finding]:
+    """The same checks from one cycle's snapshot (the landing page)."""
+    readings = [d.reading for d in snapshot.devices]
+    counts: dict[str, int] = {}
+    for r in readings:
+        counts[r.device.source] = counts.get(r.device.source, 0) + 1
+    sources = {
+        h.name: check_source(h.name, error=h.error, absent=h.absent, devices=counts.get(h.name, 0))
+        for h in snapshot.sources
+    }
+    kubelet = (
+        Finding(OK, "kubelet", f"PodResources {snapshot.podresources.api_version} answering")
+        if snapshot.podresources.connected
+        else Finding(
+            PROBLEM,
+            "kubelet",
+            "not answering",
+            "see `kube-device-exporter doctor` in this pod for the cause",
+        )
+    )
+    return [
+        kubelet,
+        *sources.values(),
+        *check_unseen(snapshot.allocatable, readings, matcher, sources),
+    ]
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def run_doctor(config: Config) -> int:
+    from exporter import log as logsetup
+    from exporter.app import build_sources, host_path_problems
+
+    # Sources log what they cannot read; below warning it would drown the findings.
+    logsetup.setup("debug" if config.log_level == "debug" else "warning", config.log_format)
+    findings = check_sysfs(host_path_problems(config))
+    findings.append(check_procfs(config.procfs))
+    state, error = asyncio.run(_ask_kubelet(config))
+    findings += check_kubelet(config.kubelet_socket, state, error)
+    sources: dict[str, Finding] = {}
+    readings: list[DeviceReading] = []
+    for name, source in build_sources(config).items():
+        result, failure = _collect_once(source, config.collect_timeout)
+        try:
+            source.close()
+        except Exception as exc:  # noqa: BLE001 - a failing close is reported, not fatal
+            failure = failure or f"close: {exc}"
+        sources[name] = check_source(
+            name,
+            error=failure,
+            absent=result.absent if result else "",
+            devices=len(result.readings) if result else 0,
+        )
+        readings += result.readings if result else ()
+    findings += sources.values()
+    if state is not None:
+        matcher = ResourceMatcher(config.resource_patterns)
+        findings += check_unseen(state.allocatable, readings, matcher, sources)
+    print(render(findings))
+    bad = failed(findings)
+    print(
+        "\nproblems found: see the lines marked PROBLEM"
+        if bad
+        else "\nno problems: every device the node advertises is seen"
+    )
+    return 1 if bad else 0
+
+
+async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodResourcesError | None]:
+    client = PodResourcesClient(
+        config.kubelet_socket,
+        timeout=config.podresources_timeout,
+        max_message_bytes=config.podresources_max_message_bytes,
+        backoff_initial=0,
+    )
+    try:
+        return await client.poll(), None
+    except PodResourcesError as exc:
+        return None, exc
+    finally:
+        await client.close()
+
+
+def _collect_once(source: Source, timeout: float) -> tuple[SourceResult | None, str]:
+    """collect() in a daemon thread: a hung driver call must not hang the doctor."""
+    out: list[SourceResult] = []
+    errors: list[str] = []
+
+    def work() -> None:
+        try:
+            out.append(source.collect())
+        except Exception as exc:  # noqa: BLE001 - the error is the finding
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=work, name="doctor-collect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return None, f"timed out after {timeout:g}s"
+    return (out[0] if out else None), (errors[0] if errors else "")

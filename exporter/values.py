@@ -1,0 +1,63 @@
+"""Value types for flags, variables and source options: text -> value, or a ValueError whose
+text is what the user reads (the CLI prefixes the flag or variable name)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+
+def duration(text: str) -> float:
+    """`10`, `10s`, `500ms`, `1m` -> seconds (> 0)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise ValueError(f"expected a duration like 10s, 500ms or 1m, got {text!r}")
+    value = float(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m[2]]
+    if value <= 0:
+        raise ValueError(f"must be greater than zero, got {text!r}")
+    return value
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return text.lower()
+
+    return parse
+
+
+def boolean(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def size_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB|B)?\s*", text)
+    if not m:
+        raise ValueError(f"expected a size like 64MiB, got {text!r}")
+    return int(m[1]) * {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "B": 1, None: 1}[m[2]]
+
+
+def text(value: str) -> str:
+    """Free text (a file name, a name): any value, the empty string included."""
+    return value
+
+
+def file_path(value: str) -> str:
+    """A file name, or empty for none. Not checked for existence: a mounted ConfigMap may
+    appear after start, and the source reports a missing file itself."""
+    return value
+
+
+METAVARS: dict[str, str] = {
+    "duration": "DURATION",
+    "boolean": "BOOL",
+    "size_bytes": "SIZE",
+    "text": "TEXT",
+    "file_path": "FILE",
+}
+"""Placeholder shown in --help for each value type, by its function name."""
