@@ -64,7 +64,7 @@ class Exporter:
     def __init__(self, config: Config, *, sources: Mapping[str, Source] | None = None) -> None:
         self.config = config
         self.prometheus = PrometheusSink()
-        self.view = DevicesView()
+        self.view = DevicesView(ResourceMatcher(config.resource_patterns))
         sinks: list[SnapshotSink] = [self.prometheus, self.view]
         self_metrics: list[SelfMetrics] = []
         self.otlp = None

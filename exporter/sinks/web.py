@@ -7,23 +7,25 @@ from __future__ import annotations
 
 import json
 import time
-from importlib import resources
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
 from exporter import __version__
-from exporter.model import Snapshot
+from exporter.doctor import snapshot_findings
+from exporter.join import ResourceMatcher
+from exporter.model import JoinedDevice, Snapshot
 from exporter.points import device_attributes
+from exporter.sinks.landing import render_page
 from exporter.sinks.prometheus import PrometheusSink
 
 PROMETHEUS = web.AppKey("prometheus", PrometheusSink)
 
-_LANDING = (resources.files("exporter.sinks") / "static" / "index.html").read_bytes()
 
-
-def _summary(snapshot: Snapshot) -> dict[str, Any]:
-    """What the landing page shows: each device, who holds it, utilization and memory."""
+def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict[str, Any]:
+    """What the landing page shows: each device (children right after their parent), who
+    holds it, its load, and the doctor's checks from this cycle."""
     by_device: dict[str, list[dict[str, str]]] = {}
     for alloc in snapshot.allocations:
         by_device.setdefault(alloc.device_id, []).append(
@@ -33,26 +35,14 @@ def _summary(snapshot: Snapshot) -> dict[str, Any]:
                 "container": alloc.holder.container,
                 "resource": alloc.resource_name,
                 "device_id": alloc.raw_id,
+                "replica": alloc.replica,
                 "shared": "yes" if alloc.shared else "",
             }
         )
     devices = []
-    for joined in snapshot.devices:
+    for joined, depth in _tree(snapshot.devices):
         device = joined.reading.device
-        values: dict[str, float] = {}
-        for s in joined.reading.samples:
-            attrs = dict(s.attributes)
-            if (
-                s.metric == "hw.gpu.utilization"
-                and attrs.get("hw.gpu.task", "general") == "general"
-            ):
-                values["utilization"] = s.value
-            elif s.metric in ("hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.power"):
-                values[s.metric.rsplit(".", 1)[-1]] = s.value
-            elif s.metric == "hw.status" and s.value == 1:
-                values["state"] = {"ok": 0, "degraded": 1, "failed": 2}.get(
-                    attrs.get("hw.state", ""), 0
-                )
+        attributes = dict(device_attributes(joined))
         devices.append(
             {
                 "id": device.id,
@@ -60,12 +50,15 @@ def _summary(snapshot: Snapshot) -> dict[str, Any]:
                 "vendor": device.vendor,
                 "model": device.model,
                 "parent": device.parent,
-                "attributes": dict(device_attributes(joined)),
+                "depth": depth,
+                "index": attributes.get("hw.gpu.index") or attributes.get("hw.gpu.partition", ""),
+                "attributes": attributes,
                 "holders": by_device.get(device.id, []),
                 "allocatable": joined.allocatable,
-                **values,
+                **_values(joined),
             }
         )
+    findings = snapshot_findings(snapshot, matcher or ResourceMatcher())
     return {
         "node": snapshot.node,
         "timestamp": snapshot.timestamp,
@@ -73,23 +66,91 @@ def _summary(snapshot: Snapshot) -> dict[str, Any]:
         "devices": devices,
         "unresolved": by_device.get("", []),
         "sources": [
-            {"name": h.name, "success": h.success, "error": h.error} for h in snapshot.sources
+            {"name": h.name, "success": h.success, "error": h.error, "absent": h.absent}
+            for h in snapshot.sources
         ],
         "kubelet": {
             "connected": snapshot.podresources.connected,
             "api_version": snapshot.podresources.api_version,
         },
+        "checks": [
+            {
+                "status": f.status,
+                "subject": f.subject,
+                "found": f.found,
+                "cause": f.cause,
+                "fix": f.fix,
+            }
+            for f in findings
+        ],
     }
 
 
-class DevicesView:
-    """Holds the landing page's JSON, rebuilt once per cycle (a sink)."""
+def _tree(devices: Sequence[JoinedDevice]) -> list[tuple[JoinedDevice, int]]:
+    """Devices in snapshot order, each followed by its children (a MIG slice under its GPU,
+    an MI300 partition under its card). A parent that is no row here (an HCA's PCI function)
+    makes no nesting: the row stands on its own rather than under an unrelated device."""
+    ids = {d.reading.device.id for d in devices}
+    children: dict[str, list[JoinedDevice]] = {}
+    roots = []
+    for joined in devices:
+        parent = joined.reading.device.parent
+        if parent and parent in ids and parent != joined.reading.device.id:
+            children.setdefault(parent, []).append(joined)
+        else:
+            roots.append(joined)
+    out: list[tuple[JoinedDevice, int]] = []
+    seen: set[str] = set()
 
-    def __init__(self) -> None:
+    def visit(joined: JoinedDevice, depth: int) -> None:
+        if joined.reading.device.id in seen:
+            return
+        seen.add(joined.reading.device.id)
+        out.append((joined, depth))
+        for child in children.get(joined.reading.device.id, []):
+            visit(child, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return out
+
+
+def _values(joined: JoinedDevice) -> dict[str, float]:
+    """The few numbers a row shows; network rows sum their byte counters per direction."""
+    values: dict[str, float] = {}
+    for s in joined.reading.samples:
+        attrs = dict(s.attributes)
+        if s.metric == "hw.gpu.utilization" and attrs.get("hw.gpu.task", "general") == "general":
+            values["utilization"] = s.value
+        elif s.metric in ("hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.power"):
+            values[s.metric.rsplit(".", 1)[-1]] = s.value
+        elif s.metric == "hw.status" and s.value == 1:
+            values["state"] = {"ok": 0, "degraded": 1, "failed": 2}.get(
+                attrs.get("hw.state", ""), 0
+            )
+        elif s.metric == "hw.network.up":
+            values["link_up"] = s.value
+        elif s.metric == "hw.network.bandwidth.limit":
+            values["link_speed"] = s.value
+        elif s.metric == "hw.network.io":
+            key = f"{attrs.get('network.io.direction', 'receive')}_bytes"
+            values[key] = values.get(key, 0.0) + s.value
+    return values
+
+
+class DevicesView:
+    """Holds the landing page (HTML, rendered on the server) and its JSON feed, both rebuilt
+    once per cycle (a sink): curl and a screenshot taken at load see the table."""
+
+    def __init__(self, matcher: ResourceMatcher | None = None) -> None:
+        self.matcher = matcher
         self.body: bytes | None = None
+        self.page: bytes = render_page(None)
 
     def update(self, snapshot: Snapshot) -> None:
-        self.body = json.dumps(_summary(snapshot), separators=(",", ":")).encode()
+        summary = _summary(snapshot, self.matcher)
+        self.body = json.dumps(summary, separators=(",", ":")).encode()
+        self.page = render_page(summary)
 
 
 DEVICES: web.AppKey[DevicesView] = web.AppKey("devices")
@@ -124,7 +185,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def landing(request: web.Request) -> web.Response:
-    return web.Response(body=_LANDING, content_type="text/html", charset="utf-8")
+    return web.Response(body=request.app[DEVICES].page, content_type="text/html", charset="utf-8")
 
 
 async def devices(request: web.Request) -> web.Response:
