@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import UsageError, duration, env_name, listen_address, parse_config
+from exporter.cli import UsageError, build_parser, env_name, listen_address, parse_config
 from exporter.sources import SourceContext, SourceInfo, SourceOption
+from exporter.values import boolean, duration
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -166,3 +167,122 @@ def test_listen_addresses(text: str, address: tuple[str, int] | None) -> None:
 def test_usage_error_is_raised_not_printed() -> None:
     with pytest.raises(UsageError, match="--collect-interval"):
         parse_config(["--collect-interval", "-1"], env={}, sources={})
+
+
+# --- the first hour: bad input a newcomer or an operator types ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--collector.nvml.processes", "maybe"], {}, "--collector.nvml.processes"),
+        (["--collector.nvml.rediscover-interval", "banana"], {}, "rediscover-interval"),
+        (["--collector.netdev.vf-netlink", "nah"], {}, "--collector.netdev.vf-netlink"),
+        ([], {"KDE_COLLECTOR_NVML_XID_EVENTS": "perhaps"}, "KDE_COLLECTOR_NVML_XID_EVENTS"),
+        (["--kubernetes.resource-pattern", ""], {}, "--kubernetes.resource-pattern"),
+        (["--kubernetes.resource-pattern", " , "], {}, "--kubernetes.resource-pattern"),
+        (["--otlp.protocol", "http/json"], {}, "--otlp.protocol"),
+        (
+            [],
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (["doctor", "--collect-interval", "soon"], {}, "--collect-interval"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag(
+    args: list[str], env: dict[str, str], names: str
+) -> None:
+    done = run_cli(*args, env={"PATH": "/usr/bin", **env})
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("kube-device-exporter: error: ") and names in line, line
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_otel_protocol_we_do_not_speak_is_ignored_when_push_is_off() -> None:
+    config = parse_config([], env={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, sources={})
+    assert (config.otlp.endpoint, config.otlp.protocol) == ("", "grpc")
+    with pytest.raises(UsageError, match="OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        parse_config(
+            ["--otlp.endpoint", "http://c:4318"],
+            env={"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"},
+            sources={},
+        )
+    # An explicit flag wins over the cluster-wide variable.
+    config = parse_config(
+        ["--otlp.endpoint", "http://c:4318", "--otlp.protocol", "http/protobuf"],
+        env={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+        sources={},
+    )
+    assert config.otlp.protocol == "http/protobuf"
+
+
+def test_the_flag_takes_the_variables_comma_form() -> None:
+    config = parse_config(
+        [
+            "--kubernetes.resource-pattern",
+            "nvidia.com/*,amd.com/*",
+            "--kubernetes.resource-pattern",
+            "x/y",
+        ],
+        env={},
+        sources={},
+    )
+    assert config.resource_patterns == ("nvidia.com/*", "amd.com/*", "x/y")
+
+
+def test_source_options_are_typed_and_parsed_with_the_other_flags() -> None:
+    def factory(ctx: SourceContext) -> object:
+        raise AssertionError("not built in CLI tests")
+
+    sources = {
+        "gamma": SourceInfo(
+            "gamma",
+            "gamma devices",
+            True,
+            factory,  # type: ignore[arg-type]
+            (
+                SourceOption("every", "how often", "60s", duration),
+                SourceOption("events", "count events", "true", boolean),
+            ),
+        )
+    }
+    config = parse_config(["--collector.gamma.every", "5m"], env={}, sources=sources)
+    assert config.source_options["gamma"] == {"every": "5m", "events": "true"}
+    with pytest.raises(UsageError, match=r"argument --collector.gamma.every: expected a duration"):
+        parse_config(["--collector.gamma.every", "banana"], env={}, sources=sources)
+    with pytest.raises(UsageError, match="KDE_COLLECTOR_GAMMA_EVENTS: expected true or false"):
+        parse_config([], env={"KDE_COLLECTOR_GAMMA_EVENTS": "nah"}, sources=sources)
+    help_text = build_parser(sources).format_help()
+    assert "--collector.gamma.every DURATION" in help_text
+    assert "--collector.gamma.events BOOL" in help_text
+
+
+def test_help_names_the_commands_and_no_internal_names() -> None:
+    done = run_cli("--help")
+    assert done.returncode == 0
+    for command in ("simulate SCENARIO", "podresources", "doctor"):
+        assert f"kube-device-exporter {command}" in done.stdout
+    assert "(default ;" not in done.stdout and "(default unset" not in done.stdout
+    for internal in ("PODRESOURCES_", "RESOURCE_PATTERNS", " LISTEN_ADDRESS", "VALUE"):
+        assert internal not in done.stdout
+    assert "--kubernetes.max-message-size SIZE" in done.stdout
+    assert "--collector.nvml.processes BOOL" in done.stdout
+
+
+def test_a_missing_sysfs_is_said_at_start_naming_the_flag(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--path.sysfs", str(tmp_path / "nonexistent"),
+         "--web.listen-address", "none", "--no-collector.nvml",
+         "--kubelet-socket", str(tmp_path / "k.sock")],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=30)
+    assert "WARNING" in line and f"--path.sysfs {tmp_path / 'nonexistent'}" in line, line
+    assert "amdgpu, intel, netdev, rdma will see no devices" in line, rest

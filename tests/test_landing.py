@@ -1,0 +1,153 @@
+"""The landing page: rendered on the server (curl and a page without scripts see the whole
+table), refreshed by its script, rows nested under their own parent. Real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from exporter.app import build_sources
+from exporter.cli import parse_config
+from exporter.join import ResourceMatcher
+from exporter.model import Snapshot
+from exporter.simulate.node import SimulatedNode
+from exporter.simulate.scenario import load_scenario, parse_scenario
+from exporter.sinks.prometheus import PrometheusSink
+from exporter.sinks.web import DevicesView, make_app
+from tests.peers import chromium
+from tests.support import Clock, StaticSource, one_cycle
+from tests.test_exporter import GPU, SCENARIO, gpu_result
+
+ROW = re.compile(r'<tr(?: class="child")? data-id="([^"]+)" data-depth="(\d+)">(.*?)</tr>', re.S)
+
+
+@asynccontextmanager
+async def serving(view: DevicesView, *, scripts: bool = True) -> AsyncIterator[str]:
+    """The app on a free port. `scripts=False` sends a Content-Security-Policy that forbids
+    every script, so Chromium shows only what the server rendered."""
+    app = make_app(PrometheusSink(), view)
+    if not scripts:
+
+        async def no_scripts(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers["Content-Security-Policy"] = "script-src 'none'"
+
+        app.on_response_prepare.append(no_scripts)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+async def gpu_snapshot(tmp_path: Path, util: float) -> Snapshot:
+    return await one_cycle(
+        parse_scenario(SCENARIO),
+        tmp_path / f"k{util}.sock",
+        {"fake": StaticSource(gpu_result(util))},
+    )
+
+
+async def test_first_view_is_in_the_html_the_server_sends(tmp_path: Path) -> None:
+    view = DevicesView()
+    async with serving(view) as url, aiohttp.ClientSession() as http:
+        async with http.get(url) as r:
+            assert "waiting for the first collection cycle" in await r.text()
+        view.update(await gpu_snapshot(tmp_path, 0.73))
+        async with http.get(url) as r:
+            html = await r.text()
+    (row,) = ROW.findall(html)
+    assert row[0] == GPU
+    assert "NVIDIA H100 80GB HBM3" in row[2] and "nvidia NVIDIA" not in row[2]
+    assert "ns/weird &quot;pod&quot;\\name/c\nnewline" in row[2]  # escaped, not markup
+    assert "73%" in row[2]
+    assert "loading" not in html
+
+
+@pytest.mark.peer
+async def test_page_without_scripts_shows_the_table_and_the_script_refreshes_it(
+    tmp_path: Path,
+) -> None:
+    view = DevicesView()
+    view.update(await gpu_snapshot(tmp_path, 0.73))
+    async with serving(view, scripts=False) as url:
+        shot = tmp_path / "landing.png"
+        static = await asyncio.to_thread(chromium, url, screenshot=shot)
+    assert GPU in static and "73%" in static and "ns/weird" in static
+    assert "node test-node · 1 devices · kubelet v1" in static
+    assert shot.stat().st_size > 5000
+    later_view = DevicesView()
+    later_view.update(await gpu_snapshot(tmp_path, 0.41))
+    flipping = FirstThenLater(view.page, later_view.page)
+    async with serving(flipping) as url:
+        # The page's script fetches the page again every 5 s (virtual time) and swaps it in.
+        dom = await asyncio.to_thread(chromium, url, budget_ms=8000)
+    assert flipping.served >= 2
+    assert "41%" in dom and "73%" not in dom
+
+
+class FirstThenLater(DevicesView):
+    """Serves one page on the first request and another on every later one."""
+
+    def __init__(self, first: bytes, later: bytes) -> None:
+        super().__init__()
+        self.first, self.later, self.served = first, later, 0
+
+    @property  # type: ignore[override]
+    def page(self) -> bytes:
+        self.served += 1
+        return self.first if self.served == 1 else self.later
+
+    @page.setter
+    def page(self, value: bytes) -> None:
+        return None
+
+
+@pytest.mark.peer
+async def test_mixed_rows_nest_under_their_own_parent_in_chromium(tmp_path: Path) -> None:
+    scenario = load_scenario("mixed")
+    clock = Clock(5.0)
+    node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
+    config = parse_config(node.exporter_args(), env={})
+    sources = build_sources(config, clock=clock)
+    try:
+        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=5.0)
+    finally:
+        for source in sources.values():
+            source.close()
+        for part in node.parts:
+            part.close()
+    parents = {d.reading.device.id: d.reading.device.parent for d in snapshot.devices}
+    view = DevicesView(ResourceMatcher(config.resource_patterns))
+    view.update(snapshot)
+    async with serving(view, scripts=False) as url:
+        dom = await asyncio.to_thread(chromium, url)
+    rows = [(device_id, int(depth)) for device_id, depth, _ in ROW.findall(dom)]
+    assert sorted(d for d, _ in rows) == sorted(parents)
+    stack: list[str] = []
+    for device_id, depth in rows:
+        stack = stack[:depth]
+        expected = parents[device_id] if depth else ""
+        assert (stack[-1] if stack else "") == expected, (device_id, rows)
+        stack.append(device_id)
+    depth_of = dict(rows)
+    # The partitions of the first MI300X sit under it, not under the GPU a pod holds; the
+    # HCA ports (whose parent PCI function is no row) stand alone, not under an Intel GPU.
+    assert [d for d, _ in rows if parents[d] == "8f3a1c2e5b7d9e01"] == [
+        "amdgpu_xcp_0",
+        "amdgpu_xcp_1",
+        "amdgpu_xcp_2",
+    ]
+    assert depth_of["mlx5_0/1"] == depth_of["mlx5_1/1"] == 0
+    assert "link up · 200 Gb/s" in dom and "rx " in dom
+    assert re.search(r"<li class=\"ok\"><b>ok</b> resource amd.com/gpu: 5 allocatable", dom)
