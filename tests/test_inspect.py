@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ pods:
 """
 
 
-async def inspect(*args: str) -> subprocess.CompletedProcess[str]:
+async def inspect(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "exporter", "podresources", *args],
@@ -28,6 +31,7 @@ async def inspect(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -49,6 +53,11 @@ async def test_list_get_and_a_kubelet_without_get(tmp_path: Path) -> None:
 
         done = await inspect("--kubelet-socket", str(sock), "--pod", "ns/p")
         assert json.loads(done.stdout)["pod"]["name"] == "p"
+
+        # The exporter's own variable names the socket when the flag does not.
+        done = await inspect(env={"KDE_KUBELET_SOCKET": str(sock)})
+        assert done.returncode == 0, done.stdout
+        assert json.loads(done.stdout)["pods"][0]["name"] == "p"
 
         kubelet.set_behaviour(get=False)
         done = await inspect("--kubelet-socket", str(sock), "--pod", "ns/p")

@@ -1,0 +1,176 @@
+"""`kube-device-exporter doctor`: the checks (pure) and the command against a simulated node."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.doctor import (
+    ABSENT,
+    OK,
+    PROBLEM,
+    Finding,
+    check_source,
+    check_unseen,
+    unseen_by_resource,
+)
+from exporter.join import ResourceMatcher
+from exporter.model import ContainerDevices, Device, DeviceReading
+from exporter.simulate.node import SimulatedNode
+from exporter.simulate.scenario import load_scenario
+
+GPU0 = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
+
+
+def reading(id_: str, *aliases: str, pools: tuple[str, ...] = ()) -> DeviceReading:
+    device = Device(id_, "gpu", "v", "m", "s", aliases=frozenset(aliases), pools=frozenset(pools))
+    return DeviceReading(device, ())
+
+
+def test_unseen_by_resource_uses_the_joins_id_forms() -> None:
+    allocatable = [
+        ContainerDevices("nvidia.com/gpu", (GPU0, "GPU-gone")),
+        ContainerDevices("nvidia.com/gpu.shared", (f"{GPU0}::0", f"{GPU0}::1")),
+        ContainerDevices("amd.com/gpu", ("0000:9D:00.0",)),  # any case, short or long domain
+        ContainerDevices("rdma/pool_a", ("0", "1")),
+        ContainerDevices("rdma/pool_b", ("0",)),
+        ContainerDevices("example.com/thing", ("x",)),  # not attributed: not ours to report
+    ]
+    readings = [
+        reading(GPU0),
+        reading("8f3a", "0000:9d:00.0"),
+        reading("mlx5_0/1", pools=("rdma/pool_a",)),
+    ]
+    unseen = unseen_by_resource(allocatable, readings, ResourceMatcher())
+    assert unseen == {"nvidia.com/gpu": ("GPU-gone",), "rdma/pool_b": ("0",)}
+    assert unseen_by_resource(allocatable, [], ResourceMatcher(["amd.com/*"])) == {
+        "amd.com/gpu": ("0000:9D:00.0",)
+    }
+
+
+def test_each_unseen_resource_names_its_source_and_the_fix() -> None:
+    allocatable = [
+        ContainerDevices("nvidia.com/gpu", (GPU0,)),
+        ContainerDevices("amd.com/gpu", ("0000:9d:00.0",)),
+        ContainerDevices("rdma/pool_a", ("0",)),
+        ContainerDevices("gpu.intel.com/i915", ("card0-0",)),
+    ]
+    sources = {
+        "nvml": check_source("nvml", error="", absent="libnvidia-ml.so.1 not found", devices=0),
+        "rdma": check_source("rdma", error="", absent="", devices=2),
+        "intel": check_source("intel", error="", absent="", devices=1),
+    }
+    findings = {
+        f.subject: f
+        for f in check_unseen(allocatable, [reading("card0")], ResourceMatcher(), sources)
+    }
+    nvidia = findings["resource nvidia.com/gpu"]
+    assert nvidia.status == PROBLEM and "libnvidia-ml.so.1 not found" in nvidia.cause
+    assert "runtimeClassName: nvidia" in nvidia.fix
+    assert findings["resource amd.com/gpu"].fix == "turn it on: --collector.amdgpu"
+    assert "--collector.rdma.pool-config" in findings["resource rdma/pool_a"].fix
+    assert findings["resource gpu.intel.com/i915"] == Finding(
+        OK, "resource gpu.intel.com/i915", "1 allocatable, all seen"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "cause", "fix"),
+    [
+        (
+            "NvmlUnavailable: NVML init failed: NVML Shared Library Not Found",
+            "libnvidia-ml",
+            "runtimeClassName",
+        ),
+        ("NvmlUnavailable: NVML init failed: Driver Not Loaded", "kernel module", "driver"),
+        ("NVML init failed: Insufficient Permissions", "device files", "runtime class"),
+        ("timed out after 5s", "hangs", "dmesg"),
+    ],
+)
+def test_source_errors_get_a_likely_cause_and_a_fix(error: str, cause: str, fix: str) -> None:
+    finding = check_source("nvml", error=error, absent="", devices=0)
+    assert finding.status == PROBLEM
+    assert cause in finding.cause and fix in finding.fix
+
+
+def test_absent_hardware_is_not_a_problem_by_itself() -> None:
+    finding = check_source("amdgpu", error="", absent="no amdgpu cards", devices=0)
+    assert finding.status == ABSENT
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDE_", "LD_LIBRARY"))}
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", "doctor", *args],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+
+
+def lines_about(out: str, subject: str) -> list[str]:
+    """The finding line for `subject` and its indented cause/fix lines."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.split()[1 : 1 + len(subject.split())] == subject.split():
+            rest = [line]
+            for more in lines[i + 1 :]:
+                if not more.startswith(" "):
+                    break
+                rest.append(more.strip())
+            return rest
+    raise AssertionError(f"no line about {subject!r} in:\n{out}")
+
+
+async def test_doctor_on_a_healthy_simulated_node_then_a_misconfigured_one(
+    tmp_path: Path,
+) -> None:
+    node = SimulatedNode(load_scenario("mixed"), tmp_path / "node")
+    await node.start()
+    try:
+        args = node.exporter_args()
+        healthy = await asyncio.to_thread(doctor, *args)
+        off = await asyncio.to_thread(doctor, *args, "--no-collector.amdgpu")
+        no_sys = await asyncio.to_thread(doctor, *args, "--path.sysfs", str(tmp_path / "nope"))
+    finally:
+        await node.stop()
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "PROBLEM" not in healthy.stdout
+    assert lines_about(healthy.stdout, "source amdgpu")[0].split()[0] == "OK"
+    assert "PodResources v1, 10 pods" in lines_about(healthy.stdout, "kubelet")[0]
+    assert "5 allocatable, all seen" in lines_about(healthy.stdout, "resource amd.com/gpu")[0]
+
+    assert off.returncode == 1
+    amd = lines_about(off.stdout, "resource amd.com/gpu")
+    assert amd[0].startswith("PROBLEM") and "5 seen by no source" in amd[0]
+    assert "fix: turn it on: --collector.amdgpu" in amd
+
+    assert no_sys.returncode == 1
+    assert "--path.sysfs" in lines_about(no_sys.stdout, "host sys")[0]
+    intel = lines_about(no_sys.stdout, "resource gpu.intel.com/i915")
+    assert intel[0].startswith("PROBLEM") and any("--path.sysfs" in x for x in intel)
+
+
+async def test_doctor_when_the_node_advertises_gpus_nvml_cannot_see(tmp_path: Path) -> None:
+    """The usual first-hour failure: no runtime class, so no libnvidia-ml.so.1 in the pod."""
+    node = SimulatedNode(load_scenario("demo"), tmp_path / "node")  # no library in env
+    await node.start()
+    try:
+        args = [a for a in node.exporter_args() if a != "--no-collector.nvml"]
+        done = await asyncio.to_thread(doctor, *args, "--collector.nvml")
+        gone = await asyncio.to_thread(
+            doctor, "--kubelet-socket", str(tmp_path / "none" / "kubelet.sock")
+        )
+    finally:
+        await node.stop()
+    assert done.returncode == 1
+    gpu = lines_about(done.stdout, "resource nvidia.com/gpu")
+    assert gpu[0].startswith("PROBLEM") and "2 allocatable, 2 seen by no source" in gpu[0]
+    assert any("runtimeClassName: nvidia" in x for x in gpu)
+    assert gone.returncode == 1
+    kubelet = lines_about(gone.stdout, "kubelet")
+    assert kubelet[0].startswith("PROBLEM") and "does not exist" in kubelet[0]
+    assert any("/var/lib/kubelet/pod-resources" in x for x in kubelet)

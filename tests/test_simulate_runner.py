@@ -1,0 +1,90 @@
+"""`kube-device-exporter simulate` as a newcomer runs it: a taken port, Ctrl-C, SIGTERM, a bad
+scenario, no HTTP server. One line on failure; the work directory never stays behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BAD_SCENARIO = Path(__file__).parent / "data" / "bad-sysfs-scenario.yaml"
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDE_", "LD_LIBRARY"))}
+    return {**env, "TMPDIR": str(tmp_path)}
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.glob("kde-sim-*"))
+
+
+def simulate(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", "simulate", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path),
+    )  # fmt: skip
+
+
+def wait_until_up(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "Press Ctrl-C to stop." in line:
+            return "".join(seen)
+    raise AssertionError(f"never came up: {''.join(seen)} {proc.communicate()[1]}")
+
+
+def test_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = simulate(tmp_path, "mixed", "--web.listen-address", f"127.0.0.1:{port}")
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    (line,) = err.strip().splitlines()
+    assert "cannot start" in line and "address already in use" in line, err
+    assert out == "" and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("scenario", "sig"), [("demo", signal.SIGTERM), ("mixed", signal.SIGINT)])
+def test_stopping_removes_the_work_directory(
+    tmp_path: Path, scenario: str, sig: signal.Signals
+) -> None:
+    """demo starts again with the simulated NVML library's path (execve): the new process
+    owns the directory the first one made."""
+    proc = simulate(tmp_path, scenario, "--web.listen-address", "127.0.0.1:0")
+    try:
+        banner = wait_until_up(proc)
+        assert len(leftovers(tmp_path)) == 1
+    finally:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Landing page: http://127.0.0.1:" in banner
+    assert leftovers(tmp_path) == [], err
+
+
+def test_a_bad_scenario_leaves_nothing(tmp_path: Path) -> None:
+    proc = simulate(tmp_path, str(BAD_SCENARIO))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert leftovers(tmp_path) == []
+
+
+def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:
+    proc = simulate(tmp_path, "mixed", "--web.listen-address", "none")
+    try:
+        banner = wait_until_up(proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert "No HTTP server (--web.listen-address none)" in banner
+    assert "metrics" not in banner and "Landing page" not in banner
