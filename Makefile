@@ -1,12 +1,16 @@
 # kube-device-exporter — every entry point a developer or CI needs.
 #   make demo    run the exporter against the simulated node and print where to look
+#                (installs only what running needs: the package and nvml.h for the simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
+# setuptools prints a banner on every editable install; it says nothing to us.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --disable-pip-version-check
 DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
@@ -15,10 +19,13 @@ DEMO_ADDR ?= 127.0.0.1:9400
 
 install: $(STAMP) debs fakenvml
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP) -e '.[sim]'
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	$(PIP) -e '.[test]'
 	touch $(STAMP)
 
 # Real peers for the suite (Prometheus + promtool, headless Chromium): Debian packages,
@@ -33,10 +40,10 @@ debs:
 	  else echo "not root: install$$missing yourself for the peer tests"; fi; \
 	fi
 
-fakenvml: $(STAMP)
+fakenvml: $(RUNTIME)
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) PYTHON=$(CURDIR)/$(PY); fi
 
-demo: install
+demo: $(RUNTIME) fakenvml
 	$(VENV)/bin/kube-device-exporter simulate demo --web.listen-address $(DEMO_ADDR)
 
 lint: $(STAMP)
@@ -59,6 +66,7 @@ bench: install
 
 docs: $(STAMP)
 	$(PY) -m exporter.metrics > docs/metrics.md
+	$(PY) -m exporter.flagdoc README.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +41,8 @@ def library_path() -> Path:
     if not path.is_file():
         raise FakeNvmlNotBuilt(
             f"the simulated NVML library is not built ({path} is missing): run `make install`, "
-            f"or `make -C {FAKENVML_DIR} PYTHON=.venv/bin/python` (needs gcc and the "
-            "nvidia-nvml-dev package from the test extras)"
+            f"or `make -C {FAKENVML_DIR} PYTHON={sys.executable}` (needs gcc and the "
+            "nvidia-nvml-dev package, the sim extra)"
         )
     return path
 
