@@ -7,6 +7,7 @@ import asyncio
 import gc
 import socket
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -211,3 +212,28 @@ def test_a_failing_collection_does_not_stop_the_reader(monkeypatch: pytest.Monke
     finally:
         sink.shutdown()
         receiver.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_shutdown_returns_within_the_export_timeout_while_an_export_hangs(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/otlp.md: shutdown is bounded by the export timeout, even with a periodic export
+    in flight to a collector that never answers (the SDK would wait for both exports)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")
+    receiver = make_receiver(protocol)
+    receiver.behaviour = Behaviour(answer="hang", hang_seconds=10.0)
+    sink = sink_for(receiver.endpoint, protocol)
+    sink.start()
+    try:
+        sink.update(energy_snapshot(1.0, 1.0, 1))
+        in_flight = threading.Thread(target=sink.force_flush, daemon=True)
+        in_flight.start()
+        time.sleep(0.2)  # the periodic export is now waiting on the receiver
+        started = time.monotonic()
+        sink.shutdown()
+        took = time.monotonic() - started
+    finally:
+        receiver.stop()
+    assert sink.timeout == 1.0
+    assert took < 1.3, f"shutdown took {took:.2f}s with a 1s export timeout"

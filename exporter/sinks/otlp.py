@@ -176,10 +176,24 @@ class OtlpSink:
             self._provider.force_flush(timeout_millis=(timeout or self.timeout + 1.0) * 1000.0)
 
     def shutdown(self) -> None:
-        """One last export of the latest snapshot, bounded by the export timeout."""
+        """One last export of the latest snapshot; returns within the export timeout whatever
+        the collector does. An export still in flight (the periodic one, then the last one)
+        is left to its daemon thread: the process must exit within its grace period."""
         if self._provider is not None and not self._stopped:
             self._stopped = True
-            self._provider.shutdown(timeout_millis=(self.timeout + 1.0) * 1000.0)
+            worker = threading.Thread(
+                target=self._provider.shutdown,
+                kwargs={"timeout_millis": self.timeout * 1000.0},
+                name="otlp-shutdown",
+                daemon=True,
+            )
+            worker.start()
+            worker.join(self.timeout)
+            if worker.is_alive():
+                log.warning(
+                    "OTLP: the last export did not finish within %gs; exiting without it",
+                    self.timeout,
+                )
         for name in SDK_EXPORT_LOGGERS:
             logging.getLogger(name).removeFilter(self._quiet)
 
