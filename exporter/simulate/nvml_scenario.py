@@ -502,7 +502,18 @@ def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
     f = doc.fields(
         value,
         where,
-        {"kind", "start", "end", "gpus", "features", "reasons", "function", "ms", "code", "version"},
+        {
+            "kind",
+            "start",
+            "end",
+            "gpus",
+            "features",
+            "reasons",
+            "function",
+            "ms",
+            "code",
+            "version",
+        },
     )
     kind = f.get("kind")
     if kind not in FAULT_KINDS:

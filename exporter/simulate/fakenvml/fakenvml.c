@@ -278,6 +278,19 @@ static void reload(void) {
     state_stat = st;
 }
 
+/* Tests load the library once per test process; each simulated node is a new process
+ * for the library (forget the version it mapped). Only while nobody holds NVML. */
+EXPORT int fakenvml_new_process(void) {
+    int done = 0;
+    pthread_mutex_lock(&mu);
+    if (refcount == 0) {
+        lib_driver[0] = 0;
+        done = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return done;
+}
+
 /* ---------------------------------------------------------------- call entry */
 
 static unsigned delay_ms(const char *fn) {

@@ -142,8 +142,9 @@ TABLE: tuple[Behaviour, ...] = (
         "If no valid sample entries are found since the lastSeenTimeStamp, "
         "NVML_ERROR_NOT_FOUND is returned.",
         "All samples since the last cycle are read; a process's utilization is the mean of its "
-        "samples; a running process with no sample had none above zero (0); NOT_FOUND is no "
-        "samples, not an error.",
+        "samples; when there are samples, a running process without one was idle (0); "
+        "NOT_FOUND (no period ended, or all idle: the driver cannot tell) reports nothing "
+        "and is not an error.",
         "Returns one sample per process per elapsed driver sample period since "
         "lastSeenTimeStamp (several per process, the idle ones left out), NOT_FOUND when none.",
     ),

@@ -234,8 +234,8 @@ class Reader:
         for proc in running:
             pid = int(proc.pid)
             memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
-            # A process the driver sampled no activity for had none above zero (behaviour
-            # `process-utilization-samples`); unknown when the call itself failed.
+            # When the driver returned samples, a process without one was idle in those
+            # periods (behaviour `process-utilization-samples`): 0, not unknown.
             utilization = None if busy is None else busy.get(pid, 0.0)
             add(samples, "hw.gpu.process.memory.usage", memory, ("process.pid", str(pid)))
             add(samples, "hw.gpu.process.utilization", utilization, ("process.pid", str(pid)))
@@ -249,7 +249,9 @@ class Reader:
             found = pynvml.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.process_seen_us)
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
-                return {}  # no sample since the last read: nobody was busy
+                # No sample since the last read: no period ended, or every process was
+                # idle. The driver does not say which, so nothing is reported.
+                return None
             self.calls.interpret(exc, "nvmlDeviceGetProcessUtilization")
             return None
         per_pid: dict[int, list[float]] = {}
