@@ -114,7 +114,8 @@ def test_mig_devices_and_lookups(nvml: NvidiaNode) -> None:
 
 def test_process_utilization_samples_and_not_found(nvml: NvidiaNode) -> None:
     gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-    # lastSeenTimeStamp 0: the whole buffer, one sample per driver period
+    nvml.at(12.0)  # 24 driver periods of 0.5 s since the scenario began
+    # lastSeenTimeStamp 0: the whole buffer (the newest 20), one sample per period
     samples = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
     assert {(s.pid, s.smUtil) for s in samples} == {(77, 25)}
     assert len(samples) == 20

@@ -977,14 +977,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
     unsigned n = 0, busy = 0, mode;
-    unsigned long long first, last, periods = 0;
+    unsigned long long first, last, base, periods = 0;
     DEVICE_CALL(device);
     CHECK_PTR(processSamplesCount);
     if ((r = status(o, "process_utilization")) != NVML_SUCCESS) return leave(r);
     if (device->mig >= 0 || (get_uint(o, "mig_mode", &mode) == NVML_SUCCESS && mode == 1))
         return leave(NVML_ERROR_NOT_SUPPORTED); /* "not currently supported" under MIG */
-    last = cur->timestamp_us / SAMPLE_PERIOD_US;
-    first = lastSeenTimeStamp / SAMPLE_PERIOD_US + 1;
+    /* periods are counted from scenario time 0, so tests know where they end */
+    base = cur->timestamp_us - (unsigned long long)llround(cur->time * 1e6);
+    last = (cur->timestamp_us - base) / SAMPLE_PERIOD_US;
+    first = lastSeenTimeStamp < base ? 0 : (lastSeenTimeStamp - base) / SAMPLE_PERIOD_US + 1;
     if (last + 1 > SAMPLE_BUFFER && first < last + 1 - SAMPLE_BUFFER) first = last + 1 - SAMPLE_BUFFER;
     if (last >= first) periods = last - first + 1;
     for (int i = 0; i < g->nprocs; i++) busy += g->procs[i].sm > 0 || g->procs[i].mem > 0;
@@ -1000,7 +1002,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
             const proc_t *p = &g->procs[i];
             if (p->sm == 0 && p->mem == 0) continue;
             utilization[n].pid = p->pid;
-            utilization[n].timeStamp = k * SAMPLE_PERIOD_US;
+            utilization[n].timeStamp = base + k * SAMPLE_PERIOD_US;
             utilization[n].smUtil = p->sm;
             utilization[n].memUtil = p->mem;
             utilization[n].encUtil = 0;

@@ -254,11 +254,11 @@ class Reader:
                 return None
             self.calls.interpret(exc, "nvmlDeviceGetProcessUtilization")
             return None
-        per_pid: dict[int, list[float]] = {}
+        per_pid: dict[int, list[int]] = {}
         for s in found:
-            per_pid.setdefault(int(s.pid), []).append(s.smUtil / 100)
+            per_pid.setdefault(int(s.pid), []).append(int(s.smUtil))
             gpu.process_seen_us = max(gpu.process_seen_us, int(s.timeStamp))
-        return {pid: sum(values) / len(values) for pid, values in per_pid.items()}
+        return {pid: sum(pcts) / len(pcts) / 100 for pid, pcts in per_pid.items()}
 
 
 def status(state: str) -> tuple[Sample, ...]:
