@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter import log as logsetup
-from exporter.app import Exporter, install_signal_handlers
+from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
 from exporter.cli import UsageError, parse_config
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import ScenarioError, bundled_names, load_scenario
@@ -45,7 +45,7 @@ def run_simulation(argv: Sequence[str]) -> int:
     config = parse_config([*node.exporter_args(), *argv[1:]])
     logsetup.setup(config.log_level, config.log_format)
     asyncio.run(_run(node, config))
-    return 0
+    return exit_now_if_stuck(0)
 
 
 async def _run(node: SimulatedNode, config: object) -> None:
