@@ -63,9 +63,11 @@ def simulate(tmp_path: Path) -> Iterator[object]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KDE_")}
         env["KDE_SIMULATE_WORKDIR"] = str(tmp_path / f"work{len(started)}")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "simulate", str(path)]
-            + ["--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "500ms"]
-            + list(flags),
+            [
+                *(sys.executable, "-m", "exporter", "simulate", str(path)),
+                *("--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "500ms"),
+                *flags,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
