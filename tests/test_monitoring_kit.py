@@ -13,7 +13,7 @@ import yaml
 
 from monitoring.__main__ import stale
 from monitoring.promql import UnknownName, promql
-from monitoring.render import files
+from monitoring.render import files, flow
 from tests import kit
 from tests.peers import promtool
 
@@ -178,3 +178,35 @@ def test_generator_writes_only_what_it_declares() -> None:
     assert {p for p in paths if p.startswith("dashboards/")} == {
         f"dashboards/{p.name}" for p in kit.DASHBOARDS.glob("*.json")
     }
+
+
+def _cells(panel: dict[str, Any]) -> set[tuple[int, int]]:
+    grid = panel["gridPos"]
+    return {
+        (x, y)
+        for x in range(grid["x"], grid["x"] + grid["w"])
+        for y in range(grid["y"], grid["y"] + grid["h"])
+    }
+
+
+@pytest.mark.parametrize("stem", sorted(kit.dashboards()))
+def test_panels_fit_the_grid_without_overlapping(stem: str) -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in kit.panels(kit.dashboards()[stem]):
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, (panel["title"], grid)
+        cells = _cells(panel)
+        assert not cells & taken, f"{panel['title']} overlaps another panel: {grid}"
+        taken |= cells
+
+
+def test_flow_wraps_a_panel_that_does_not_fit() -> None:
+    """The check above can fail: the SDK's placement put a 24-wide table at x=16."""
+    panels = [
+        {"type": "stat", "gridPos": {"x": 0, "y": 0, "w": 16, "h": 4}},
+        {"type": "table", "gridPos": {"x": 16, "y": 0, "w": 24, "h": 10}},
+        {"type": "row", "gridPos": {"x": 0, "y": 0, "w": 24, "h": 1}},
+    ]
+    assert max(p["gridPos"]["x"] + p["gridPos"]["w"] for p in panels) > 24
+    flow(panels)
+    assert [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels] == [(0, 0), (0, 4), (0, 14)]
