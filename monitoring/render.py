@@ -10,7 +10,16 @@ import yaml
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from monitoring import alerts, devices, docs, efficiency, exporter, overview, workloads
+from monitoring import (
+    alerts,
+    devices,
+    docs,
+    efficiency,
+    exporter,
+    overview,
+    runbooks,
+    workloads,
+)
 
 DASHBOARDS: dict[str, Callable[[], dash.Dashboard]] = {
     "overview": overview.build,
@@ -115,6 +124,7 @@ def files() -> dict[str, str]:
     models = {stem: dashboard_model(build) for stem, build in DASHBOARDS.items()}
     out["docs/dashboards.md"] = docs.dashboards_md(models)
     out["docs/alerts.md"] = docs.alerts_md()
+    out["docs/runbooks.md"] = runbooks.runbooks_md()
     for stem, model in models.items():
         text = json.dumps(model, indent=2, sort_keys=True) + "\n"
         out[f"dashboards/{stem}.json"] = text
