@@ -35,6 +35,9 @@ RULES = "deploy/alerts/kube-device-exporter.rules.yaml"
 RULE_TESTS = "deploy/alerts/kube-device-exporter.rules.test.yaml"
 PROMETHEUS_RULE = "deploy/prometheusrule/prometheusrule.yaml"
 GRAFANA = "deploy/grafana"
+CHART_FILES = "deploy/helm/kube-device-exporter/files"
+"""The Helm chart's copies of the rule groups and dashboards (a chart reads only its own
+directory)."""
 LABELS = {
     "app.kubernetes.io/name": "kube-device-exporter",
     "app.kubernetes.io/part-of": "kube-device-exporter",
@@ -129,6 +132,7 @@ def files() -> dict[str, str]:
         text = json.dumps(model, indent=2, sort_keys=True) + "\n"
         out[f"dashboards/{stem}.json"] = text
         out[f"{GRAFANA}/dashboard-{stem}.yaml"] = to_yaml(_configmap(stem, text))
+        out[f"{CHART_FILES}/dashboards/{stem}.json"] = text
     out[f"{GRAFANA}/kustomization.yaml"] = to_yaml(
         {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -138,6 +142,8 @@ def files() -> dict[str, str]:
     )
     groups = alerts.rule_groups()
     out[RULES] = to_yaml({"groups": groups})
+    # No document marker: the chart indents this under the PrometheusRule's `spec:`.
+    out[f"{CHART_FILES}/rules.yaml"] = to_yaml({"groups": groups}).replace("---\n", "", 1)
     out[RULE_TESTS] = to_yaml(alerts.unit_tests(RULES.rsplit("/", 1)[1]))
     out[PROMETHEUS_RULE.replace("prometheusrule.yaml", "kustomization.yaml")] = to_yaml(
         {
