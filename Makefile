@@ -2,7 +2,9 @@
 #   make demo    run the exporter against the simulated node and print where to look
 #                (installs only what running needs: the package and nvml.h for the simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
-#   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule
+#   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
+#                    docs/alerts.md, docs/runbooks.md and the Helm chart's files/
+#   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -14,8 +16,11 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --d
 DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
+IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring clean
+.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring image push clean
 
 install: $(STAMP) debs fakenvml
 
@@ -60,6 +65,13 @@ test: install lint typecheck pytest
 
 monitoring: $(STAMP)
 	$(PY) -m monitoring
+
+# Needs a Docker engine (or another builder behind the docker CLI); none runs in CI here.
+image:
+	docker build -t $(IMAGE) .
+
+push: image
+	docker push $(IMAGE)
 
 bench: install
 	$(PY) -m bench

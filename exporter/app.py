@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
@@ -20,8 +23,12 @@ from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.sinks.web import DevicesView, make_app
 from exporter.sources import Source, SourceContext, registry
+from exporter.threads import in_daemon_thread
 
 log = logging.getLogger("exporter")
+
+SHUTDOWN_SECONDS = 8.0
+"""From SIGTERM to exit; the kubelet's default grace period is 30 s, ours says 10 s."""
 
 
 class _Unavailable:
@@ -104,7 +111,8 @@ class Exporter:
 
     async def start(self) -> None:
         if self.config.listen_address is not None:
-            self._runner = web.AppRunner(make_app(self.prometheus, self.view), access_log=None)
+            app = make_app(self.prometheus, self.view, lambda: self.poller.restart_required)
+            self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             host, port = self.config.listen_address
             site = web.TCPSite(self._runner, host or None, port)
@@ -119,14 +127,32 @@ class Exporter:
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
     async def stop(self) -> None:
+        """Stop within SHUTDOWN_SECONDS whatever a source is doing: the cycle in progress
+        is abandoned (a hung driver call stays behind in its daemon thread), OTLP gets what
+        is left of the budget for its last export, sources get what remains to close."""
+        deadline = asyncio.get_running_loop().time() + SHUTDOWN_SECONDS
+
+        def left(reserve: float = 0.0) -> float:
+            return max(0.1, deadline - asyncio.get_running_loop().time() - reserve)
+
         self._stop.set()
         if self._task is not None:
-            await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=0.5)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
         if self.otlp is not None:
-            await asyncio.to_thread(self.otlp.shutdown)
-        await self.poller.close()
+            otlp = self.otlp
+            flushing = in_daemon_thread(otlp.shutdown, "otlp-shutdown")
+            try:
+                await asyncio.wait_for(flushing, timeout=left(reserve=2.0))
+            except TimeoutError:
+                log.warning("OTLP did not finish its last export in time; exiting without it")
+        await self.poller.close(timeout=left(reserve=0.5))
         if self._runner is not None:
-            await self._runner.cleanup()
+            await asyncio.wait_for(self._runner.cleanup(), timeout=left())
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.poller.ready.wait(), timeout)
@@ -193,4 +219,19 @@ def run(config: Config) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    return 0
+    return exit_now_if_stuck(0)
+
+
+def exit_now_if_stuck(code: int) -> int:
+    """Interpreter exit waits for non-daemon threads; a library's own thread stuck in a
+    driver call would hold the process past its grace period. Leave without waiting."""
+    stuck = [
+        t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()
+    ]
+    if stuck:
+        log.warning("leaving threads still in calls behind: %s", ", ".join(stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

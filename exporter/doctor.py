@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.config import Config
-from exporter.join import ResourceMatcher, normalize_device_id
+from exporter.join import ResourceMatcher, join
 from exporter.model import (
     ContainerDevices,
     DeviceReading,
@@ -87,24 +87,13 @@ def unseen_by_resource(
     allocatable: Iterable[ContainerDevices],
     readings: Iterable[DeviceReading],
     matcher: ResourceMatcher,
-) -> dict[str, tuple[str, ...]]:
-    """Resource name -> the device IDs the kubelet can allocate that no source sees (in the
-    kubelet's order). Resources the patterns do not attribute are left out; an RDMA shared
-    pool counts as seen when a device declares the pool."""
-    keys: set[str] = set()
-    pools: set[str] = set()
-    for reading in readings:
-        device = reading.device
-        keys |= {normalize_device_id(a)[0] for a in (device.id, *device.aliases)}
-        pools |= device.pools
-    unseen: dict[str, list[str]] = {}
-    for devs in allocatable:
-        if not matcher(devs.resource_name) or devs.resource_name in pools:
-            continue
-        missing = [raw for raw in devs.device_ids if normalize_device_id(raw)[0] not in keys]
-        if missing:
-            unseen.setdefault(devs.resource_name, []).extend(missing)
-    return {name: tuple(ids) for name, ids in unseen.items()}
+) -> dict[str, int]:
+    """Resource name -> how many devices the kubelet can allocate that no source sees
+    (only those with some). The join's own count (`JoinResult.unseen`), so the doctor, the
+    landing page and `kube_device_exporter_devices_unseen` always agree."""
+    state = PodResourcesState(allocatable=tuple(allocatable), allocatable_known=True)
+    result = join([SourceResult("doctor", tuple(readings))], state, matcher)
+    return {resource: count for resource, count in result.unseen if count}
 
 
 def source_for(resource_name: str) -> str:
@@ -207,7 +196,18 @@ def check_unseen(
     """One problem per resource the node advertises whose devices no source sees; `sources`
     is each enabled source's finding (a missing one is disabled)."""
     allocatable = list(allocatable)
-    unseen = unseen_by_resource(allocatable, readings, matcher)
+    return unseen_findings(
+        allocatable, unseen_by_resource(allocatable, readings, matcher), sources, matcher
+    )
+
+
+def unseen_findings(
+    allocatable: Sequence[ContainerDevices],
+    unseen: Mapping[str, int],
+    sources: Mapping[str, Finding],
+    matcher: ResourceMatcher,
+) -> list[Finding]:
+    """One finding per attributed resource: all seen, or a problem naming the likely cause."""
     totals: dict[str, int] = {}
     for devs in allocatable:
         if matcher(devs.resource_name):
@@ -221,10 +221,9 @@ def check_unseen(
 
 
 def _unseen_finding(
-    resource: str, ids: Sequence[str], total: int, sources: Mapping[str, Finding]
+    resource: str, count: int, total: int, sources: Mapping[str, Finding]
 ) -> Finding:
-    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-    found = f"{total} allocatable, {len(ids)} seen by no source ({shown})"
+    found = f"{total} allocatable, {count} seen by no source"
     source = source_for(resource)
     if not source:
         return Finding(
@@ -307,7 +306,9 @@ def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Find
     return [
         kubelet,
         *sources.values(),
-        *check_unseen(snapshot.allocatable, readings, matcher, sources),
+        *unseen_findings(
+            snapshot.allocatable, {r: n for r, n in snapshot.unseen if n}, sources, matcher
+        ),
     ]
 
 

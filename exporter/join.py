@@ -78,6 +78,9 @@ class JoinResult:
     allocations: tuple[Allocation, ...]
     allocatable: tuple[ContainerDevices, ...] = ()
     """The kubelet's allocatable devices of the resources we attribute."""
+    unseen: tuple[tuple[str, int], ...] = ()
+    """(resource, devices the kubelet can allocate that no source sees), per allocatable
+    resource, when the kubelet's allocatable list is known."""
 
 
 class ResourceMatcher:
@@ -150,7 +153,16 @@ def join(
             )
         )
     allocations.sort(key=lambda a: (a.holder, a.kind.value, a.resource_name, a.raw_id, a.device_id))
-    return JoinResult(tuple(joined), tuple(_dedupe(allocations)), allocatable)
+    unseen: dict[str, int] = {}
+    if state.allocatable_known:
+        for devs in allocatable:
+            missing = sum(
+                1 for raw in devs.device_ids if not index.resolve(devs.resource_name, raw)
+            )
+            unseen[devs.resource_name] = unseen.get(devs.resource_name, 0) + missing
+    return JoinResult(
+        tuple(joined), tuple(_dedupe(allocations)), allocatable, tuple(sorted(unseen.items()))
+    )
 
 
 class _Index:

@@ -343,7 +343,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "",
         "One series per (device, holder) from PodResources; always 1. `hw_id` is empty when no "
-        "source knows the device. Join any device series to pods with `on(hw_id)`.",
+        "source knows the device. Join any device series to pods with "
+        "`on(k8s_node_name, hw_id)` (PCI addresses and `mlx5_0/1` repeat across nodes).",
         scope=_A,
         attributes=(
             "hw.id",
@@ -518,7 +519,7 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
 - **`hw_allocation_info` has one series per (device, holder)**, straight from PodResources,
   with the resource name, the raw device ID, the replica and `hw_allocation_shared`. Join any
   device series to pods with it, e.g. per-pod memory of shared GPUs:
-  `hw_gpu_memory_usage_bytes * on(hw_id) group_right hw_allocation_info`.
+  `hw_gpu_memory_usage_bytes * on(k8s_node_name, hw_id) group_right hw_allocation_info`.
 - **`k8s_node_name`** on every series comes from `--node-name` (`NODE_NAME` from the downward
   API). In OTLP it is the resource attribute `k8s.node.name`.
 - **No collisions with target labels.** Prometheus (and kube-prometheus ServiceMonitors) add

@@ -214,3 +214,5 @@ class Snapshot:
     last_success_timestamp: float = 0.0
     self_samples: tuple[Sample, ...] = ()
     """Exporter-scope samples contributed by other parts (e.g. the OTLP sink's export counts)."""
+    unseen: tuple[tuple[str, int], ...] = ()
+    """(resource, allocatable devices no source sees); see join.JoinResult.unseen."""

@@ -102,6 +102,9 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     for resource in sorted(set(allocatable) | set(allocated)):
         attrs = (("hw.allocation.resource", resource), *node)
         yield Point(SPECS["hw.allocated.devices"], attrs, float(allocated[resource]))
+    for resource, count in snapshot.unseen:
+        attrs = (("hw.allocation.resource", resource), *node)
+        yield Point(SPECS["kube_device_exporter.devices.unseen"], attrs, float(count))
 
 
 def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:

@@ -25,7 +25,8 @@ from exporter.model import (
 )
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
-from exporter.sources import Source
+from exporter.sources import RestartRequired, Source
+from exporter.threads import in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 
@@ -72,6 +73,8 @@ class Poller:
         self._states = StateLog(log)
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
+        self.restart_required: dict[str, str] = {}
+        """source -> why only a new process can recover it (/healthz fails while set)."""
 
     async def run_once(self) -> Snapshot:
         started = self._clock()
@@ -96,7 +99,9 @@ class Poller:
             cycles_total=self._cycles,
             last_success_timestamp=self._last_success,
             self_samples=tuple(self_samples),
+            unseen=joined.unseen,
         )
+        self._warn_unseen(joined.unseen, healths)
         for sink in self.sinks:
             await asyncio.to_thread(sink.update, snapshot)
         self.snapshot = snapshot
@@ -116,11 +121,39 @@ class Poller:
             except TimeoutError:
                 continue
 
-    async def close(self) -> None:
-        for slot in self._slots:
-            await asyncio.to_thread(slot.source.close)
+    async def close(self, timeout: float = 3.0) -> None:
+        """Close every source (in daemon threads: a source stuck in a driver call is left
+        behind after `timeout`) and the kubelet channel."""
+        closing = [in_daemon_thread(s.source.close, f"close-{s.name}") for s in self._slots]
+        if closing:
+            done, pending = await asyncio.wait(closing, timeout=timeout)
+            for future in done:
+                if future.exception() is not None:
+                    log.warning("closing a source failed: %s", future.exception())
+            for slot, future in zip(self._slots, closing, strict=True):
+                if future in pending:
+                    log.warning(
+                        "source %s did not close in %gs (stuck in a call)", slot.name, timeout
+                    )
         if self.client is not None:
             await self.client.close()
+
+    def _warn_unseen(
+        self, unseen: tuple[tuple[str, int], ...], healths: Sequence[SourceHealth]
+    ) -> None:
+        """One warning per resource when the kubelet can allocate devices no source sees,
+        naming the likely cause; one info when they are seen again."""
+        by_name = {h.name: h for h in healths}
+        for resource, count in unseen:
+            key = f"unseen/{resource}"
+            if count == 0:
+                self._states.ok(key, f"every allocatable {resource} device is seen again")
+                continue
+            self._states.failed(
+                key,
+                f"the kubelet can allocate {count} {resource} device(s) that no source sees: "
+                + _likely_cause(resource, by_name),
+            )
 
     # --- kubelet --------------------------------------------------------------------
 
@@ -153,13 +186,19 @@ class Poller:
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
         timed = _Timed(slot.source.collect, self._clock)
-        slot.running = asyncio.ensure_future(asyncio.to_thread(timed))
+        slot.running = in_daemon_thread(timed, f"collect-{slot.name}")
         try:
             result = await asyncio.wait_for(asyncio.shield(slot.running), self.source_timeout)
         except TimeoutError:
             return None, self._fail(slot, started, f"timed out after {self.source_timeout:g}s")
+        except RestartRequired as exc:
+            if slot.name not in self.restart_required:
+                log.error("source %s needs a new process, /healthz now fails: %s", slot.name, exc)
+            self.restart_required[slot.name] = str(exc)
+            return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - a source's failure is its own, not the cycle's
             return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}", timed.seconds)
+        self.restart_required.pop(slot.name, None)
         slot.field_errors_total += result.field_errors
         self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")
         return result, SourceHealth(
@@ -189,3 +228,33 @@ class _Timed:
             return self.collect()
         finally:
             self.seconds = self.clock() - started
+
+
+_SOURCE_OF = (
+    ("nvidia.com/", "nvml"),
+    ("amd.com/", "amdgpu"),
+    ("gpu.intel.com/", "intel"),
+    ("rdma/", "rdma"),
+)
+
+
+def _likely_cause(resource: str, healths: Mapping[str, SourceHealth]) -> str:
+    source = next((name for prefix, name in _SOURCE_OF if resource.startswith(prefix)), "")
+    health = healths.get(source)
+    if source == "nvml" and (health is None or health.absent):
+        return (
+            "this pod has no NVML ("
+            + (health.absent if health else "the nvml collector is off")
+            + "): on GPU Operator/CDI clusters set runtimeClassName: nvidia, on GKE use the gke "
+            "overlay (driver mounts); see docs/deploy.md"
+        )
+    if health is None:
+        return f"the {source or 'matching'} collector is not enabled (--collector.{source})"
+    if not health.success:
+        return f"source {source} is failing ({health.error})"
+    if health.absent:
+        return f"source {source} finds no devices ({health.absent}): check the --path.sysfs mount"
+    return (
+        "the device IDs match no device a source reports (compare `kube-device-exporter "
+        "podresources` with /api/devices)"
+    )

@@ -35,6 +35,16 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def auto_boolean(text: str) -> str:
+    """`auto`, or a boolean: the text, checked (the source decides what auto means)."""
+    if text.lower() != "auto":
+        try:
+            boolean(text)
+        except ValueError:
+            raise ValueError(f"expected auto, true or false, got {text!r}") from None
+    return text
+
+
 def size_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB|B)?\s*", text)
     if not m:
@@ -56,6 +66,7 @@ def file_path(value: str) -> str:
 METAVARS: dict[str, str] = {
     "duration": "DURATION",
     "boolean": "BOOL",
+    "auto_boolean": "auto|BOOL",
     "size_bytes": "SIZE",
     "text": "TEXT",
     "file_path": "FILE",

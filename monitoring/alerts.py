@@ -16,10 +16,25 @@ from monitoring.promql import label, promql
 JOB = "kube-device-exporter"
 """The Prometheus job of the exporter's targets (ServiceMonitor and PodMonitor set it with
 `jobLabel`; a hand-written scrape config must use it as `job_name`)."""
-CRITICAL_XIDS = ("48", "62", "64", "74", "79", "95", "119", "120")
-"""XIDs that mean the GPU needs attention now: double-bit ECC (48), internal micro-controller
-halt (62), row-remap failure (64), NVLink error (74), fallen off the bus (79), uncontained
-ECC error (95), GSP RPC timeout/error (119, 120)."""
+XID_HARDWARE = ("48", "64", "74", "79", "95")
+"""XIDs of failing hardware, which needs a reset or service now: double-bit ECC error (48),
+row-remap failure (64), NVLink error (74), fallen off the bus (79), uncontained ECC error
+(95). Critical."""
+XID_DRIVER = ("32", "38", "62", "109", "119", "120")
+"""XIDs of the driver, its firmware or the GPU's micro-controllers: corrupted push buffer (32),
+driver firmware error (38), internal micro-controller halt (62), context switch timeout
+(109), GSP RPC timeout and GSP error (119, 120); the GPU usually needs a reset, and
+repeated ones a driver update. Warning."""
+XID_APPLICATION = ("13", "31", "43", "45")
+"""XIDs a program usually causes: graphics engine exception (13), GPU memory page fault
+(31), channel stopped (43), preemptive cleanup after an earlier error (45). The workload's
+owner reads its logs; nobody is paged. Info."""
+XID_CLASSES = {"hardware": XID_HARDWARE, "driver": XID_DRIVER, "application": XID_APPLICATION}
+RUNBOOK_BASE = (
+    "https://github.com/kube-device-exporter/kube-device-exporter/blob/main/docs/runbooks.md"
+)
+"""Where docs/runbooks.md is published; the Helm chart's `prometheusRule.runbookBaseURL`
+replaces it (a fork, an internal mirror)."""
 IDLE_THRESHOLD = 0.05
 DEVICE = "k8s.node.name, hw.id, hw.model"
 KEY = "k8s.node.name, hw.id"
@@ -50,10 +65,14 @@ class Alert:
 
 def _new_or_increased(selector: str, by: str, window: str = "10m") -> str:
     """Counter grew in `window`, or its series appeared in it: the first event of an error
-    code creates the series at 1, which `increase()` alone never sees."""
+    code creates the series at 1, which `increase()` alone never sees. "Appeared" counts only
+    where the exporter already reported the device `window` ago (its `hw.info`): with no
+    history at all (a restarted Prometheus on an emptyDir, a new HA replica, a scrape gap
+    longer than the window), a series that is merely old is not new."""
     return (
         f"sum by ({by}) (increase({selector}[{window}])) > 0"
-        f" or (max by ({by}) ({selector}) unless max by ({by}) ({selector} offset {window}))"
+        f" or ((max by ({by}) ({selector}) unless max by ({by}) ({selector} offset {window}))"
+        f" and on({KEY}) max by ({KEY}) (hw.info offset {window}))"
     )
 
 
@@ -61,70 +80,121 @@ N1 = 'k8s.node.name="node-1"'
 GPU = f'{N1}, hw.id="GPU-1", hw.model="NVIDIA H100"'
 GPU_LABELS = {"k8s.node.name": "node-1", "hw.id": "GPU-1", "hw.model": "NVIDIA H100"}
 XID = "hw.gpu.xid.errors"
-CRITICAL = "|".join(CRITICAL_XIDS)
+INFO = f'hw.info{{{GPU}, hw.type="gpu", hw.vendor="nvidia"}}'
+"""The device's info series in test input: the exporter reported the device."""
+REPORTED = {INFO: "1+0x60"}
+"""Input where the exporter has reported the GPU since the start of the test."""
+
+
+def _no_history_cases(series: str, first: str = "1") -> tuple[Case, ...]:
+    """Where `series` is old but Prometheus has no history: must not fire."""
+    return (
+        Case(
+            "Prometheus restarted with no history: an old count is not new",
+            {series: f"{first}+0x20", INFO: "1+0x20"},
+            "5m",
+        ),
+        Case(
+            "new HA replica sees an old count",
+            {series: "3+0x20", INFO: "1+0x20"},
+            "9m",
+        ),
+        Case(
+            "scrape gap longer than the window",
+            {series: f"{first}+0x5 _x15 {first}+0x10", INFO: "1+0x5 _x15 1+0x10"},
+            "22m",
+        ),
+    )
+
+
+def _xid_alert(name: str, xid_class: str, severity: str, summary: str, advice: str) -> Alert:
+    codes = XID_CLASSES[xid_class]
+    other = next(c for k, cs in XID_CLASSES.items() if k != xid_class for c in cs)
+    code = codes[0]
+    by = f"{DEVICE}, hw.gpu.xid"
+    series = f'{XID}{{{GPU}, hw.gpu.xid="{code}"}}'
+    return Alert(
+        name,
+        _new_or_increased(f'{XID}{{hw.gpu.xid=~"{"|".join(codes)}"}}', by),
+        "0m",
+        severity,
+        summary,
+        f"XID {{hw.gpu.xid}} on {{hw.model}} {{hw.id}} (node {{k8s.node.name}}): {advice}",
+        (
+            Case(
+                f"a new XID {code} on a device reported for 15m",
+                {**REPORTED, series: "_x15 1+0x20"},
+                "20m",
+                ({**GPU_LABELS, "hw.gpu.xid": code},),
+            ),
+            Case(
+                f"XID {code} count grows",
+                {**REPORTED, series: "1+0x5 2+0x10"},
+                "8m",
+                ({**GPU_LABELS, "hw.gpu.xid": code},),
+            ),
+            Case(
+                f"XID {other} is another class's",
+                {**REPORTED, f'{XID}{{{GPU}, hw.gpu.xid="{other}"}}': "_x15 1+0x20"},
+                "20m",
+            ),
+            Case(f"an old XID {code}, nothing new", {**REPORTED, series: "1+0x40"}, "30m"),
+            *_no_history_cases(series),
+        ),
+    )
 
 
 def _xid_alerts() -> list[Alert]:
+    known = "|".join(c for codes in XID_CLASSES.values() for c in codes)
     by = f"{DEVICE}, hw.gpu.xid"
+    unclassified = f'{XID}{{{GPU}, hw.gpu.xid="94"}}'
     return [
-        Alert(
-            "KubeDeviceXidCritical",
-            _new_or_increased(f'{XID}{{hw.gpu.xid=~"{CRITICAL}"}}', by),
-            "0m",
+        _xid_alert(
+            "KubeDeviceXidHardware",
+            "hardware",
             "critical",
-            "GPU {hw.id} on {k8s.node.name} reported critical XID {hw.gpu.xid}",
-            "XID {hw.gpu.xid} on {hw.model} {hw.id} (node {k8s.node.name}) usually means the "
-            "GPU needs a reset or service; drain the node's GPU workloads.",
-            (
-                Case(
-                    "first XID 79 creates the series",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="79"}}': "_x5 1+0x20"},
-                    "10m",
-                    ({**GPU_LABELS, "hw.gpu.xid": "79"},),
-                ),
-                Case(
-                    "XID 48 count grows",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="48"}}': "1+0x5 2+0x10"},
-                    "8m",
-                    ({**GPU_LABELS, "hw.gpu.xid": "48"},),
-                ),
-                Case(
-                    "non-critical XID 31",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="31"}}': "_x5 1+0x20"},
-                    "10m",
-                ),
-                Case(
-                    "an old XID 79, nothing new",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="79"}}': "1+0x40"},
-                    "30m",
-                ),
-            ),
+            "GPU {hw.id} on {k8s.node.name} reported hardware XID {hw.gpu.xid}",
+            "the GPU is failing; drain its workloads, reset it and, if it recurs, have it "
+            "serviced.",
+        ),
+        _xid_alert(
+            "KubeDeviceXidDriver",
+            "driver",
+            "warning",
+            "GPU {hw.id} on {k8s.node.name} reported driver XID {hw.gpu.xid}",
+            "a driver or GPU firmware fault; the GPU usually needs a reset, and repeated "
+            "ones a driver update.",
+        ),
+        _xid_alert(
+            "KubeDeviceXidApplication",
+            "application",
+            "info",
+            "A program on GPU {hw.id} ({k8s.node.name}) caused XID {hw.gpu.xid}",
+            "usually the workload's own fault (bad memory access, killed or hung kernel); "
+            "its owner should read its logs.",
         ),
         Alert(
             "KubeDeviceXidError",
-            _new_or_increased(f'{XID}{{hw.gpu.xid!~"{CRITICAL}"}}', by),
+            _new_or_increased(f'{XID}{{hw.gpu.xid!~"{known}"}}', by),
             "0m",
             "warning",
             "GPU {hw.id} on {k8s.node.name} reported XID {hw.gpu.xid}",
-            "XID {hw.gpu.xid} on {hw.model} {hw.id} (node {k8s.node.name}): often an "
-            "application fault (e.g. 13, 31, 43); look at the workload's logs.",
+            "XID {hw.gpu.xid} on {hw.model} {hw.id} (node {k8s.node.name}) is in none of the "
+            "kit's classes; look it up in NVIDIA's XID catalog.",
             (
                 Case(
-                    "first XID 31",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="31"}}': "_x5 1+0x20"},
-                    "10m",
-                    ({**GPU_LABELS, "hw.gpu.xid": "31"},),
+                    "a new XID 94, in no class",
+                    {**REPORTED, unclassified: "_x15 1+0x20"},
+                    "20m",
+                    ({**GPU_LABELS, "hw.gpu.xid": "94"},),
                 ),
                 Case(
-                    "critical XID 79 is the other alert's",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="79"}}': "_x5 1+0x20"},
-                    "10m",
+                    "classified XID 79 is another alert's",
+                    {**REPORTED, f'{XID}{{{GPU}, hw.gpu.xid="79"}}': "_x15 1+0x20"},
+                    "20m",
                 ),
-                Case(
-                    "XID 13 stopped growing long ago",
-                    {f'{XID}{{{GPU}, hw.gpu.xid="13"}}': "1+1x5 6+0x40"},
-                    "30m",
-                ),
+                Case("an old XID 94, nothing new", {**REPORTED, unclassified: "1+0x40"}, "30m"),
+                *_no_history_cases(unclassified),
             ),
         ),
     ]
@@ -148,6 +218,13 @@ def _memory_alerts() -> list[Alert]:
                     "8m",
                     (GPU_LABELS,),
                 ),
+                Case(
+                    "first uncorrected error on a device reported for 15m",
+                    {**REPORTED, f'{errors}{{{GPU}, error.type="ecc_uncorrected"}}': "_x15 1+0x20"},
+                    "20m",
+                    (GPU_LABELS,),
+                ),
+                *_no_history_cases(f'{errors}{{{GPU}, error.type="ecc_uncorrected"}}', "3"),
                 Case(
                     "corrected errors only",
                     {
@@ -238,7 +315,7 @@ def _throttle_alerts() -> list[Alert]:
         ),
         Alert(
             "KubeDevicePowerThrottling",
-            f'max by ({by}) ({throttled}{{{reason}=~".*power.*"}}) == 1',
+            f'max by ({by}) ({throttled}{{{reason}="sw_power_cap"}}) == 1',
             "30m",
             "info",
             "{hw.id} on {k8s.node.name} is held at its power limit",
@@ -255,6 +332,34 @@ def _throttle_alerts() -> list[Alert]:
                     "power capped for 10m only",
                     {f'{throttled}{{{GPU}, {reason}="sw_power_cap"}}': "0+0x30 1+0x10"},
                     "40m",
+                ),
+                Case(
+                    "a power brake is hardware, not the power limit",
+                    {f'{throttled}{{{GPU}, {reason}="hw_power_brake_slowdown"}}': "1+0x45"},
+                    "40m",
+                ),
+            ),
+        ),
+        Alert(
+            "KubeDeviceHardwareSlowdown",
+            f'max by ({by}) ({throttled}{{{reason}=~"hw_slowdown|hw_power_brake_slowdown"}}) == 1',
+            "5m",
+            "warning",
+            "{hw.id} on {k8s.node.name} is slowed down by a hardware signal",
+            "Clocks of {hw.model} {hw.id} on {k8s.node.name} are cut by "
+            "{hw.gpu.clock.throttle_reason}: the board or the system (power supply, power "
+            "brake, overheating board) asserted a slowdown.",
+            (
+                Case(
+                    "power brake asserted for 10m",
+                    {f'{throttled}{{{GPU}, {reason}="hw_power_brake_slowdown"}}': "1+0x15"},
+                    "10m",
+                    ({**GPU_LABELS, reason: "hw_power_brake_slowdown"},),
+                ),
+                Case(
+                    "software power cap only",
+                    {f'{throttled}{{{GPU}, {reason}="sw_power_cap"}}': "1+0x15"},
+                    "10m",
                 ),
             ),
         ),
@@ -483,7 +588,8 @@ def _exporter_alerts() -> list[Alert]:
         ),
         Alert(
             "KubeDeviceExporterCycleStalled",
-            "time() - max by (k8s.node.name) (kube_device_exporter.cycle.last_success_timestamp) > 300",
+            "time() - max by (k8s.node.name)"
+            " (kube_device_exporter.cycle.last_success_timestamp) > 300",
             "5m",
             "warning",
             "kube-device-exporter on {k8s.node.name} stopped collecting",
@@ -506,6 +612,72 @@ def _exporter_alerts() -> list[Alert]:
     ]
 
 
+KSM_DAEMONSET = 'daemonset=~".*kube-device-exporter.*"'
+"""The exporter's DaemonSet in kube-state-metrics' series: `kube-device-exporter` from the
+kit, `<release>-kube-device-exporter` from the Helm chart."""
+
+
+def _rollout_alerts() -> list[Alert]:
+    unavailable = "kube_daemonset_status_number_unavailable"
+    series = (
+        f'{unavailable}{{job="kube-state-metrics", namespace="monitoring",'
+        ' daemonset="kube-device-exporter"}'
+    )
+    unseen = "kube_device_exporter.devices.unseen"
+    unseen_series = f'{unseen}{{{N1}, hw.allocation.resource="nvidia.com/gpu"}}'
+    return [
+        Alert(
+            "KubeDeviceExporterDaemonSetUnavailable",
+            f"max by (namespace, daemonset) ({unavailable}{{{KSM_DAEMONSET}}}) > 0",
+            "15m",
+            "warning",
+            "kube-device-exporter pods of {namespace}/{daemonset} are unavailable",
+            "DaemonSet {namespace}/{daemonset} has had pods that are not available for 15 "
+            "minutes (Pending, crash-looping or not ready). A pod that is not ready leaves "
+            "the Service's endpoints, so its target vanishes instead of going down: this "
+            "alert, from kube-state-metrics, is what notices.",
+            (
+                Case(
+                    "one pod crash-looping for 20m",
+                    {series: "0+0x5 1+0x30"},
+                    "25m",
+                    ({"namespace": "monitoring", "daemonset": "kube-device-exporter"},),
+                ),
+                Case("a rollout that finished in 5m", {series: "0+0x5 1+0x5 0+0x20"}, "25m"),
+                Case(
+                    "another DaemonSet",
+                    {
+                        f'{unavailable}{{job="kube-state-metrics", namespace="kube-system",'
+                        ' daemonset="kube-proxy"}': "1+0x30"
+                    },
+                    "25m",
+                ),
+            ),
+        ),
+        Alert(
+            "KubeDeviceExporterDevicesUnseen",
+            f"max by (k8s.node.name, hw.allocation.resource) ({unseen}) > 0",
+            "10m",
+            "warning",
+            "{hw.allocation.resource} devices on {k8s.node.name} are invisible to the exporter",
+            "The kubelet on {k8s.node.name} lists {hw.allocation.resource} devices that no "
+            "source of kube-device-exporter can see: their metrics are missing. Usually the "
+            "pod has no NVML (the nvidia RuntimeClass under CDI, or the GKE driver mounts, "
+            "are missing).",
+            (
+                Case(
+                    "8 GPUs unseen for 15m",
+                    {unseen_series: "8+0x20"},
+                    "15m",
+                    ({"k8s.node.name": "node-1", "hw.allocation.resource": "nvidia.com/gpu"},),
+                ),
+                Case("every device seen", {unseen_series: "0+0x20"}, "15m"),
+                Case("unseen while starting only", {unseen_series: "8+0x3 0+0x20"}, "15m"),
+            ),
+        ),
+    ]
+
+
 GROUPS: dict[str, list[Alert]] = {
     "kube-device-exporter.devices": [
         *_xid_alerts(),
@@ -514,7 +686,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_device_state_alerts(),
         *_idle_alerts(),
     ],
-    "kube-device-exporter.exporter": _exporter_alerts(),
+    "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts()],
 }
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
@@ -534,6 +706,11 @@ def render(text: str, labels: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: labels[_prom_label(m[1])], text)
 
 
+def runbook_url(alert: str) -> str:
+    """The alert's section of docs/runbooks.md (`## Name` makes the anchor `#name`)."""
+    return f"{RUNBOOK_BASE}#{alert.lower()}"
+
+
 def rule_groups() -> list[dict[str, object]]:
     groups: list[dict[str, object]] = []
     for name, alerts in GROUPS.items():
@@ -546,6 +723,7 @@ def rule_groups() -> list[dict[str, object]]:
             rule["annotations"] = {
                 "summary": template(alert.summary),
                 "description": template(alert.description),
+                "runbook_url": runbook_url(alert.name),
             }
             rules.append(rule)
         groups.append({"name": name, "rules": rules})
@@ -568,6 +746,7 @@ def unit_tests(rule_file: str) -> dict[str, object]:
                             "exp_annotations": {
                                 "summary": render(alert.summary, labels),
                                 "description": render(alert.description, labels),
+                                "runbook_url": runbook_url(alert.name),
                             },
                         }
                     )

@@ -60,11 +60,20 @@ The exporter-health alerts expect the targets' `job` label to be `kube-device-ex
 the ServiceMonitor and PodMonitor set it with `jobLabel: app.kubernetes.io/name`; a
 hand-written scrape config must use `job_name: kube-device-exporter`.
 
-Thermal and power throttling match the throttle reason by name (`.*thermal.*`,
-`.*power.*`), as NVML names its clock event reasons. XIDs count as critical when they
-usually need a reset or service: 48, 62, 64, 74, 79, 95, 119, 120. Counters that appear on
-their first event (an XID code's series starts at 1) are caught by "grew, or appeared, in
-the last 10 minutes".
+Every alert carries a `runbook_url` to its section of [runbooks.md](runbooks.md).
+
+Throttling alerts match NVML's clock event reasons: thermal ones by name (`.*thermal.*`),
+the power limit as `sw_power_cap` only; `hw_slowdown` and `hw_power_brake_slowdown`, signals
+from the board or the system, have their own alert. XIDs are split by what they mean:
+hardware (critical), driver and firmware (warning), application (info), and any other code
+(warning); runbooks.md lists the codes of each class.
+
+Counters that appear on their first event (an XID code's series starts at 1) are caught by
+"grew, or appeared, in the last 10 minutes", where "appeared" needs the exporter to have
+reported the device (`hw_info`) 10 minutes earlier: a Prometheus with no history (restarted
+on an emptyDir, a new HA replica, a long scrape gap) sees old counters, not new ones.
+`KubeDeviceExporterDaemonSetUnavailable` reads kube-state-metrics: a crash-looping pod behind
+a ServiceMonitor leaves the endpoints, so `up == 0` never shows it.
 """
 
 

@@ -61,8 +61,19 @@ RELABEL = _strict(
         },
     }
 )
+SECRET_KEY = _strict({"name": STRING, "key": STRING}, ("name", "key"))
+TLS_CONFIG = _strict(
+    {
+        "ca": _strict({"secret": SECRET_KEY, "configMap": SECRET_KEY}),
+        "cert": _strict({"secret": SECRET_KEY, "configMap": SECRET_KEY}),
+        "keySecret": SECRET_KEY,
+        "serverName": STRING,
+        "insecureSkipVerify": {"type": "boolean"},
+    }
+)
 ENDPOINT = {
     "port": STRING,
+    "tlsConfig": TLS_CONFIG,
     "path": STRING,
     "scheme": {"enum": ["http", "https"]},
     "interval": DURATION,
@@ -161,6 +172,7 @@ SCHEMAS["SecurityContextConstraints"] = _strict(
         "apiVersion": {"const": "security.openshift.io/v1"},
         "kind": {"const": "SecurityContextConstraints"},
         "metadata": METADATA,
+        "priority": {"type": ["integer", "null"]},
         **{
             flag: {"type": "boolean"}
             for flag in (
@@ -181,5 +193,5 @@ SCHEMAS["SecurityContextConstraints"] = _strict(
         "users": {"type": "array", "items": STRING},
         "groups": {"type": "array", "items": STRING},
     },
-    ("apiVersion", "kind", "metadata", "runAsUser", "seLinuxContext"),
+    ("apiVersion", "kind", "metadata", "priority", "runAsUser", "seLinuxContext"),
 )  # fmt: skip

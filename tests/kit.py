@@ -23,9 +23,12 @@ RULES = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.test.yaml"
 PROMETHEUS_RULE = ROOT / "deploy" / "prometheusrule" / "prometheusrule.yaml"
 
-PROMETHEUS_SERIES = {"up", "scrape_duration_seconds"}
-"""Series Prometheus itself makes per target; the only non-spec names the kit may use."""
-TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "service", "endpoint"}
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "kube_daemonset_status_number_unavailable"}
+"""Series Prometheus itself makes per target, and the one kube-state-metrics series the
+rules read; the only non-spec names the kit may use."""
+TARGET_LABELS = {
+    "job", "instance", "namespace", "pod", "container", "service", "endpoint", "daemonset"
+}  # fmt: skip
 """Labels Prometheus (and kube-prometheus) put on every target's series."""
 SPEC_SERIES = {s.prom_name for s in SPECS_LIST}
 SPEC_LABELS = {prometheus_label(a) for a in ATTRIBUTES}

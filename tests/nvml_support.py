@@ -33,6 +33,7 @@ class NvidiaNode:
         self.now = 0.0
         self.sources: list[NvmlSource] = []
         lib.fakenvml_reset_counts()
+        lib.fakenvml_new_process()  # a new node: the library has mapped no driver yet
         self.at(0.0)
 
     def at(self, t: float) -> None:

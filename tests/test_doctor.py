@@ -47,10 +47,8 @@ def test_unseen_by_resource_uses_the_joins_id_forms() -> None:
         reading("mlx5_0/1", pools=("rdma/pool_a",)),
     ]
     unseen = unseen_by_resource(allocatable, readings, ResourceMatcher())
-    assert unseen == {"nvidia.com/gpu": ("GPU-gone",), "rdma/pool_b": ("0",)}
-    assert unseen_by_resource(allocatable, [], ResourceMatcher(["amd.com/*"])) == {
-        "amd.com/gpu": ("0000:9D:00.0",)
-    }
+    assert unseen == {"nvidia.com/gpu": 1, "rdma/pool_b": 1}
+    assert unseen_by_resource(allocatable, [], ResourceMatcher(["amd.com/*"])) == {"amd.com/gpu": 1}
 
 
 def test_each_unseen_resource_names_its_source_and_the_fix() -> None:

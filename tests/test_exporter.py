@@ -263,6 +263,11 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
         await client.close()
         await kubelet.stop()
     messages = [r.getMessage() for r in caplog.records if r.name == "exporter.poller"]
-    assert len(messages) == 2, messages
+    assert len(messages) == 3, messages
     assert "does not exist" in messages[0] and "retrying every cycle" in messages[0]
     assert messages[1] == "PodResources v1 answering"
+    # no source at all: the kubelet's GPU is unseen, said once over three cycles
+    assert messages[2].startswith(
+        "the kubelet can allocate 1 nvidia.com/gpu device(s) that no source sees: "
+        "this pod has no NVML"
+    )

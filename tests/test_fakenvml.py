@@ -114,10 +114,16 @@ def test_mig_devices_and_lookups(nvml: NvidiaNode) -> None:
 
 def test_process_utilization_samples_and_not_found(nvml: NvidiaNode) -> None:
     gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-    (sample,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
-    assert (sample.pid, sample.smUtil) == (77, 25)
+    nvml.at(12.0)  # 24 driver periods of 0.5 s since the scenario began
+    # lastSeenTimeStamp 0: the whole buffer (the newest 20), one sample per period
+    samples = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
+    assert {(s.pid, s.smUtil) for s in samples} == {(77, 25)}
+    assert len(samples) == 20
+    newest = max(s.timeStamp for s in samples)
     with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer than what was seen
-        pynvml.nvmlDeviceGetProcessUtilization(gpu, sample.timeStamp)
+        pynvml.nvmlDeviceGetProcessUtilization(gpu, newest)
+    (one,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, newest - 500_000)
+    assert one.timeStamp == newest
 
 
 def test_xid_events_are_delivered_once_each(nvml: NvidiaNode) -> None:

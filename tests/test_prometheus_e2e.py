@@ -129,7 +129,8 @@ def test_time_sliced_gpu_values_are_not_copied_per_pod(stack: PrometheusServer) 
     assert {r["metric"]["hw_allocation_replica"] for r in allocations} == {"0", "1"}
     # The documented PromQL join gives each sharing pod the device's value, marked shared.
     joined = stack.wait_for(
-        f"{util(gpu2)} * on(hw_id) group_right hw_allocation_info", lambda r: len(r) == 2
+        f"{util(gpu2)} * on(k8s_node_name, hw_id) group_right hw_allocation_info",
+        lambda r: len(r) == 2,
     )
     assert pods(joined) == {"batch-a", "batch-b"}
 

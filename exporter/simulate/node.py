@@ -66,8 +66,8 @@ class SimulatedNode:
             "--node-name", self.scenario.node,
             "--collect-interval", "2s",
         ]  # fmt: skip
-        if "nvidia" not in self.scenario.sections:
-            args.append("--no-collector.nvml")  # no NVIDIA driver on this node, as configured
+        # No `nvidia:` section is a node without an NVIDIA driver: the NVML collector stays
+        # on, as in the DaemonSet, and reports no devices (absent is not broken).
         for part in self.parts:
             args += part.exporter_args()
         return args

@@ -223,6 +223,8 @@ class Fault:
     ms: int = 0
     code: int = 999
     """NVML return code of an `error` fault (999: NVML_ERROR_UNKNOWN)."""
+    version: str = ""
+    """The driver version a `driver_upgraded` fault loads at its end."""
 
     def active(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -231,7 +233,21 @@ class Fault:
         return self.active(t) and (self.gpus is None or gpu in self.gpus)
 
 
-FAULT_KINDS = ("lost", "not_supported", "error", "slow", "missing", "driver_unloaded", "throttle")
+FAULT_KINDS = (
+    "lost",
+    "not_supported",
+    "error",
+    "slow",
+    "missing",
+    "driver_unloaded",
+    "driver_upgraded",
+    "throttle",
+    "no_access",
+)
+"""`driver_upgraded`: the driver is unloaded from start to end, then another `version` loads
+(a process that mapped the old library gets LIB_RM_VERSION_MISMATCH); `no_access`: the
+GPUs are counted but this pod may not open them (NO_PERMISSION)."""
+_RELOADS = ("driver_unloaded", "driver_upgraded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +256,8 @@ class NvidiaSpec:
     gpus: tuple[GpuSpec, ...] = ()
     xids: tuple[XidSpec, ...] = ()
     faults: tuple[Fault, ...] = ()
+    privileged: bool = True
+    """False: NVML answers NO_PERMISSION where nvml.h says a call needs privileges."""
 
     def device_index(self) -> dict[str, tuple[int, int, int]]:
         """Every UUID -> (gpu index, gi, ci); full GPUs have no instance ids."""
@@ -301,7 +319,14 @@ class _Doc(_Where):
 
 def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
     doc = _Doc(scenario)
-    top = doc.fields(section, "nvidia", {"driver_version", "gpu_defaults", "gpus", "xid", "faults"})
+    top = doc.fields(
+        section,
+        "nvidia",
+        {"driver_version", "gpu_defaults", "gpus", "xid", "faults", "privileged"},
+    )
+    privileged = top.get("privileged", True)
+    if not isinstance(privileged, bool):
+        raise doc.fail("nvidia.privileged", f"expected true or false, got {privileged!r}")
     defaults = dict(GPU_DEFAULTS)
     defaults.update(doc.fields(top.get("gpu_defaults") or {}, "nvidia.gpu_defaults", GPU_KEYS))
     gpus = tuple(
@@ -321,7 +346,9 @@ def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
         _fault(doc, spec, f, f"nvidia.faults[{i}]")
         for i, f in enumerate(doc.items(top.get("faults"), "nvidia.faults"))
     )
-    return NvidiaSpec(spec.driver_version, gpus, tuple(sorted(xids, key=lambda x: x.at)), faults)
+    return NvidiaSpec(
+        spec.driver_version, gpus, tuple(sorted(xids, key=lambda x: x.at)), faults, privileged
+    )
 
 
 def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
@@ -475,11 +502,24 @@ def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
     f = doc.fields(
         value,
         where,
-        {"kind", "start", "end", "gpus", "features", "reasons", "function", "ms", "code"},
+        {
+            "kind",
+            "start",
+            "end",
+            "gpus",
+            "features",
+            "reasons",
+            "function",
+            "ms",
+            "code",
+            "version",
+        },
     )
     kind = f.get("kind")
     if kind not in FAULT_KINDS:
         raise doc.fail(f"{where}.kind", f"expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+    if kind == "driver_upgraded" and not f.get("version"):
+        raise doc.fail(f"{where}.version", "a driver_upgraded fault needs the new version")
     gpus = None
     if "gpus" in f:
         gpus = frozenset(
@@ -499,29 +539,35 @@ def _fault(doc: _Doc, spec: NvidiaSpec, value: Any, where: str) -> Fault:
         function=str(f.get("function", "*")),
         ms=int(doc.num(f.get("ms", 0), f"{where}.ms")),
         code=int(doc.num(f.get("code", 999), f"{where}.code")),
+        version=str(f.get("version", "")),
     )
 
 
 # --- rendering ------------------------------------------------------------------------
 
 
-def driver_history(spec: NvidiaSpec, t: float) -> tuple[bool, int, float]:
-    """(driver loaded at t, reloads completed by t, time the current driver loaded)."""
-    unloads = [f for f in spec.faults if f.kind == "driver_unloaded" and f.start <= t]
-    done = [f.end for f in unloads if f.end <= t]
+def driver_history(spec: NvidiaSpec, t: float) -> tuple[bool, int, float, str]:
+    """(driver loaded at t, reloads completed by t, time the current driver loaded, its
+    version)."""
+    unloads = [f for f in spec.faults if f.kind in _RELOADS and f.start <= t]
+    done = sorted((f for f in unloads if f.end <= t), key=lambda f: f.end)
     loaded = not any(f.active(t) for f in unloads)
-    return loaded, len(done), max(done, default=0.0)
+    version = spec.driver_version
+    for f in done:
+        version = f.version or version
+    return loaded, len(done), max((f.end for f in done), default=0.0), version
 
 
 def render(spec: NvidiaSpec, t: float, epoch_us: int) -> str:
     """The state file for scenario time t (see fakenvml.c for the format)."""
-    loaded, generation, loaded_at = driver_history(spec, t)
+    loaded, generation, loaded_at, version = driver_history(spec, t)
     lines = [
         "# kube-device-exporter simulated NVML state",
         f"time {t:.6f}",
         f"timestamp_us {epoch_us + round(t * 1e6)}",
-        f"driver {spec.driver_version}",
+        f"driver {version}",
         f"loaded {int(loaded)}",
+        f"privileged {int(spec.privileged)}",
         f"generation {generation}",
     ]
     lines += [f"slow {f.function} {f.ms}" for f in spec.faults if f.kind == "slow" and f.active(t)]
@@ -549,6 +595,8 @@ def _render_gpu(spec: NvidiaSpec, gpu: GpuSpec, t: float, since: float) -> Itera
     }
     yield f"gpu {gpu.index}"
     values = _gpu_values(spec, gpu, t, since) | failing
+    if any(f.kind == "no_access" and f.hits(gpu.index, t) for f in spec.faults):
+        values["no_access"] = 1
     if any(f.kind == "lost" and f.hits(gpu.index, t) for f in spec.faults):
         values = {k: values[k] for k in ("uuid", "name", "pci", "minor")} | {"lost": 1}
     for key, value in values.items():

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter import log as logsetup
-from exporter.app import Exporter, install_signal_handlers
+from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
 from exporter.cli import UsageError, parse_config
 from exporter.config import Config
 from exporter.simulate.node import SimulatedNode
@@ -42,12 +42,13 @@ def run_simulation(argv: Sequence[str]) -> int:
     workdir = Path(given or tempfile.mkdtemp(prefix="kde-sim-"))
     owned = not given or os.environ.get(OWNED_ENV) == str(workdir)
     try:
-        return _simulate(scenario, workdir, argv, owned=owned)
+        code = _simulate(scenario, workdir, argv, owned=owned)
     finally:
         # Reached on a bad flag, a taken port, Ctrl-C and SIGTERM alike (both only set the
         # stop event); not after execve, which replaces this process with one that owns it.
         if owned:
             shutil.rmtree(workdir, ignore_errors=True)
+    return exit_now_if_stuck(code)
 
 
 def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: bool) -> int:

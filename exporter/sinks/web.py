@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +21,7 @@ from exporter.sinks.landing import render_page
 from exporter.sinks.prometheus import PrometheusSink
 
 PROMETHEUS = web.AppKey("prometheus", PrometheusSink)
+RESTART_REQUIRED: web.AppKey[Callable[[], Mapping[str, str]]] = web.AppKey("restart_required")
 
 
 def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict[str, Any]:
@@ -175,6 +176,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: fails only when a source says a new process is the only fix (a driver
+    upgraded under the NVML library this process mapped), so the kubelet restarts us."""
+    reasons = request.app[RESTART_REQUIRED]()
+    if reasons:
+        lines = "".join(f"{name}: {why}\n" for name, why in sorted(reasons.items()))
+        return web.Response(status=503, text="restart required\n" + lines)
     return web.Response(text="ok\n")
 
 
@@ -195,10 +202,15 @@ async def devices(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
-def make_app(prometheus: PrometheusSink, view: DevicesView) -> web.Application:
+def make_app(
+    prometheus: PrometheusSink,
+    view: DevicesView,
+    restart_required: Callable[[], Mapping[str, str]] = dict,
+) -> web.Application:
     app = web.Application()
     app[PROMETHEUS] = prometheus
     app[DEVICES] = view
+    app[RESTART_REQUIRED] = restart_required
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -24,6 +24,12 @@ SOURCE_MODULES = ("nvml", "amdgpu", "intel", "rdma", "netdev")
 """Modules under exporter/sources/ that hold sources, in the order they are polled."""
 
 
+class RestartRequired(RuntimeError):
+    """Raised by `collect()` when only a new process can recover (the driver was upgraded
+    under a library this process mapped): the source fails and /healthz reports the
+    message, so the kubelet restarts the container."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceContext:
     """What a source may know of the world: host paths, its own options, a clock."""

@@ -43,6 +43,7 @@ PARTITIONS = "devices/platform"
 
 class AmdgpuSource(SysfsSource):
     name = "amdgpu"
+    looks_for = "class/drm cards bound to amdgpu"
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         gpus: dict[str, Device] = {}

@@ -42,6 +42,7 @@ DEVICE_HWMON = {"i915", "xe"}
 
 class IntelSource(SysfsSource):
     name = "intel"
+    looks_for = "class/drm cards bound to i915 or xe"
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         for card, pci in self.drm_cards(reader, ("i915", "xe")):

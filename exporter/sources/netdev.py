@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,7 +32,7 @@ from exporter.sources.sysfs import (
     alias,
     device_reading,
 )
-from exporter.values import boolean, file_path
+from exporter.values import auto_boolean, boolean, file_path
 
 log = logging.getLogger("exporter.sources.netdev")
 
@@ -155,6 +156,7 @@ def record_vf_stats(pfs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
 
 class NetdevSource(SysfsSource):
     name = "netdev"
+    looks_for = "SR-IOV physical functions in class/net"
 
     def __init__(self, ctx: SourceContext, vf_reader: VfStatsReader | None = None) -> None:
         super().__init__(ctx)
@@ -162,7 +164,19 @@ class NetdevSource(SysfsSource):
         self.vf_reader: VfStatsReader | None = vf_reader or (
             RecordedVfStats(replay) if replay else NetlinkVfStats()
         )
-        if not boolean(ctx.options.get("vf-netlink", "true")):
+        mode = ctx.options.get("vf-netlink", "auto").lower()
+        if mode == "auto":
+            # The PF's netlink answers only in the host's network namespace; the DaemonSet
+            # has its own unless hostNetwork is set.
+            host = in_host_netns(ctx.sysfs)
+            log.info(
+                "VF statistics over PF netlink: %s (%s the host network namespace)",
+                "on" if host else "off",
+                "in" if host else "not in",
+            )
+            if not host and not replay and vf_reader is None:
+                self.vf_reader = None
+        elif not boolean(mode):
             self.vf_reader = None
         self._states = StateLog(log)
 
@@ -267,10 +281,10 @@ register(
     options=(
         SourceOption(
             "vf-netlink",
-            "read statistics of VFs moved into pod namespaces from their PF over netlink "
-            "(needs hostNetwork)",
-            "true",
-            boolean,
+            "read statistics of VFs moved into pod namespaces from their PF over netlink: "
+            "auto (on only in the host network namespace, i.e. with hostNetwork), true, false",
+            "auto",
+            auto_boolean,
         ),
         SourceOption(
             "netlink-replay",
@@ -280,3 +294,24 @@ register(
         ),
     ),
 )(NetdevSource)
+
+
+def in_host_netns(sysfs: Path) -> bool:
+    """Whether this process shares the host's network namespace: the host's sysfs (the
+    mounted `--path.sysfs`) lists the interfaces of the host's namespace; ours are what
+    the kernel gives this process. Same names with the same ifindex: the same namespace."""
+    try:
+        ours = {(name, index) for index, name in socket.if_nameindex()}
+    except OSError:
+        return False
+    host: set[tuple[str, int]] = set()
+    net = sysfs / "class" / "net"
+    try:
+        for entry in net.iterdir():
+            try:
+                host.add((entry.name, int((entry / "ifindex").read_text().strip())))
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        return False
+    return bool(host) and host == ours

@@ -144,6 +144,7 @@ class PoolConfig:
 
 class RdmaSource(SysfsSource):
     name = "rdma"
+    looks_for = "InfiniBand/RDMA devices in class/infiniband"
 
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)

@@ -359,9 +359,12 @@ class SysfsSource:
     """
 
     name = ""
+    looks_for = ""
+    """What the source looks for, for the "no devices here" line (`class/drm` cards...)."""
 
     def __init__(self, ctx: SourceContext) -> None:
         self.ctx = ctx
+        self._absent_said = ""
         self.counters = Counters()
         self.rates = Rates(ctx.clock or time.monotonic)
         self._seen: set[str] = set()
@@ -370,7 +373,11 @@ class SysfsSource:
     def collect(self) -> SourceResult:
         reader = Reader(self.ctx.sysfs, self._seen)
         readings = tuple(self.read(reader))
-        return SourceResult(self.name, readings, field_errors=reader.errors)
+        absent = "" if readings else f"no {self.looks_for} under {self.ctx.sysfs}"
+        if absent and absent != self._absent_said:
+            self.ctx.logger.info("no %s devices here: %s", self.name, absent)
+        self._absent_said = absent
+        return SourceResult(self.name, readings, field_errors=reader.errors, absent=absent)
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         raise NotImplementedError

@@ -13,6 +13,8 @@
  * State file (one record per line, "key value..."):
  *   time <scenario seconds>          timestamp_us <CPU time of the values, us since 1970>
  *   driver <version>  loaded <0|1>   generation <driver reloads so far>
+ *   privileged <0|1>                 0: answer NO_PERMISSION where nvml.h says a call
+ *                                    needs privileges (see exporter/sources/nvml/behaviour.py)
  *   slow <function|*> <ms>           delay before a call, outside the lock
  *   missing <function>               the call answers NVML_ERROR_FUNCTION_NOT_FOUND (an
  *                                    older driver; pynvml raises as for a missing symbol)
@@ -90,6 +92,7 @@ typedef struct {
     unsigned long long timestamp_us;
     char driver[80];
     int loaded;
+    int privileged;
     unsigned generation;
     int ngpus;
     gpu_t gpus[MAX_GPUS];
@@ -132,6 +135,11 @@ static char state_path[4096];
 static struct stat state_stat;
 static int refcount;
 static unsigned lib_generation;
+/* What real NVML fixes when it initializes (behaviour.py: enumerated-at-init,
+ * rm-version-mismatch): the device count until the last nvmlShutdown, and the driver
+ * version of the first successful init, i.e. of the library this process mapped. */
+static int init_ngpus;
+static char lib_driver[80];
 static handles_t *handles;
 
 /* ---------------------------------------------------------------- call counts */
@@ -191,6 +199,7 @@ static state_t *parse(FILE *f) {
     obj_t *obj = NULL;
     gpu_t *gpu = NULL;
     if (s == NULL) return NULL;
+    s->privileged = 1;
     while (fgets(line, sizeof line, f)) {
         char key[64] = "", *val;
         line[strcspn(line, "\n")] = 0;
@@ -237,6 +246,8 @@ static state_t *parse(FILE *f) {
             snprintf(s->driver, sizeof s->driver, "%s", val);
         } else if (strcmp(key, "loaded") == 0) {
             s->loaded = atoi(val);
+        } else if (strcmp(key, "privileged") == 0) {
+            s->privileged = atoi(val);
         } else if (strcmp(key, "generation") == 0) {
             s->generation = (unsigned)strtoul(val, NULL, 10);
         }
@@ -267,6 +278,19 @@ static void reload(void) {
     state_stat = st;
 }
 
+/* Tests load the library once per test process; each simulated node is a new process
+ * for the library (forget the version it mapped). Only while nobody holds NVML. */
+EXPORT int fakenvml_new_process(void) {
+    int done = 0;
+    pthread_mutex_lock(&mu);
+    if (refcount == 0) {
+        lib_driver[0] = 0;
+        done = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return done;
+}
+
 /* ---------------------------------------------------------------- call entry */
 
 static unsigned delay_ms(const char *fn) {
@@ -284,8 +308,18 @@ static void sleep_ms(unsigned ms) {
     }
 }
 
+static int mismatched(void) {
+    return cur != NULL && lib_driver[0] != 0 && strcmp(cur->driver, lib_driver) != 0;
+}
+
 static int live(void) {
-    return refcount > 0 && cur != NULL && cur->loaded && cur->generation == lib_generation;
+    return refcount > 0 && cur != NULL && cur->loaded && cur->generation == lib_generation &&
+           !mismatched();
+}
+
+/* What a call answers when the library is not live. */
+static nvmlReturn_t not_live(void) {
+    return mismatched() ? NVML_ERROR_LIB_RM_VERSION_MISMATCH : NVML_ERROR_UNINITIALIZED;
 }
 
 static int is_missing(const char *fn) {
@@ -324,9 +358,10 @@ static nvmlReturn_t leave(nvmlReturn_t r) {
 
 /* The object a handle names: the GPU block or the MIG block. */
 static nvmlReturn_t resolve(nvmlDevice_t dev, obj_t **obj, gpu_t **gpu) {
-    if (!live()) return NVML_ERROR_UNINITIALIZED;
+    if (!live()) return not_live();
     if (dev == NULL || dev->generation != lib_generation) return NVML_ERROR_INVALID_ARGUMENT;
-    if (dev->gpu < 0 || dev->gpu >= cur->ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+    if (dev->gpu < 0 || dev->gpu >= init_ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+    if (dev->gpu >= cur->ngpus) return NVML_ERROR_GPU_IS_LOST; /* gone from the bus */
     gpu_t *g = &cur->gpus[dev->gpu];
     if (get(&g->o, "lost")) return NVML_ERROR_GPU_IS_LOST;
     if (gpu) *gpu = g;
@@ -412,6 +447,9 @@ static nvmlReturn_t init_locked(void) {
     }
     reload();
     if (cur == NULL || !cur->loaded) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (mismatched()) return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    if (lib_driver[0] == 0) snprintf(lib_driver, sizeof lib_driver, "%s", cur->driver);
+    if (refcount == 0) init_ngpus = cur->ngpus;
     if (refcount == 0 || handles == NULL || lib_generation != cur->generation) {
         /* Never freed: stale handles must stay readable to be rejected. */
         handles_t *h = calloc(1, sizeof *h);
@@ -464,7 +502,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
 
 EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(version);
     if (strlen(cur->driver) + 1 > length) return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     strcpy(version, cur->driver);
@@ -474,7 +512,7 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     char v[96];
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(version);
     snprintf(v, sizeof v, "%d.%s", NVML_API_VERSION, cur->driver);
     if (strlen(v) + 1 > length) return leave(NVML_ERROR_INSUFFICIENT_SIZE);
@@ -486,25 +524,27 @@ EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { /* -> _v2 */
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(deviceCount);
-    *deviceCount = (unsigned)cur->ngpus;
+    *deviceCount = (unsigned)init_ngpus;
     return leave(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) { /* -> _v2 */
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(device);
-    if (index >= (unsigned)cur->ngpus) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (get(&cur->gpus[index].o, "lost")) return leave(NVML_ERROR_GPU_IS_LOST);
+    if (index >= (unsigned)init_ngpus) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (index >= (unsigned)cur->ngpus || get(&cur->gpus[index].o, "lost"))
+        return leave(NVML_ERROR_GPU_IS_LOST);
+    if (get(&cur->gpus[index].o, "no_access")) return leave(NVML_ERROR_NO_PERMISSION);
     *device = &handles->gpus[index];
     return leave(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(uuid);
     CHECK_PTR(device);
     for (int i = 0; i < cur->ngpus; i++) {
@@ -534,7 +574,7 @@ static int parse_bus_id(const char *s, unsigned *dom, unsigned *bus, unsigned *d
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device) { /* -> _v2 */
     unsigned a[4], b[4];
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(pciBusId);
     CHECK_PTR(device);
     if (!parse_bus_id(pciBusId, &a[0], &a[1], &a[2], &a[3])) return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -902,6 +942,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     DEVICE_CALL(device);
     CHECK_PTR(infoCount);
     if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
+    if (device->mig < 0 && !cur->privileged) {
+        unsigned mode;
+        if (get_uint(o, "mig_mode", &mode) == NVML_SUCCESS && mode == 1)
+            return leave(NVML_ERROR_NO_PERMISSION); /* aggregate MIG info needs privileges */
+    }
     for (int i = 0; i < g->nprocs; i++) n += proc_matches(device, o, &g->procs[i]);
     if (infos == NULL || *infoCount < n) {
         *infoCount = n;
@@ -921,26 +966,49 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     return leave(NVML_SUCCESS);
 }
 
+/* The driver samples process utilization periodically and keeps a buffer of samples
+ * (behaviour.py: process-utilization-samples). The stand-in keeps one sample per process
+ * per period, leaves out processes that were idle, and answers NOT_FOUND when no sample
+ * is newer than lastSeenTimeStamp. Period and buffer length are the stand-in's own. */
+#define SAMPLE_PERIOD_US 500000ULL
+#define SAMPLE_BUFFER 20ULL
+
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
-    unsigned n = 0;
+    unsigned n = 0, busy = 0, mode;
+    unsigned long long first, last, base, periods = 0;
     DEVICE_CALL(device);
     CHECK_PTR(processSamplesCount);
     if ((r = status(o, "process_utilization")) != NVML_SUCCESS) return leave(r);
-    if (cur->timestamp_us > lastSeenTimeStamp) n = (unsigned)g->nprocs;
+    if (device->mig >= 0 || (get_uint(o, "mig_mode", &mode) == NVML_SUCCESS && mode == 1))
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* "not currently supported" under MIG */
+    /* periods are counted from scenario time 0, so tests know where they end */
+    base = cur->timestamp_us - (unsigned long long)llround(cur->time * 1e6);
+    last = (cur->timestamp_us - base) / SAMPLE_PERIOD_US;
+    first = lastSeenTimeStamp < base ? 0 : (lastSeenTimeStamp - base) / SAMPLE_PERIOD_US + 1;
+    if (last + 1 > SAMPLE_BUFFER && first < last + 1 - SAMPLE_BUFFER) first = last + 1 - SAMPLE_BUFFER;
+    if (last >= first) periods = last - first + 1;
+    for (int i = 0; i < g->nprocs; i++) busy += g->procs[i].sm > 0 || g->procs[i].mem > 0;
+    n = (unsigned)(periods * busy);
     if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
     if (utilization == NULL || *processSamplesCount < n) {
         *processSamplesCount = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    for (unsigned i = 0; i < n; i++) {
-        utilization[i].pid = g->procs[i].pid;
-        utilization[i].timeStamp = cur->timestamp_us;
-        utilization[i].smUtil = g->procs[i].sm;
-        utilization[i].memUtil = g->procs[i].mem;
-        utilization[i].encUtil = 0;
-        utilization[i].decUtil = 0;
+    n = 0;
+    for (unsigned long long k = first; k <= last; k++) {
+        for (int i = 0; i < g->nprocs; i++) {
+            const proc_t *p = &g->procs[i];
+            if (p->sm == 0 && p->mem == 0) continue;
+            utilization[n].pid = p->pid;
+            utilization[n].timeStamp = base + k * SAMPLE_PERIOD_US;
+            utilization[n].smUtil = p->sm;
+            utilization[n].memUtil = p->mem;
+            utilization[n].encUtil = 0;
+            utilization[n].decUtil = 0;
+            n++;
+        }
     }
     *processSamplesCount = n;
     return leave(NVML_SUCCESS);
@@ -953,7 +1021,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
 EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     struct nvmlEventSet_st *s;
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(set);
     s = calloc(1, sizeof *s);
     if (s == NULL) return leave(NVML_ERROR_MEMORY);
@@ -989,7 +1057,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     double deadline = now_ms() + timeoutms;
     ENTER();
     for (;;) {
-        if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+        if (!live()) return leave(not_live());
         if (set == NULL || data == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
         const xid_t *next = NULL;
         for (int i = 0; i < cur->nxids; i++) {
@@ -998,7 +1066,10 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         }
         if (next != NULL) {
             set->cursor = next->seq;
-            if (next->gpu < MAX_GPUS && (set->types[next->gpu] & nvmlEventTypeXidCriticalError)) {
+            /* Unprivileged, events of one GPU/compute instance are not reported
+             * (behaviour.py: events-mig-unprivileged). */
+            int visible = cur->privileged || next->gi == NO_ID;
+            if (visible && next->gpu < MAX_GPUS && (set->types[next->gpu] & nvmlEventTypeXidCriticalError)) {
                 data->device = &handles->gpus[next->gpu];
                 data->eventType = nvmlEventTypeXidCriticalError;
                 data->eventData = next->xid;
@@ -1086,7 +1157,7 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     const struct nvmlGpmSample_st *a, *b;
     double dt;
     ENTER();
-    if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+    if (!live()) return leave(not_live());
     CHECK_PTR(m);
     if (m->version != NVML_GPM_METRICS_GET_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     a = m->sample1;

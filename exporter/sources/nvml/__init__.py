@@ -1,0 +1,17 @@
+"""NVIDIA GPUs and MIG slices through NVML (nvidia-ml-py): the only package that imports
+pynvml, and one source to the rest of the exporter.
+
+- `behaviour.py`: each NVML behaviour the source relies on, with its nvml.h passage;
+- `calls.py`: the one place NVML return codes are interpreted;
+- `discovery.py`: handles, identities and the MIG layout (cached);
+- `readings.py`: what one cycle reads (batched field values, processes);
+- `gpm.py`: GPM sample buffers (Hopper and later);
+- `xid.py`: the XID event thread;
+- `source.py`: lifecycle: init, absent hardware, rediscovery, lost GPUs, restart.
+"""
+
+from exporter.sources.nvml.calls import NvmlUnavailable
+from exporter.sources.nvml.discovery import SOURCE
+from exporter.sources.nvml.source import NvmlSource
+
+__all__ = ["SOURCE", "NvmlSource", "NvmlUnavailable"]

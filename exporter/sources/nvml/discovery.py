@@ -1,0 +1,158 @@
+"""Discovery: GPU handles, identities and the MIG layout, cached between rediscoveries.
+
+Read through handles only (no privileged call: behaviour.py `gpu-instances-privileged`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from exporter.join import normalize_device_id, pci_address
+from exporter.model import Device
+from exporter.sources.nvml import gpm as gpm_
+from exporter.sources.nvml.calls import Calls, text
+
+SOURCE = "nvml"
+
+
+@dataclass(slots=True)
+class Mig:
+    handle: Any
+    device: Device
+    gi: int
+    ci: int
+    gpm: gpm_.Gpm | None = None
+
+
+@dataclass(slots=True)
+class Gpu:
+    handle: Any
+    index: int
+    device: Device
+    mig_mode: bool
+    migs: list[Mig] = field(default_factory=list)
+    gpm: gpm_.Gpm | None = None
+    process_seen_us: int = 0
+
+
+def devices(gpus: Iterable[Gpu]) -> Iterator[Gpu | Mig]:
+    for gpu in gpus:
+        yield gpu
+        yield from gpu.migs
+
+
+def _aliases(*ids: str) -> frozenset[str]:
+    return frozenset(normalize_device_id(i)[0] for i in ids if i)
+
+
+def mig_mode(calls: Calls, handle: Any) -> bool:
+    mode = calls.get(pynvml.nvmlDeviceGetMigMode, handle, handle=True)
+    return bool(mode) and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+class Discovery:
+    """Describes the GPUs behind indices 0..count-1; GPM buffers are handed over between
+    rediscoveries so a device's activity has no gap."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.gpm_pool: dict[str, gpm_.Gpm] = {}
+        self.forbidden: set[int] = set()
+        """Indices whose handle answered NO_PERMISSION (not in this container)."""
+
+    def gpu(self, index: int, driver: str) -> Gpu | None:
+        get = self.calls.get
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NO_PERMISSION:
+                if index not in self.forbidden:
+                    self.forbidden.add(index)
+                    self.calls.log.info(
+                        "GPU %d is not accessible from this pod (NO_PERMISSION): skipped", index
+                    )
+                return None
+            self.calls.interpret(exc, "nvmlDeviceGetHandleByIndex")
+            return None
+        uuid = text(get(pynvml.nvmlDeviceGetUUID, handle) or "")
+        if not uuid:
+            return None
+        name = text(get(pynvml.nvmlDeviceGetName, handle) or "")
+        pci = get(pynvml.nvmlDeviceGetPciInfo, handle)
+        bus_id = (pci_address(text(pci.busId)) or "") if pci is not None else ""
+        minor = get(pynvml.nvmlDeviceGetMinorNumber, handle)
+        serial = get(pynvml.nvmlDeviceGetSerial, handle)
+        mig = mig_mode(self.calls, handle)
+        common = (
+            ("hw.gpu.index", str(index)),
+            ("hw.gpu.minor", "" if minor is None else str(minor)),
+            ("hw.pci.bus_id", bus_id),
+            ("hw.driver_version", driver),
+        )
+        gke = f"nvidia{minor}" if minor is not None else ""
+        device = Device(
+            id=uuid,
+            type="gpu",
+            vendor="nvidia",
+            model=name,
+            source=SOURCE,
+            attributes=(*common, ("hw.serial_number", text(serial or ""))),
+            aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{index}"),
+        )
+        gpu = Gpu(handle, index, device, mig)
+        support = get(pynvml.nvmlGpmQueryDeviceSupport, handle)
+        gpm_supported = support is not None and bool(support.isSupportedDevice)
+        if gpm_supported and mig:
+            gpu.gpm = self.take_gpm(uuid)
+        if mig:
+            gpu.migs = self.migs(gpu, common, gke, gpm_supported)
+        return gpu
+
+    def migs(self, gpu: Gpu, common: tuple[tuple[str, str], ...], gke: str, gpm: bool) -> list[Mig]:
+        get = self.calls.get
+        slots = get(pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0
+        found = []
+        for slot in range(slots):
+            handle = get(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                gpu.handle,
+                slot,
+                quiet=(pynvml.NVML_ERROR_NOT_FOUND,),
+            )
+            if handle is None:
+                continue
+            uuid = text(get(pynvml.nvmlDeviceGetUUID, handle) or "")
+            name = text(get(pynvml.nvmlDeviceGetName, handle) or "")
+            gi = get(pynvml.nvmlDeviceGetGpuInstanceId, handle)
+            ci = get(pynvml.nvmlDeviceGetComputeInstanceId, handle)
+            if not uuid or gi is None or ci is None:
+                continue
+            profile = name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""
+            device = Device(
+                id=uuid,
+                type="gpu",
+                vendor="nvidia",
+                model=name,
+                source=SOURCE,
+                parent=gpu.device.id,
+                attributes=(
+                    *common,
+                    ("hw.gpu.mig.profile", profile),
+                    ("hw.gpu.mig.gpu_instance_id", str(gi)),
+                    ("hw.gpu.mig.compute_instance_id", str(ci)),
+                ),
+                aliases=_aliases(
+                    uuid, f"MIG-{gpu.device.id}/{gi}/{ci}", f"{gke}/gi{gi}" if gke else ""
+                ),
+            )
+            found.append(Mig(handle, device, gi, ci, self.take_gpm(uuid) if gpm else None))
+        return found
+
+    def take_gpm(self, device_id: str) -> gpm_.Gpm | None:
+        """The device's GPM buffers from before a rediscovery, or new ones."""
+        kept = self.gpm_pool.pop(device_id, None)
+        return kept if kept is not None else gpm_.allocate(self.calls)

@@ -1,0 +1,281 @@
+"""One cycle's reads of a discovered GPU and its MIG slices: what moves, in base units.
+
+Counters are batched into one `nvmlDeviceGetFieldValues` call per GPU (never
+`nvmlDeviceGetPcieThroughput`: it blocks 20 ms per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+from pynvml import (
+    NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+    NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+    NVML_FI_DEV_MEMORY_TEMP,
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+    NVML_FI_DEV_REMAPPED_COR,
+    NVML_FI_DEV_REMAPPED_FAILURE,
+    NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+)
+
+from exporter.model import Sample
+from exporter.sources import add
+from exporter.sources.counters import MonotonicCounters
+from exporter.sources.nvml import gpm
+from exporter.sources.nvml.behaviour import NOT_HERE
+from exporter.sources.nvml.calls import Calls, GpuLost
+from exporter.sources.nvml.discovery import Gpu, Mig
+
+STATES = ("ok", "degraded", "failed")
+
+THROTTLE_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+"""NVML clock event reasons (`nvmlClocksEventReason*`) -> `hw.gpu.clock.throttle_reason`."""
+
+CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
+GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    field_id: int
+    metric: str
+    attributes: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
+    counter: bool = False
+    scope: int = 0
+
+
+_ALL_LINKS = 0xFFFFFFFF
+"""scopeId that sums a per-link NVLink field over every link."""
+
+
+def _count(field_id: int, metric: str, key: str, value: str, **kw: Any) -> _Field:
+    return _Field(field_id, metric, ((key, value),), counter=True, **kw)
+
+
+def _errors(field_id: int, error_type: str) -> _Field:
+    return _count(field_id, "hw.errors", "error.type", error_type)
+
+
+_IO, _REMAP = "network.io.direction", "hw.gpu.memory.remap_cause"
+_NVLINK = {"scale": 1024.0, "scope": _ALL_LINKS}  # KiB over all links
+
+FIELDS = (
+    _Field(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True),
+    _Field(NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
+    _count(NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "hw.gpu.io", _IO, "transmit"),
+    _count(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, "hw.gpu.io", _IO, "receive"),
+    _errors(NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replay"),
+    _errors(NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "ecc_corrected"),
+    _errors(NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "ecc_uncorrected"),
+    _Field(NVML_FI_DEV_REMAPPED_COR, "hw.gpu.memory.remapped_rows", ((_REMAP, "correctable"),)),
+    _Field(NVML_FI_DEV_REMAPPED_UNC, "hw.gpu.memory.remapped_rows", ((_REMAP, "uncorrectable"),)),
+    _Field(NVML_FI_DEV_REMAPPED_PENDING, "hw.gpu.memory.row_remap.pending"),
+    _Field(NVML_FI_DEV_REMAPPED_FAILURE, "hw.gpu.memory.row_remap.failed"),
+    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "hw.gpu.nvlink.io", _IO, "transmit", **_NVLINK),
+    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "hw.gpu.nvlink.io", _IO, "receive", **_NVLINK),
+    _errors(NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, "nvlink_crc"),
+    _errors(NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, "nvlink_crc_flit"),
+    _errors(NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, "nvlink_replay"),
+    _errors(NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, "nvlink_recovery"),
+)
+"""Everything read through the one batched field-value call per GPU."""
+
+
+class Reader:
+    """Reads the moving values of discovered devices; counters survive driver reloads."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.counters = MonotonicCounters()
+
+    def gpu_samples(self, gpu: Gpu) -> tuple[list[Sample], bool]:
+        get, h = self.calls.get, gpu.handle
+        samples: list[Sample] = []
+        if not gpu.mig_mode:
+            util = get(pynvml.nvmlDeviceGetUtilizationRates, h, handle=True)
+            if util is not None:
+                add(samples, "hw.gpu.utilization", util.gpu / 100, ("hw.gpu.task", "general"))
+                add(samples, "hw.gpu.memory.bandwidth.utilization", util.memory / 100)
+        elif gpu.gpm is not None:
+            gpm.read(self.calls, gpu.gpm, samples, pynvml.nvmlGpmSampleGet, h)
+        for task, fn in (
+            ("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
+            ("decoder", pynvml.nvmlDeviceGetDecoderUtilization),
+        ):
+            value = get(fn, h)
+            add(samples, "hw.gpu.utilization", value and value[0] / 100, ("hw.gpu.task", task))
+        self.memory_samples(h, samples)
+        power = get(pynvml.nvmlDeviceGetPowerUsage, h)
+        add(samples, "hw.power", power and power / 1000)
+        limit = get(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        add(samples, "hw.power.limit", limit and limit / 1000)
+        add(samples, "hw.temperature", self._temperature(h), ("hw.sensor_location", "gpu"))
+        for kind, clock in CLOCKS:
+            mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
+            add(samples, "hw.gpu.clock", mhz and mhz * 1e6, ("hw.gpu.clock.type", kind))
+        reasons = self.calls.newest(  # renamed in R535
+            (
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+            ),
+            (
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+            ),
+        )
+        if reasons is not None:
+            for reason, bit in THROTTLE_REASONS:
+                add(
+                    samples,
+                    "hw.gpu.clock.throttled",
+                    1.0 if reasons & bit else 0.0,
+                    ("hw.gpu.clock.throttle_reason", reason),
+                )
+        degraded = self.field_samples(gpu, samples)
+        return samples, degraded
+
+    def _temperature(self, handle: Any) -> float | None:
+        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); before R550 it is all
+        # there is.
+        temp = self.calls.newest(
+            (
+                "nvmlDeviceGetTemperatureV",
+                lambda: pynvml.nvmlDeviceGetTemperatureV(handle, GPU_SENSOR),
+            ),
+            (
+                "nvmlDeviceGetTemperature",
+                lambda: pynvml.nvmlDeviceGetTemperature(handle, GPU_SENSOR),
+            ),
+        )
+        return None if temp is None else float(temp)
+
+    def memory_samples(self, handle: Any, samples: list[Sample]) -> None:
+        # Drivers before R510 have only v1, which counts the reserved memory as used.
+        mem = self.calls.newest(
+            (
+                "nvmlDeviceGetMemoryInfo_v2",
+                lambda: pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2),
+            ),
+            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)),
+        )
+        if mem is None:
+            return
+        add(samples, "hw.gpu.memory.usage", mem.used)
+        add(samples, "hw.gpu.memory.limit", mem.total)
+        add(samples, "hw.gpu.memory.free", mem.free)
+        add(samples, "hw.gpu.memory.reserved", getattr(mem, "reserved", None))
+
+    def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
+        """The batched counters; True when a row remap is pending or has failed."""
+        request = [(f.field_id, f.scope) for f in FIELDS]
+        values = self.calls.get(pynvml.nvmlDeviceGetFieldValues, gpu.handle, request)
+        degraded = False
+        for i, spec in enumerate(FIELDS):
+            key = (gpu.device.id, spec.field_id)
+            ret = pynvml.NVML_ERROR_UNKNOWN if values is None else values[i].nvmlReturn
+            if ret == pynvml.NVML_SUCCESS:
+                number = _field_number(values[i]) * spec.scale
+                if spec.counter:
+                    number = self.counters.update(key, number)
+                add(samples, spec.metric, number, *spec.attributes)
+                degraded |= spec.metric.startswith("hw.gpu.memory.row_remap") and number > 0
+            elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost("nvmlDeviceGetFieldValues")
+            elif ret not in NOT_HERE:
+                if values is not None:  # (a failed call was counted once, not per field)
+                    self.calls.errors += 1
+                if spec.counter:
+                    # A counter that failed to read keeps its last value; it does not vanish.
+                    add(samples, spec.metric, self.counters.last(key), *spec.attributes)
+        return degraded
+
+    def mig_samples(self, gpu: Gpu, mig: Mig) -> list[Sample]:
+        samples: list[Sample] = []
+        self.memory_samples(mig.handle, samples)
+        if mig.gpm is not None:
+            gpm.read(self.calls, mig.gpm, samples, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi)
+        return samples
+
+    def processes(
+        self, handle: Any, samples: list[Sample], gpu: Gpu | None
+    ) -> list[tuple[int, float | None, float | None]]:
+        """(pid, memory bytes, SM utilization) of the compute processes on a GPU or MIG
+        handle; utilization only for a whole GPU (`gpu`), never under MIG."""
+        running = (
+            self.calls.get(pynvml.nvmlDeviceGetComputeRunningProcesses, handle, handle=True) or []
+        )
+        busy: dict[int, float] | None = None
+        if gpu is not None and running:
+            busy = self.process_utilization(gpu)
+        found = []
+        for proc in running:
+            pid = int(proc.pid)
+            memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
+            # When the driver returned samples, a process without one was idle in those
+            # periods (behaviour `process-utilization-samples`): 0, not unknown.
+            utilization = None if busy is None else busy.get(pid, 0.0)
+            add(samples, "hw.gpu.process.memory.usage", memory, ("process.pid", str(pid)))
+            add(samples, "hw.gpu.process.utilization", utilization, ("process.pid", str(pid)))
+            found.append((pid, memory, utilization))
+        return found
+
+    def process_utilization(self, gpu: Gpu) -> dict[int, float] | None:
+        """Mean SM utilization per PID over the driver's samples since the last cycle;
+        None when the driver cannot say."""
+        try:
+            found = pynvml.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.process_seen_us)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                # No sample since the last read: no period ended, or every process was
+                # idle. The driver does not say which, so nothing is reported.
+                return None
+            self.calls.interpret(exc, "nvmlDeviceGetProcessUtilization")
+            return None
+        per_pid: dict[int, list[int]] = {}
+        for s in found:
+            per_pid.setdefault(int(s.pid), []).append(int(s.smUtil))
+            gpu.process_seen_us = max(gpu.process_seen_us, int(s.timeStamp))
+        return {pid: sum(pcts) / len(pcts) / 100 for pid, pcts in per_pid.items()}
+
+
+def status(state: str) -> tuple[Sample, ...]:
+    return tuple(
+        Sample("hw.status", 1.0 if s == state else 0.0, (("hw.state", s),)) for s in STATES
+    )
+
+
+def _field_number(value: Any) -> float:
+    kind, v = value.valueType, value.value
+    by_type = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }
+    return float(getattr(v, by_type.get(kind, "ullVal")))

@@ -1,0 +1,125 @@
+"""XID errors: a thread blocked in nvmlEventSetWait_v2 counts each event once."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import pynvml
+
+from exporter.sources.nvml.calls import Calls, DriverGone
+from exporter.sources.nvml.discovery import Gpu
+
+NO_INSTANCE = 0xFFFFFFFF
+
+
+def handle_address(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def handle_key(gpus: Iterable[Gpu]) -> frozenset[tuple[int, str]]:
+    return frozenset((handle_address(g.handle), g.device.id) for g in gpus)
+
+
+class XidCounts:
+    """XID events per (device id, xid), filled by the event thread, read by collect()."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, int]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, device_id: str, xid: int) -> None:
+        with self._lock:
+            self._counts[(device_id, xid)] += 1
+
+    def snapshot(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class XidWatcher:
+    """A thread blocked in nvmlEventSetWait_v2, counting each XID event once."""
+
+    WAIT_MS = 250
+
+    def __init__(
+        self,
+        event_set: Any,
+        gpus: list[Gpu],
+        counts: XidCounts,
+        calls: Calls,
+        logger: logging.Logger,
+    ) -> None:
+        self.counts = counts
+        self.log = logger
+        self.handles = handle_key(gpus)
+        self._stop = threading.Event()
+        self._gpus = {handle_address(g.handle): g for g in gpus}
+        # Registration happens here, on the collecting thread: events from the moment
+        # discovery returns are in the set, none is lost to thread start-up.
+        self._set = event_set
+        try:
+            for gpu in gpus:
+                self._register(gpu, calls)
+        except DriverGone:
+            self._free()
+            raise
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        self._thread.start()
+
+    def _register(self, gpu: Gpu, calls: Calls) -> None:
+        try:
+            pynvml.nvmlDeviceRegisterEvents(
+                gpu.handle, pynvml.nvmlEventTypeXidCriticalError, self._set
+            )
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_GPU_IS_LOST:  # a lost GPU sends no events
+                calls.interpret(exc, "nvmlDeviceRegisterEvents")
+
+    def _free(self) -> None:
+        try:
+            pynvml.nvmlEventSetFree(self._set)
+        except pynvml.NVMLError as exc:
+            self.log.debug("nvmlEventSetFree: %s", exc)
+
+    def update(self, gpus: list[Gpu]) -> None:
+        self._gpus = {handle_address(g.handle): g for g in gpus}  # one atomic swap
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        failing = ""
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = pynvml.nvmlEventSetWait_v2(self._set, self.WAIT_MS)
+                except pynvml.NVMLError_Timeout:
+                    continue
+                except pynvml.NVMLError as exc:
+                    if str(exc) != failing:
+                        failing = str(exc)
+                        self.log.warning("waiting for XID events failed: %s", exc)
+                    self._stop.wait(1.0)
+                    continue
+                failing = ""
+                device_id = self._device_id(data)
+                if device_id and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                    self.counts.add(device_id, int(data.eventData))
+        finally:
+            self._free()
+
+    def _device_id(self, data: Any) -> str:
+        """The MIG slice the event names when it names one, else the GPU."""
+        gpu = self._gpus.get(handle_address(data.device))
+        if gpu is None:
+            return ""
+        for mig in gpu.migs:
+            if mig.gi == data.gpuInstanceId and data.computeInstanceId in (mig.ci, NO_INSTANCE):
+                return mig.device.id
+        return gpu.device.id

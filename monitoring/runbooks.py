@@ -1,0 +1,248 @@
+"""What to do when an alert fires: one runbook per alert, written to docs/runbooks.md; every
+rule's `runbook_url` points at its section.
+
+Kept apart from the rule expressions (monitoring/alerts.py) so the words and the PromQL can
+change separately; `runbooks_md` refuses an alert without a runbook and a runbook without an
+alert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monitoring import alerts
+
+EXEC = "kubectl -n kube-device-exporter exec ds/kube-device-exporter --"
+LOGS = "kubectl -n kube-device-exporter logs ds/kube-device-exporter"
+
+
+@dataclass(frozen=True, slots=True)
+class Runbook:
+    meaning: str
+    actions: tuple[str, ...]
+
+
+def _xid_table() -> str:
+    rows = "".join(
+        f"| {name} | {', '.join(codes)} |\n" for name, codes in alerts.XID_CLASSES.items()
+    )
+    return f"| Class | XIDs |\n|---|---|\n{rows}"
+
+
+_DRAIN = "Cordon the node (`kubectl cordon NODE`) so no new work lands on the GPU."
+_WHO = (
+    'Find the pods on the GPU: `hw_allocation_info{k8s_node_name="NODE", hw_id="ID"}` '
+    "(dashboard *Devices / Workloads*)."
+)
+_RESET = (
+    "When its workloads are gone, reset the GPU (`nvidia-smi -r -i INDEX` on the node, or "
+    "reboot it); uncordon once the exporter shows it healthy."
+)
+
+RUNBOOKS: dict[str, Runbook] = {
+    "KubeDeviceXidHardware": Runbook(
+        "The GPU reported an XID of failing hardware (ECC double-bit or uncontained error, "
+        "row-remap failure, NVLink error, fallen off the bus). Jobs on it have failed or "
+        "will; their results may be corrupt.",
+        (
+            _DRAIN,
+            _WHO,
+            _RESET,
+            "If the same GPU reports it again after the reset, open a hardware ticket with the "
+            "XID, the serial (`hw_info`) and `nvidia-bug-report.sh` from the node.",
+            "The XID is read from NVML events; the kernel log (`dmesg | grep -i xid`) on the "
+            "node has the full message.",
+        ),
+    ),
+    "KubeDeviceXidDriver": Runbook(
+        "The driver or the GPU's firmware (GSP, micro-controllers) reported a fault. The GPU "
+        "often stops taking work until it is reset.",
+        (
+            _WHO,
+            "Check whether the workload on it still progresses; if not, cordon the node and "
+            "reset the GPU as for KubeDeviceXidHardware.",
+            "Repeated driver XIDs across nodes point at the driver version (`hw_info`'s driver "
+            "label): compare with NVIDIA's release notes and upgrade.",
+        ),
+    ),
+    "KubeDeviceXidApplication": Runbook(
+        "A program on the GPU faulted: an illegal memory access, a killed or hung kernel. "
+        "The GPU itself is fine. This is info, for the workload's owner.",
+        (
+            _WHO,
+            "Tell the owner: the container's logs show the CUDA error; run with "
+            "`CUDA_LAUNCH_BLOCKING=1` or compute-sanitizer to find the kernel.",
+            "Only if one GPU reports these for many different workloads, treat it as "
+            "KubeDeviceXidDriver.",
+        ),
+    ),
+    "KubeDeviceXidError": Runbook(
+        "The GPU reported an XID in none of the kit's classes:\n\n" + "XIDCLASSES",
+        (
+            "Look the code up in NVIDIA's XID catalog (docs.nvidia.com, *XID Errors*); it says "
+            "whether it is hardware, driver or application, and the action.",
+            "If it recurs, add it to a class in `monitoring/alerts.py` so it pages the right way.",
+        ),
+    ),
+    "KubeDeviceUncorrectableEccErrors": Runbook(
+        "The device's memory had errors ECC could not correct: data in it may be corrupt.",
+        (
+            _DRAIN,
+            _WHO,
+            _RESET,
+            "Check `hw_gpu_memory_row_remap_*`: a pending remap is applied by the reset; a "
+            "failed one means the GPU needs service.",
+        ),
+    ),
+    "KubeDeviceRowRemapFailed": Runbook(
+        "The GPU has no spare memory rows left to replace failing ones.",
+        (_DRAIN, "Open a hardware ticket: the GPU needs replacing."),
+    ),
+    "KubeDeviceRowRemapPending": Runbook(
+        "Failing memory rows were remapped; the remap takes effect at the next GPU reset.",
+        ("Plan a reset when the GPU's workloads allow: " + _RESET,),
+    ),
+    "KubeDeviceThermalThrottling": Runbook(
+        "The GPU's clocks are held down by temperature: work runs slower.",
+        (
+            "Compare `hw_temperature_celsius` with other GPUs in the node and the rack.",
+            "Check fans, airflow and the data-centre cooling; a single hot GPU in a cool node "
+            "points at its heat sink.",
+        ),
+    ),
+    "KubeDevicePowerThrottling": Runbook(
+        "The GPU has been at its software power limit for 30 minutes: normal for a busy "
+        "GPU, a loss if the limit is set lower than the board's default.",
+        (
+            "Check the limit (`nvidia-smi -q -d POWER`) against the board's default.",
+            "If it was lowered on purpose, silence this alert for the node.",
+        ),
+    ),
+    "KubeDeviceHardwareSlowdown": Runbook(
+        "A hardware signal cuts the GPU's clocks: the power brake (the system's power supply "
+        "or BMC asks GPUs to draw less) or HW slowdown (board over temperature or power).",
+        (
+            "Check the node's power supplies and BMC event log.",
+            "If every GPU in a node shows it, it is the node's power; if one, the board.",
+        ),
+    ),
+    "KubeDeviceFailed": Runbook(
+        "The device reports a failed state to its driver.",
+        (_DRAIN, _WHO, _RESET, "If it stays failed, open a hardware ticket."),
+    ),
+    "KubeDeviceDegraded": Runbook(
+        "The device has reported a degraded state for 15 minutes.",
+        (
+            "Look at the other alerts for the device (XIDs, ECC, throttling) for the cause.",
+            "Plan a reset when its workloads allow.",
+        ),
+    ),
+    "KubeDeviceLost": Runbook(
+        "A device seen in the last hour is gone while the exporter and its sources run: it "
+        "fell off the bus, was unbound from its driver, or was removed.",
+        (
+            "On the node: `lspci -d 10de:` (or the vendor's id) and `dmesg` for the device.",
+            "A GPU that fell off the bus needs a node reboot and, if it recurs, service.",
+        ),
+    ),
+    "KubeDeviceAllocatedIdle": Runbook(
+        "A container holds a device it has not used for an hour: capacity others wait for.",
+        (
+            "Tell the owner (namespace and pod in the alert); the *Allocation efficiency* "
+            "dashboard shows for how long.",
+            "Notebooks and stuck jobs are the usual cause; an idle-culling policy fixes them "
+            "for good.",
+        ),
+    ),
+    "KubeDeviceExporterDown": Runbook(
+        "Prometheus cannot scrape one exporter pod: that node's device metrics are missing.",
+        (
+            f"`{LOGS} -c exporter` (pick the pod on the node) for why it fails.",
+            "Check the port (9405), NetworkPolicies between Prometheus and the pod, and with "
+            "TLS on, the monitors' `scheme: https` and CA.",
+        ),
+    ),
+    "KubeDeviceExporterAbsent": Runbook(
+        'Prometheus has no target with `job="kube-device-exporter"`.',
+        (
+            "`kubectl -n kube-device-exporter get ds,pods` shows whether the DaemonSet runs.",
+            "Check that Prometheus selects the ServiceMonitor/PodMonitor (kube-prometheus-stack "
+            "selects by its `release` label: docs/deploy.md) and that the job label is kept.",
+        ),
+    ),
+    "KubeDeviceExporterKubeletUnreachable": Runbook(
+        "The exporter cannot call the kubelet's PodResources API: devices lose their pods.",
+        (
+            f"`{EXEC} kube-device-exporter podresources` prints what the kubelet answers.",
+            "A kubelet root directory other than /var/lib/kubelet needs an overlay "
+            "(docs/deploy.md, kubelet root directories); SELinux needs type spc_t.",
+        ),
+    ),
+    "KubeDeviceExporterSourceFailing": Runbook(
+        "One collector (source) has failed for 10 minutes: its devices are missing.",
+        (
+            f"`{LOGS}` names the source and the error.",
+            "For nvml: the driver may be wedged (`nvidia-smi` on the node hangs or errors).",
+        ),
+    ),
+    "KubeDeviceExporterCycleStalled": Runbook(
+        "The exporter answers, but its collection has not finished for 5 minutes: /metrics "
+        "serves old values. A hung driver call is the usual cause.",
+        (
+            f"`{LOGS}` shows which source times out.",
+            "Restart the pod; if it stalls again, check the driver on the node.",
+        ),
+    ),
+    "KubeDeviceExporterDaemonSetUnavailable": Runbook(
+        "Exporter pods are Pending, crash-looping or not ready. Behind a ServiceMonitor a pod "
+        "that is not ready drops out of the endpoints, so no `up == 0` shows it: this alert, "
+        "on kube-state-metrics' series, does.",
+        (
+            "`kubectl -n kube-device-exporter get pods -o wide` and `describe pod` for the reason.",
+            "Pending: a missing RuntimeClass (`nvidia` without the GPU Operator), or on GKE "
+            "the ResourceQuota for the priority class (docs/deploy.md, GKE).",
+            f"CrashLoopBackOff: `{LOGS} --previous`.",
+        ),
+    ),
+    "KubeDeviceExporterDevicesUnseen": Runbook(
+        "The kubelet lists devices as allocatable for a resource (e.g. nvidia.com/gpu) that "
+        "no source of the exporter can see: the pod has no NVML, so those devices have no "
+        "metrics.",
+        (
+            "GPU Operator with CDI: the pod needs `runtimeClassName: nvidia` (overlay "
+            "`gpu-operator`, or the chart's `runtimeClassName`).",
+            "GKE: use the `gke` overlay or the chart's `gke.enabled`; the driver lives under "
+            "/home/kubernetes/bin/nvidia on the host.",
+            "Toolkit as default runtime: the driver is not mounted when "
+            "`NVIDIA_VISIBLE_DEVICES` is missing from the pod.",
+            f"Check: `{EXEC} kube-device-exporter podresources` lists what the kubelet "
+            f"advertises; `{LOGS}` says why NVML did not load.",
+        ),
+    ),
+}
+
+
+INTRO = """\
+# Runbooks
+
+What to do when a kube-device-exporter alert fires. Each alert's `runbook_url` annotation
+points at its section here. Generated by `python -m monitoring` from
+`monitoring/runbooks.py`; the rules themselves are in [alerts.md](alerts.md).
+"""
+
+
+def runbooks_md() -> str:
+    names = [a.name for rules in alerts.GROUPS.values() for a in rules]
+    missing = set(names) - set(RUNBOOKS)
+    extra = set(RUNBOOKS) - set(names)
+    if missing or extra:
+        raise ValueError(f"runbooks without alerts: {extra}; alerts without runbooks: {missing}")
+    by_name = {a.name: a for rules in alerts.GROUPS.values() for a in rules}
+    out = [INTRO]
+    for name in names:
+        book = RUNBOOKS[name]
+        meaning = book.meaning.replace("XIDCLASSES", _xid_table())
+        out.append(f"\n## {name}\n\n*Severity {by_name[name].severity}.* {meaning}\n\n")
+        out.append("".join(f"{i}. {step}\n" for i, step in enumerate(book.actions, 1)))
+    out.append("\n## XID classes\n\n" + _xid_table())
+    return "".join(out)

@@ -1,0 +1,258 @@
+"""deploy/helm/kube-device-exporter with the real Helm: `helm-python-sdk` embeds Helm v4's Go
+library, so lint (strict), values-schema checks and rendering are Helm's own. Every rendered
+core object validates for Kubernetes 1.30 and the newest schemas, custom resources against
+the focused CRD schemas, and the DaemonSet equals the kustomize kit's for the same choices
+(one source of truth, checked both ways)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+import yaml
+
+from monitoring.alerts import JOB, RUNBOOK_BASE
+from tests import kit, kustomize
+from tests.crd_schemas import SCHEMAS
+from tests.test_deploy_manifests import DEPLOY, ROOT, _validate_all
+
+CHART = DEPLOY / "helm" / "kube-device-exporter"
+RELEASE = "kube-device-exporter"
+NAMESPACE = "kube-device-exporter"
+WEB_SECRET = "kube-device-exporter-web"
+
+EVERYTHING = {
+    "image": {"repository": "registry.example.com/gpu/kube-device-exporter", "tag": "0.1.0-rc1"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "gpu-monitoring",
+    "kubeletRootDir": "/var/lib/k0s/kubelet/",
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
+    "affinity": None,  # Helm drops a default map set to null
+    "resources": {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    },
+    "podAnnotations": {"example.com/team": "ml-platform"},
+    "podLabels": {"team": "ml-platform"},
+    "extraArgs": ["--collect-interval=5s"],
+    "extraEnv": [{"name": "KDE_LOG_LEVEL", "value": "debug"}],
+    "otlp": {"endpoint": "http://otel-collector.otel.svc:4317"},
+    "webConfig": {"secretName": WEB_SECRET, "tls": True},
+    "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "podMonitor": {"enabled": True, "metricRelabelings": [{"action": "labeldrop", "regex": "x"}]},
+    "prometheusRule": {"enabled": True, "runbookBaseURL": "https://wiki.example.com/runbooks"},
+    "dashboards": {"enabled": True, "namespace": "grafana"},
+}
+"""Every value away from its default."""
+
+
+def test_chart_lints_clean_in_strict_mode() -> None:
+    for values in ({}, EVERYTHING, {"gke": {"enabled": True}}):
+        result = helm.lint(CHART, values, strict=True, kube_version="v1.30.0")
+        assert result["errors"] == []
+        # Severity 1 is Helm's INFO (only "icon is recommended"); 2 and up fail strict lint.
+        assert [m for m in result["messages"] if m["severity"] > 1] == [], result["messages"]
+
+
+def test_lint_rejects_values_the_schema_does_not_know() -> None:
+    """The lint above can fail: a misspelt value and a bad type are schema errors."""
+    for bad in ({"runtimeclassname": "nvidia"}, {"webConfig": {"tls": "yes"}},
+                {"extraArgs": ["-v"]}):  # fmt: skip
+        result = helm.lint(CHART, bad, strict=True, kube_version="v1.30.0")
+        assert result["errors"] or any(m["severity"] > 1 for m in result["messages"]), bad
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for path, text in out.items():
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+@functools.cache
+def _rendered(key: str) -> list[dict[str, Any]]:
+    return render({"default": {}, "everything": EVERYTHING}[key])
+
+
+def _one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [r for r in resources if r["kind"] == kind]
+    return found
+
+
+@pytest.mark.parametrize("key", ["default", "everything"])
+def test_every_rendered_object_validates(key: str) -> None:
+    resources = copy.deepcopy(_rendered(key))
+    _validate_all(resources, key)
+    kinds = sorted(r["kind"] for r in resources)
+    if key == "default":
+        assert kinds == ["DaemonSet", "Service", "ServiceAccount"]
+    else:
+        assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"} <= set(kinds)
+
+
+def test_validation_of_the_render_can_fail() -> None:
+    daemonset = copy.deepcopy(_one(_rendered("default"), "DaemonSet"))
+    daemonset["spec"]["template"]["spec"]["priorityclassname"] = "x"
+    with pytest.raises(AssertionError, match="priorityclassname"):
+        _validate_all([daemonset], "planted")
+
+
+def test_daemonset_has_priority_and_gpu_tolerations() -> None:
+    pod = _one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert "runtimeClassName" not in pod
+
+
+def test_non_default_values_reach_the_objects() -> None:
+    resources = _rendered("everything")
+    ds = _one(resources, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/gpu/kube-device-exporter:0.1.0-rc1"
+    assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "gpu-monitoring"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/gpu": ""} and "affinity" not in pod
+    assert pod["tolerations"] == EVERYTHING["tolerations"]
+    assert container["resources"] == EVERYTHING["resources"]
+    assert ds["spec"]["template"]["metadata"]["annotations"] == EVERYTHING["podAnnotations"]
+    assert ds["spec"]["template"]["metadata"]["labels"]["team"] == "ml-platform"
+    assert container["args"] == [
+        "--web.config.file=/etc/kube-device-exporter/web/web-config.yml",
+        "--collect-interval=5s",
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.otel.svc:4317"
+    assert env["KDE_LOG_LEVEL"] == "debug"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
+    assert volumes["web-config"]["secret"]["secretName"] == WEB_SECRET
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+
+    monitor = _one(resources, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": WEB_SECRET, "key": "ca.crt"}},
+        "serverName": f"{RELEASE}.{NAMESPACE}.svc",
+    }
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels[monitor["spec"]["jobLabel"]] == JOB
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (pod_endpoint,) = _one(resources, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["metricRelabelings"] == [{"action": "labeldrop", "regex": "x"}]
+
+
+def test_rules_and_dashboards_are_the_kits() -> None:
+    resources = _rendered("everything")
+    rule = _one(resources, "PrometheusRule")
+    plain = yaml.safe_load(kit.RULES.read_text())["groups"]
+    expected = yaml.safe_load(
+        yaml.safe_dump(plain).replace(RUNBOOK_BASE, "https://wiki.example.com/runbooks")
+    )
+    assert rule["spec"]["groups"] == expected
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert urls and all(u.startswith("https://wiki.example.com/runbooks#") for u in urls)
+    assert RUNBOOK_BASE in (CHART / "templates" / "prometheusrule.yaml").read_text()
+    maps = [r for r in resources if r["kind"] == "ConfigMap"]
+    boards = {stem: board for stem, board in kit.dashboards().items()}
+    assert len(maps) == len(boards)
+    for cm in maps:
+        assert cm["metadata"]["namespace"] == "grafana"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = cm["data"].items()
+        stem = key.removeprefix("kube-device-exporter-").removesuffix(".json")
+        assert yaml.safe_load(text) == boards[stem]
+
+
+def test_chart_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version
+    pod = _one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == f"kube-device-exporter:{version}"
+
+
+# --- one source of truth: the chart's DaemonSet is the kit's -------------------------------
+
+
+def _pod_spec(resources: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DaemonSet's pod spec with named lists in name order (kustomize's patches put
+    added items first, the chart last; order means nothing to Kubernetes here)."""
+    spec = copy.deepcopy(_one(resources, "DaemonSet")["spec"]["template"]["spec"])
+    spec["volumes"].sort(key=lambda v: v["name"])
+    for container in spec["containers"]:
+        for field in ("env", "volumeMounts"):
+            container[field].sort(key=lambda v: v["name"])
+    return spec
+
+
+def _kit(tmp_path: Path, overlay: str, *components: str) -> list[dict[str, Any]]:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    doc = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, mine)],
+        "components": [os.path.relpath(DEPLOY / "components" / c, mine) for c in components],
+    }
+    (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return kustomize.build(mine)
+
+
+SAME_CHOICES = {
+    "toolkit as default runtime": ({}, "kube-prometheus-stack", ()),
+    "GPU Operator with CDI": ({"runtimeClassName": "nvidia"}, "gpu-operator", ()),
+    "GKE": ({"gke": {"enabled": True}}, "gke", ()),
+    "k0s": ({"kubeletRootDir": "/var/lib/k0s/kubelet"}, "k0s", ()),
+    "TLS": (
+        {"webConfig": {"secretName": WEB_SECRET, "tls": True}},
+        "kube-prometheus-stack",
+        ("web-config",),
+    ),
+    "OTLP": ({"otlp": {"endpoint": "http://opentelemetry-collector.opentelemetry.svc:4317"}},
+             "otlp", ()),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", sorted(SAME_CHOICES))
+def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) -> None:
+    values, overlay, components = SAME_CHOICES[choice]
+    ours = render(values)
+    theirs = _kit(tmp_path, overlay, *components)
+    assert _pod_spec(ours) == _pod_spec(theirs)
+    assert (
+        _one(ours, "DaemonSet")["spec"]["updateStrategy"]
+        == _one(theirs, "DaemonSet")["spec"]["updateStrategy"]
+    )
+    if choice == "GKE":
+        quotas = [_one(x, "ResourceQuota")["spec"] for x in (ours, theirs)]
+        assert quotas[0] == quotas[1]
+
+
+def test_drift_is_caught() -> None:
+    """The comparison above can fail: a chart value that changes the pod shows up."""
+    base = _pod_spec(kustomize.build(DEPLOY / "overlays" / "kube-prometheus-stack"))
+    assert _pod_spec(render({"resources": {"limits": {"memory": "1Gi"}}})) != base
+    assert _pod_spec(render()) == base
+
+
+def test_values_schema_is_a_valid_schema() -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+    assert SCHEMAS  # the CRD schemas validate the chart's custom resources too
