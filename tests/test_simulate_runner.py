@@ -90,3 +90,26 @@ def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:
         proc.communicate(timeout=60)
     assert "No HTTP server (--web.listen-address none)" in banner
     assert "metrics" not in banner and "Landing page" not in banner
+
+
+def test_the_demo_slice_short_job_frees_goes_idle_when_it_ends() -> None:
+    """The freed MIG slice must not show "free · 90%" for ever: busy while short-job holds
+    it, idle once the pod (and its process) ended."""
+    from exporter.simulate.scenario import load_scenario
+    from exporter.simulate.signals import parse_signal
+
+    demo = load_scenario("demo")
+    (job,) = [p for p in demo.pods if p.pod.name == "short-job"]
+    (slice_id,) = job.pod.containers[0].devices[0].device_ids
+    (mig,) = [
+        m
+        for gpu in demo.sections["nvidia"]["gpus"]
+        for m in gpu.get("mig", [])
+        if m["uuid"] == slice_id
+    ]
+    busy = parse_signal(mig["utilization"], "utilization")
+    end = job.end
+    assert end is not None
+    assert [p["end"] for p in mig["processes"]] == [end]
+    assert busy.value(0) == busy.value(end - 0.1) == 0.9
+    assert busy.value(end + 0.1) == busy.value(3600) == 0.0

@@ -68,6 +68,12 @@ class SimulatedNode:
         ]  # fmt: skip
         # No `nvidia:` section is a node without an NVIDIA driver: the NVML collector stays
         # on, as in the DaemonSet, and reports no devices (absent is not broken).
+        if "sysfs" not in self.scenario.sections:
+            # No `sysfs:` section is a node without AMD, Intel, RDMA or SR-IOV devices, not
+            # this machine's: the sysfs sources read an empty tree and report absent.
+            empty = self.workdir / "sysfs-empty"
+            (empty / "class").mkdir(parents=True, exist_ok=True)
+            args += ["--path.sysfs", str(empty), "--collector.netdev.vf-netlink", "false"]
         for part in self.parts:
             args += part.exporter_args()
         return args
