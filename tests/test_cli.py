@@ -286,3 +286,20 @@ def test_a_missing_sysfs_is_said_at_start_naming_the_flag(tmp_path: Path) -> Non
         _, rest = proc.communicate(timeout=30)
     assert "WARNING" in line and f"--path.sysfs {tmp_path / 'nonexistent'}" in line, line
     assert "amdgpu, intel, netdev, rdma will see no devices" in line, rest
+
+
+def test_start_up_log_says_all_addresses_when_bound_to_all(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--web.listen-address", ":0", "--no-collector.nvml",
+         "--no-collector.amdgpu", "--no-collector.intel", "--no-collector.rdma",
+         "--no-collector.netdev", "--kubelet-socket", str(tmp_path / "k.sock")],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = next(x for x in proc.stderr if "serving on" in x)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert "serving on all addresses, port " in line, line
+    assert "(here: http://127.0.0.1:" in line

@@ -151,3 +151,27 @@ async def test_mixed_rows_nest_under_their_own_parent_in_chromium(tmp_path: Path
     assert depth_of["mlx5_0/1"] == depth_of["mlx5_1/1"] == 0
     assert "link up · 200 Gb/s" in dom and "rx " in dom
     assert re.search(r"<li class=\"ok\"><b>ok</b> resource amd.com/gpu: 5 allocatable", dom)
+
+
+def test_rows_name_the_gpu_index_and_shared_holders_by_replica() -> None:
+    from exporter.model import Allocation, Device, DeviceReading, Holder, JoinedDevice
+
+    gpu = Device(GPU, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "nvml",
+                 attributes=(("hw.gpu.index", "3"),))  # fmt: skip
+    holders = [Holder("batch", f"job-{i}", "worker") for i in (0, 1)]
+    snapshot = Snapshot(
+        timestamp=0.0,
+        node="n",
+        devices=(JoinedDevice(DeviceReading(gpu, ()), None, 2, True),),
+        allocations=tuple(
+            Allocation(h, "nvidia.com/gpu.shared", f"{GPU}::{i}", GPU, replica=str(i), shared=True)
+            for i, h in enumerate(holders)
+        ),
+    )
+    view = DevicesView()
+    view.update(snapshot)
+    (row,) = ROW.findall(view.page.decode())
+    assert "<b>GPU 3</b>" in row[2]
+    assert "batch/job-0/worker (shared, replica 0)" in row[2]
+    assert "batch/job-1/worker (shared, replica 1)" in row[2]
+    assert f"(shared {GPU}" not in row[2]  # the full ID only in the tooltip

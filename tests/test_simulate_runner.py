@@ -4,15 +4,29 @@ scenario, no HTTP server. One line on failure; the work directory never stays be
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 BAD_SCENARIO = Path(__file__).parent / "data" / "bad-sysfs-scenario.yaml"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short temporary directory: the simulated kubelet's socket lives under TMPDIR, and
+    pytest's own directories can exceed the 107 characters a unix socket path may have."""
+    path = Path(tempfile.mkdtemp(prefix="kde-t-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def env_for(tmp_path: Path) -> dict[str, str]:
@@ -72,6 +86,17 @@ def test_stopping_removes_the_work_directory(
     assert proc.returncode == 0, err
     assert "Landing page: http://127.0.0.1:" in banner
     assert leftovers(tmp_path) == [], err
+
+
+def test_a_socket_path_too_long_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    proc = simulate(deep, "mixed", "--web.listen-address", "127.0.0.1:0")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    (line,) = err.strip().splitlines()
+    assert "longer than 107 characters: set TMPDIR or KDE_SIMULATE_WORKDIR" in line
+    assert leftovers(deep) == []
 
 
 def test_a_bad_scenario_leaves_nothing(tmp_path: Path) -> None:

@@ -51,11 +51,20 @@ def run_simulation(argv: Sequence[str]) -> int:
     return exit_now_if_stuck(code)
 
 
+UNIX_PATH_MAX = 107
+"""Longest unix socket path (sun_path is 108 bytes with its NUL)."""
+
+
 def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: bool) -> int:
     try:
         node = SimulatedNode(scenario, workdir)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from exc
+    if len(str(node.socket_path)) > UNIX_PATH_MAX:
+        raise UsageError(
+            f"the simulated kubelet's socket {node.socket_path} is longer than {UNIX_PATH_MAX} "
+            f"characters: set TMPDIR or {WORKDIR_ENV} to a shorter directory"
+        )
     needed = node.env()
     if any(os.environ.get(k) != v for k, v in needed.items()):
         # The NVML binding dlopens libnvidia-ml.so.1 by name: the library path must be
