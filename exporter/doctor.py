@@ -258,6 +258,27 @@ def _unseen_finding(
     return Finding(PROBLEM, f"resource {resource}", found, cause, SOURCE_FIXES[source])
 
 
+def check_unattributed(
+    allocatable: Iterable[ContainerDevices], matcher: ResourceMatcher
+) -> list[Finding]:
+    """Device resources the node advertises that no --kubernetes.resource-pattern matches
+    (a typo, or a comma list in one quoted flag before it was split): their pods get no
+    labels, silently. Resources no bundled source reads are not ours to flag."""
+    names = sorted({d.resource_name for d in allocatable if not matcher(d.resource_name)})
+    return [
+        Finding(
+            PROBLEM,
+            f"resource {name}",
+            "advertised by the node but attributed by no --kubernetes.resource-pattern "
+            f"(now: {', '.join(matcher.patterns)})",
+            "the patterns replace the defaults, and match whole names",
+            f"add a pattern that matches it, e.g. {name.split('/')[0]}/*",
+        )
+        for name in names
+        if source_for(name)
+    ]
+
+
 def check_procfs(procfs: Path) -> Finding:
     subject = f"host proc ({procfs})"
     fix = "mount the host's /proc read-only (deploy/: at /host/proc) and set --path.procfs to it"
@@ -344,6 +365,7 @@ def run_doctor(config: Config) -> int:
     if state is not None:
         matcher = ResourceMatcher(config.resource_patterns)
         findings += check_unseen(state.allocatable, readings, matcher, sources)
+        findings += check_unattributed(state.allocatable, matcher)
     print(render(findings))
     bad = failed(findings)
     print(

@@ -16,6 +16,7 @@ from exporter.doctor import (
     PROBLEM,
     Finding,
     check_source,
+    check_unattributed,
     check_unseen,
     unseen_by_resource,
 )
@@ -172,3 +173,15 @@ async def test_doctor_when_the_node_advertises_gpus_nvml_cannot_see(tmp_path: Pa
     kubelet = lines_about(gone.stdout, "kubelet")
     assert kubelet[0].startswith("PROBLEM") and "does not exist" in kubelet[0]
     assert any("/var/lib/kubelet/pod-resources" in x for x in kubelet)
+
+
+def test_resources_no_pattern_attributes_are_a_problem() -> None:
+    allocatable = [
+        ContainerDevices("nvidia.com/gpu", (GPU0,)),
+        ContainerDevices("example.com/fpga", ("f0",)),  # no bundled source: not ours
+    ]
+    (finding,) = check_unattributed(allocatable, ResourceMatcher(["nvidia.com/mig-*"]))
+    assert finding.status == PROBLEM and finding.subject == "resource nvidia.com/gpu"
+    assert "(now: nvidia.com/mig-*)" in finding.found
+    assert "nvidia.com/*" in finding.fix
+    assert check_unattributed(allocatable, ResourceMatcher()) == []
