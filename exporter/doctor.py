@@ -338,7 +338,7 @@ def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Find
 
 def run_doctor(config: Config) -> int:
     from exporter import log as logsetup
-    from exporter.app import build_sources, host_path_problems
+    from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
 
     # Sources log what they cannot read; below warning it would drown the findings.
     logsetup.setup("debug" if config.log_level == "debug" else "warning", config.log_format)
@@ -373,7 +373,8 @@ def run_doctor(config: Config) -> int:
         if bad
         else "\nno problems: every device the node advertises is seen"
     )
-    return 1 if bad else 0
+    # A driver call still hung in a library's own (non-daemon) thread must not keep us here.
+    return exit_now_if_stuck(1 if bad else 0)
 
 
 async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodResourcesError | None]:
