@@ -145,8 +145,9 @@ TABLE: tuple[Behaviour, ...] = (
         "samples; when there are samples, a running process without one was idle (0); "
         "NOT_FOUND (no period ended, or all idle: the driver cannot tell) reports nothing "
         "and is not an error.",
-        "Returns one sample per process per elapsed driver sample period since "
-        "lastSeenTimeStamp (several per process, the idle ones left out), NOT_FOUND when none.",
+        "As measured on an H100 (580.159.04): one sample per busy process, the newest, "
+        "whatever lastSeenTimeStamp; NOT_FOUND when none is newer. The source averages "
+        "per PID all the same, should a driver return several.",
     ),
     Behaviour(
         "process-utilization-mig",
