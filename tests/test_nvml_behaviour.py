@@ -267,3 +267,10 @@ def test_a_lost_gpu_stays_failed_across_a_driver_reload_until_retention(
         result = node.collect_at(source, t)
         assert state(result, GPU.format(1)) == "failed"
     assert GPU.format(1) not in ids(node.collect_at(source, 115.0))  # retention over
+
+
+def test_docs_nvml_md_is_generated_from_the_table() -> None:
+    from exporter.sources.nvml.behaviour import markdown
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "nvml.md"
+    assert path.read_text() == markdown(), "run `make docs`"
