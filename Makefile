@@ -79,6 +79,7 @@ bench: install
 docs: $(STAMP)
 	$(PY) -m exporter.metrics > docs/metrics.md
 	$(PY) -m exporter.flagdoc README.md
+	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh

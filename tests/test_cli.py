@@ -303,3 +303,17 @@ def test_start_up_log_says_all_addresses_when_bound_to_all(tmp_path: Path) -> No
         proc.communicate(timeout=30)
     assert "serving on all addresses, port " in line, line
     assert "(here: http://127.0.0.1:" in line
+
+
+def test_every_source_option_has_a_type_that_takes_its_default() -> None:
+    """A new option left as free text would reach its source unchecked (the bug where
+    `--collector.nvml.processes maybe` started with NVML off for good)."""
+    from exporter import values
+    from exporter.sources import registry
+
+    for info in registry().values():
+        for option in info.options:
+            where = f"--collector.{info.name}.{option.name}"
+            if option.default:
+                assert option.parse is not values.text, f"{where} has no value type"
+            option.parse(option.default)  # the default must be valid for its own type

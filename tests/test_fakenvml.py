@@ -114,16 +114,15 @@ def test_mig_devices_and_lookups(nvml: NvidiaNode) -> None:
 
 def test_process_utilization_samples_and_not_found(nvml: NvidiaNode) -> None:
     gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-    nvml.at(12.0)  # 24 driver periods of 0.5 s since the scenario began
-    # lastSeenTimeStamp 0: the whole buffer (the newest 20), one sample per period
-    samples = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
-    assert {(s.pid, s.smUtil) for s in samples} == {(77, 25)}
-    assert len(samples) == 20
-    newest = max(s.timeStamp for s in samples)
+    nvml.at(12.0)
+    # as a real driver answers (measured): one sample per busy process, the newest
+    (sample,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
+    assert (sample.pid, sample.smUtil) == (77, 25)
     with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer than what was seen
-        pynvml.nvmlDeviceGetProcessUtilization(gpu, newest)
-    (one,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, newest - 500_000)
-    assert one.timeStamp == newest
+        pynvml.nvmlDeviceGetProcessUtilization(gpu, sample.timeStamp)
+    nvml.at(12.6)  # a driver sample period later
+    (later,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, sample.timeStamp)
+    assert later.timeStamp == sample.timeStamp + 500_000
 
 
 def test_xid_events_are_delivered_once_each(nvml: NvidiaNode) -> None:

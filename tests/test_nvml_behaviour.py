@@ -220,9 +220,9 @@ def test_process_utilization_is_the_mean_of_the_samples_and_idle_is_zero(
 ) -> None:
     assert "process-utilization-samples" in BY_KEY
     node = nvidia_node(TWO)
-    source = node.source()
+    source = node.source(**{"slow-interval": "1ms"})
     node.collect_at(source, 1.0)
-    result = node.collect_at(source, 5.0)  # eight driver periods since the last cycle
+    result = node.collect_at(source, 5.0)  # driver periods ended since the last cycle
     assert {p.pid: p.utilization for p in result.processes} == {10: pytest.approx(0.4), 11: 0.0}
     result = node.collect_at(source, 5.2)  # no period ended since: NOT_FOUND, nothing said
     assert {p.pid: p.utilization for p in result.processes} == {10: None, 11: None}
@@ -237,7 +237,7 @@ nvidia:
   gpus: [{{uuid: {GPU.format(0)}}}]
 """
     node = nvidia_node(plain)
-    source = node.source(**{"rediscover-interval": "1h"})
+    source = node.source(**{"rediscover-interval": "1h", "slow-interval": "1s"})
     assert ids(node.collect_at(source, 1.0)) == [GPU.format(0)]
     node.part.spec = nvidia_node(MIG_GPU).part.spec  # MIG enabled, two slices made
     result = node.collect_at(source, 2.0)
@@ -267,3 +267,10 @@ def test_a_lost_gpu_stays_failed_across_a_driver_reload_until_retention(
         result = node.collect_at(source, t)
         assert state(result, GPU.format(1)) == "failed"
     assert GPU.format(1) not in ids(node.collect_at(source, 115.0))  # retention over
+
+
+def test_docs_nvml_md_is_generated_from_the_table() -> None:
+    from exporter.sources.nvml.behaviour import markdown
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "nvml.md"
+    assert path.read_text() == markdown(), "run `make docs`"

@@ -966,49 +966,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     return leave(NVML_SUCCESS);
 }
 
-/* The driver samples process utilization periodically and keeps a buffer of samples
- * (behaviour.py: process-utilization-samples). The stand-in keeps one sample per process
- * per period, leaves out processes that were idle, and answers NOT_FOUND when no sample
- * is newer than lastSeenTimeStamp. Period and buffer length are the stand-in's own. */
+/* Process utilization (behaviour.py: process-utilization-samples). Measured on an H100
+ * (driver 580.159.04, `python -m bench.nvml_probe --load`): one sample per busy process
+ * per call, the newest, whether lastSeenTimeStamp is 0 or a second old; NOT_FOUND when
+ * nothing is newer than lastSeenTimeStamp. The stand-in samples every SAMPLE_PERIOD_US of
+ * scenario time (from scenario time 0, so tests know where periods end) and leaves out
+ * idle processes. The period is the stand-in's own. */
 #define SAMPLE_PERIOD_US 500000ULL
-#define SAMPLE_BUFFER 20ULL
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
-    unsigned n = 0, busy = 0, mode;
-    unsigned long long first, last, base, periods = 0;
+    unsigned n = 0, mode;
+    unsigned long long base, newest;
     DEVICE_CALL(device);
     CHECK_PTR(processSamplesCount);
     if ((r = status(o, "process_utilization")) != NVML_SUCCESS) return leave(r);
     if (device->mig >= 0 || (get_uint(o, "mig_mode", &mode) == NVML_SUCCESS && mode == 1))
         return leave(NVML_ERROR_NOT_SUPPORTED); /* "not currently supported" under MIG */
-    /* periods are counted from scenario time 0, so tests know where they end */
     base = cur->timestamp_us - (unsigned long long)llround(cur->time * 1e6);
-    last = (cur->timestamp_us - base) / SAMPLE_PERIOD_US;
-    first = lastSeenTimeStamp < base ? 0 : (lastSeenTimeStamp - base) / SAMPLE_PERIOD_US + 1;
-    if (last + 1 > SAMPLE_BUFFER && first < last + 1 - SAMPLE_BUFFER) first = last + 1 - SAMPLE_BUFFER;
-    if (last >= first) periods = last - first + 1;
-    for (int i = 0; i < g->nprocs; i++) busy += g->procs[i].sm > 0 || g->procs[i].mem > 0;
-    n = (unsigned)(periods * busy);
+    newest = base + (cur->timestamp_us - base) / SAMPLE_PERIOD_US * SAMPLE_PERIOD_US;
+    if (newest > lastSeenTimeStamp)
+        for (int i = 0; i < g->nprocs; i++) n += g->procs[i].sm > 0 || g->procs[i].mem > 0;
     if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
     if (utilization == NULL || *processSamplesCount < n) {
         *processSamplesCount = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     n = 0;
-    for (unsigned long long k = first; k <= last; k++) {
-        for (int i = 0; i < g->nprocs; i++) {
-            const proc_t *p = &g->procs[i];
-            if (p->sm == 0 && p->mem == 0) continue;
-            utilization[n].pid = p->pid;
-            utilization[n].timeStamp = base + k * SAMPLE_PERIOD_US;
-            utilization[n].smUtil = p->sm;
-            utilization[n].memUtil = p->mem;
-            utilization[n].encUtil = 0;
-            utilization[n].decUtil = 0;
-            n++;
-        }
+    for (int i = 0; i < g->nprocs; i++) {
+        const proc_t *p = &g->procs[i];
+        if (p->sm == 0 && p->mem == 0) continue;
+        utilization[n].pid = p->pid;
+        utilization[n].timeStamp = newest;
+        utilization[n].smUtil = p->sm;
+        utilization[n].memUtil = p->mem;
+        utilization[n].encUtil = 0;
+        utilization[n].decUtil = 0;
+        n++;
     }
     *processSamplesCount = n;
     return leave(NVML_SUCCESS);

@@ -5,6 +5,7 @@ Read through handles only (no privileged call: behaviour.py `gpu-instances-privi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,10 @@ class Gpu:
     migs: list[Mig] = field(default_factory=list)
     gpm: gpm_.Gpm | None = None
     process_seen_us: int = 0
+    slow_read_at: float = -math.inf
+    """When the slow values (see readings.FIELDS) were last read."""
+    slow_now: bool = True
+    """Whether this cycle reads them."""
 
 
 def devices(gpus: Iterable[Gpu]) -> Iterator[Gpu | Mig]:
