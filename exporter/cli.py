@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -211,6 +212,14 @@ COMMANDS = (
 )
 
 
+DOCTOR = (
+    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
+    "at the host /sys and /proc, and compares what the node advertises with what the sources "
+    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
+    "there is one. Run it in the exporter's pod with the exporter's flags."
+)
+
+
 def _metavar(dest: str, parse: Callable[[str], Any]) -> str:
     return _METAVARS.get(dest) or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
 
@@ -219,14 +228,20 @@ def _default_note(default: str, flag: str) -> str:
     return f"(default {default}; env {env_name(flag)})" if default else f"(env {env_name(flag)})"
 
 
-def build_parser(sources: dict[str, SourceInfo] | None = None, prog: str = PROG) -> _Parser:
+def build_parser(
+    sources: dict[str, SourceInfo] | None = None, prog: str = PROG, description: str = ""
+) -> _Parser:
     sources = registry() if sources is None else sources
-    commands = "\n".join(f"  {PROG} {usage:<30} {what}" for usage, what in COMMANDS)
+    commands = "\n".join(f"  {PROG} {usage}\n      {what}" for usage, what in COMMANDS)
     parser = _Parser(
         prog=prog,
-        description="Which pod uses which GPU, accelerator or NIC, and how hard. Every flag can "
-        "also be set as KDE_<FLAG> in the environment (--web.listen-address -> "
-        "KDE_WEB_LISTEN_ADDRESS); flags win. A bad value exits 2 naming the flag.",
+        description=textwrap.fill(
+            (description or "Which pod uses which GPU, accelerator or NIC, and how hard.")
+            + " Every flag can also be set as KDE_<FLAG> in the environment"
+            " (--web.listen-address -> KDE_WEB_LISTEN_ADDRESS); flags win. A bad value exits 2"
+            " naming the flag.",
+            width=79,
+        ),
         epilog=f"other commands:\n{commands}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -287,11 +302,12 @@ def parse_config(
     env: dict[str, str] | None = None,
     sources: dict[str, SourceInfo] | None = None,
     prog: str = PROG,
+    description: str = "",
 ) -> Config:
     """Flags, then `KDE_*` variables, then defaults -> Config. Raises UsageError."""
     env = dict(os.environ) if env is None else env
     sources = registry() if sources is None else sources
-    args = build_parser(sources, prog).parse_args(list(argv))
+    args = build_parser(sources, prog, description).parse_args(list(argv))
 
     given = vars(args)
     flag_dests = {dest for _, _, dest, _, _, _ in _FLAGS}
@@ -411,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["doctor"]:
             from exporter.doctor import run_doctor
 
-            return run_doctor(parse_config(argv[1:], prog=f"{PROG} doctor"))
+            return run_doctor(parse_config(argv[1:], prog=f"{PROG} doctor", description=DOCTOR))
         config = parse_config(argv)
     except UsageError as exc:
         return usage_error(str(exc))

@@ -32,7 +32,7 @@ def run_inspect(argv: Sequence[str]) -> int:
         default=Path(os.environ.get(variable) or DEFAULT_SOCKET),
         help=f"PodResources socket (default {DEFAULT_SOCKET}; env {variable})",
     )
-    parser.add_argument("--pod", help="NAMESPACE/NAME: use Get for this pod only")
+    parser.add_argument("--pod", metavar="NS/NAME", help="use Get for this pod only")
     args = parser.parse_args(list(argv))
     if args.pod is not None and args.pod.count("/") != 1:
         raise UsageError(f"--pod: expected NAMESPACE/NAME, got {args.pod!r}")
