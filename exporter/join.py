@@ -1,7 +1,7 @@
 """The join: PodResources assignments x device readings -> who holds what. Pure.
 
-Device plugins hand the kubelet many ID forms for one device (see
-../shared/reference/device-plugin-ids.md). `normalize_device_id` turns a raw ID into a
+Device plugins hand the kubelet many ID forms for one device (docs/device-ids.md lists
+them with the plugins' source files). `normalize_device_id` turns a raw ID into a
 lookup key plus a replica; sources declare the keys that name each of their devices
 (`Device.aliases`), so the join itself knows no vendor.
 """

@@ -54,3 +54,12 @@ def test_every_join_example_names_the_node() -> None:
     texts.append((ROOT / "README.md").read_text())
     for text in texts:
         assert not re.search(r"on\s*\(\s*hw_id\s*\)", text), text[:200]
+
+
+def test_nothing_cites_files_outside_the_repository() -> None:
+    # users of the project have no ../shared; facts live in docs/ or cite public sources
+    needle = "/".join(("shared", "reference"))  # spelled apart so this file does not match
+    for folder in ("exporter", "tests", "docs", "proto", "monitoring", "deploy", "bench"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in {".py", ".pyi", ".md", ".proto", ".yaml", ".c"}:
+                assert needle not in path.read_text(), path

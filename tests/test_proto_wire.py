@@ -1,6 +1,7 @@
 """Our PodResources stubs against the kubelet's wire format, field by field.
 
-EXPECTED is transcribed from ../shared/reference/podresources-api.md. Two checks: the
+EXPECTED is transcribed from the kubelet's own definitions (kubernetes/kubernetes
+`staging/src/k8s.io/kubelet/pkg/apis/podresources/{v1,v1alpha1}/api.proto`). Two checks: the
 descriptors say exactly that, and a fully populated message, serialized by our stubs
 and decoded here by a tiny independent wire parser, puts every value under the
 expected field number with the expected wire type.

@@ -241,6 +241,13 @@ between: one NVML collect went from 4.5 ms to 0.18 ms (median of 20, the real-dr
 and the whole exporter at a 1 s interval used 0.90 % of one core (60 s, RSS 74 MiB, no
 kubelet); SIGTERM ended it in 0.32 s.
 
+From a process in its own PID namespace (a pod without `hostPID`; `bench/pidns_probe.sh`,
+`unshare --pid --fork --mount-proc`): `nvmlDeviceGetComputeRunningProcesses` lists **no**
+process of the host's namespace (the driver hides PIDs the caller cannot see), while
+`nvmlDeviceGetProcessUtilization` still returns the host's PID (416 for a load the host
+saw as 416). So per-process GPU memory needs `hostPID`; per-process utilization comes with
+host PIDs, which only the host's `/proc` (`--path.procfs`) can resolve to containers.
+
 Per-process utilization under a CUDA load: one sample per busy process per call, the newest,
 whether `lastSeenTimeStamp` is 0 or a second old; `NOT_FOUND` with no process. An index past
 the count answers `INVALID_ARGUMENT`; `nvmlDeviceGetMigDeviceHandleByIndex` on a GPU with MIG

@@ -4,8 +4,8 @@ isort:skip_file
 Kubelet PodResources API, v1.
 
 Written for kube-device-exporter from the wire facts of the kubelet's
-k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (see
-../shared/reference/podresources-api.md). The kubelet is the server, so
+k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (kubernetes/kubernetes,
+staging/src/k8s.io/kubelet/...). The kubelet is the server, so
 package, service, message and field names, numbers and types must match it
 exactly; tests/test_proto_wire.py checks every field against the reference.
 """
