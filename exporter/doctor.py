@@ -14,7 +14,6 @@ from the last cycle's snapshot (`snapshot_findings`).
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,30 +30,9 @@ from exporter.model import (
 )
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sources import Source
+from exporter.sources.resources import SOURCE_FIXES, source_for
 
 OK, ABSENT, PROBLEM = "ok", "absent", "problem"
-
-RESOURCE_SOURCES = (
-    ("nvidia.com/*", "nvml"),
-    ("*.shared", "nvml"),
-    ("amd.com/*", "amdgpu"),
-    ("gpu.intel.com/*", "intel"),
-    ("rdma/*", "rdma"),
-    ("intel.com/*", "netdev"),
-    ("mellanox.com/*", "netdev"),
-    ("openshift.io/*", "netdev"),
-)
-"""Which source should see the devices of a resource (the default resource patterns)."""
-
-_SYSFS_FIX = "mount the host's /sys read-only (deploy/: at /host/sys) and set --path.sysfs to it"
-SOURCE_FIXES = {
-    "nvml": "run the pod with runtimeClassName: nvidia (or the NVIDIA runtime as the node's "
-    "default) and NVIDIA_VISIBLE_DEVICES=all, so libnvidia-ml.so.1 and /dev/nvidia* are there",
-    "amdgpu": f"{_SYSFS_FIX}; the amdgpu kernel module must be loaded on the node",
-    "intel": f"{_SYSFS_FIX}; the i915 or xe kernel module must be loaded on the node",
-    "rdma": f"{_SYSFS_FIX}; for rdma/* shared pools also give --collector.rdma.pool-config",
-    "netdev": f"{_SYSFS_FIX}; the PF's driver must have created the VFs (sriov_numvfs)",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +72,6 @@ def unseen_by_resource(
     state = PodResourcesState(allocatable=tuple(allocatable), allocatable_known=True)
     result = join([SourceResult("doctor", tuple(readings))], state, matcher)
     return {resource: count for resource, count in result.unseen if count}
-
-
-def source_for(resource_name: str) -> str:
-    return next((s for p, s in RESOURCE_SOURCES if fnmatch.fnmatchcase(resource_name, p)), "")
 
 
 def check_source(name: str, *, error: str, absent: str, devices: int) -> Finding:

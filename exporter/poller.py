@@ -26,6 +26,7 @@ from exporter.model import (
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
+from exporter.sources.resources import SOURCE_FIXES, source_for
 from exporter.threads import in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
@@ -230,30 +231,21 @@ class _Timed:
             self.seconds = self.clock() - started
 
 
-_SOURCE_OF = (
-    ("nvidia.com/", "nvml"),
-    ("amd.com/", "amdgpu"),
-    ("gpu.intel.com/", "intel"),
-    ("rdma/", "rdma"),
-)
-
-
 def _likely_cause(resource: str, healths: Mapping[str, SourceHealth]) -> str:
-    source = next((name for prefix, name in _SOURCE_OF if resource.startswith(prefix)), "")
+    source = source_for(resource)
     health = healths.get(source)
-    if source == "nvml" and (health is None or health.absent):
-        return (
-            "this pod has no NVML ("
-            + (health.absent if health else "the nvml collector is off")
-            + "): on GPU Operator/CDI clusters set runtimeClassName: nvidia, on GKE use the gke "
-            "overlay (driver mounts); see docs/deploy.md"
-        )
+    fix = SOURCE_FIXES.get(source, "")
     if health is None:
         return f"the {source or 'matching'} collector is not enabled (--collector.{source})"
     if not health.success:
         return f"source {source} is failing ({health.error})"
     if health.absent:
-        return f"source {source} finds no devices ({health.absent}): check the --path.sysfs mount"
+        if source == "nvml":
+            return (
+                f"this pod has no NVML ({health.absent}): {fix}; on GKE use the gke overlay "
+                "(driver mounts); see docs/deploy.md"
+            )
+        return f"source {source} finds no devices ({health.absent}): {fix}"
     return (
         "the device IDs match no device a source reports (compare `kube-device-exporter "
         "podresources` with /api/devices)"

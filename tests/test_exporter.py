@@ -269,5 +269,5 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
     # no source at all: the kubelet's GPU is unseen, said once over three cycles
     assert messages[2].startswith(
         "the kubelet can allocate 1 nvidia.com/gpu device(s) that no source sees: "
-        "this pod has no NVML"
+        "the nvml collector is not enabled (--collector.nvml)"
     )
