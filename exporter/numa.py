@@ -31,8 +31,8 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     for part in text.strip().split(","):
         if not part:
             continue
-        first, _, last = part.partition("-")
-        low, high = int(first), int(last or first)
+        first, dash, last = part.partition("-")
+        low, high = int(first), int(last if dash else first)
         if high < low:
             raise ValueError(f"descending range {part!r}")
         cpus += range(low, high + 1)
