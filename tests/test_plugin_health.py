@@ -4,18 +4,24 @@ poller, the whole /metrics text as a user scrapes it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from exporter.app import Exporter
+from exporter.config import Config
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from exporter.sinks.prometheus import render
+from exporter.sinks.web import DevicesView
+from tests.peers import chromium
 from tests.support import Clock, StaticSource
 
 SCENARIO = """
@@ -169,3 +175,41 @@ async def test_unknown_allocatable_list_reports_nothing(tmp_path: Path) -> None:
         await kubelet.stop()
     assert not any(k.startswith(("hw_device_allocatable", "hw_not_allocatable")) for k in scraped)
     assert scraped[_utilization("GPU-held")] == 0.5
+
+
+async def test_landing_page_json_says_not_allocatable(node: Node) -> None:
+    node.clock.now = 31
+    poller = node.exporter()
+    view = DevicesView()
+    view.update(await poller.run_once())
+    assert view.body is not None
+    devices = {d["id"]: d for d in json.loads(view.body)["devices"]}
+    assert devices["GPU-held"]["not_allocatable"] is True
+    assert devices["GPU-held"]["resource"] == "nvidia.com/gpu"
+    assert devices["GPU-spare"]["not_allocatable"] is False
+    assert devices["GPU-mig-parent"]["not_allocatable"] is False
+
+
+@pytest.mark.peer
+async def test_landing_page_shows_the_badge_in_headless_chromium(tmp_path: Path) -> None:
+    sock = tmp_path / "k.sock"
+    scenario = parse_scenario(SCENARIO.replace("start: 30, end: 60", "start: 0"))
+    kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 1.0)
+    await kubelet.start()
+    config = Config(kubelet_socket=sock, listen_address=("127.0.0.1", 0), node_name="node-1")
+    exporter = Exporter(config, sources={"nvml": StaticSource(SourceResult("nvml", READINGS))})
+    await exporter.start()
+    try:
+        await exporter.wait_ready(10)
+        dom = await asyncio.to_thread(chromium, exporter.url)
+    finally:
+        await exporter.stop()
+        await kubelet.stop()
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", dom, re.S)
+    badged = {
+        m[1]
+        for row in rows
+        if (m := re.search(r"<td[^>]*>(GPU-[a-z-]+)<span", row)) and "not allocatable" in row
+    }
+    # Started during the outage: the free GPU's resource is unknown to it (see above).
+    assert badged == {"GPU-held"}

@@ -65,6 +65,8 @@ def _summary(snapshot: Snapshot) -> dict[str, Any]:
                 "attributes": dict(device_attributes(joined)),
                 "holders": by_device.get(device.id, []),
                 "allocatable": joined.allocatable,
+                "resource": joined.resource,
+                "not_allocatable": bool(joined.resource) and not joined.allocatable,
                 **values,
             }
         )
