@@ -3,6 +3,7 @@ the bundled `numa` scenario end to end (real gRPC to the simulated kubelet, real
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from exporter.join import ResourceMatcher, container_numa
 from exporter.model import Container, ContainerDevices, ContainerMemory
 from exporter.numa import CpuNodeMap, parse_cpulist, read_cpu_nodes
-from exporter.simulate.scenario import parse_scenario
+from exporter.simulate.scenario import ScenarioError, parse_scenario
 from exporter.simulate.sysfs import render, write_tree
 from tests.support import Clock
 
@@ -143,3 +144,17 @@ def test_placement_lists_every_node_by_what_sits_there() -> None:
     assert (numa.exclusive_cpus, numa.cpus) == (3, (0,))
     assert numa.memory == (("hugepages-1Gi", 0), ("hugepages-1Gi", 1))
     assert numa.aligned is False
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        ("sysfs:\n  numa_nodes: [0, 1]\n", "expected a mapping of node -> cpulist"),
+        ('sysfs:\n  numa_nodes: {zero: "0-3"}\n', "expected `<node number>"),
+        ("unhealthy:\n  - {start: 3}\n", "unhealthy[0].ids"),
+        ("unhealthy:\n  - {ids: [GPU-a], when: 3}\n", "unknown keys ['when']"),
+    ],
+)
+def test_scenario_errors_name_the_key(section: str, problem: str) -> None:
+    with pytest.raises(ScenarioError, match=re.escape(problem)):
+        render(parse_scenario(f"node: n\n{section}"), 0.0)
