@@ -240,16 +240,10 @@ def container_numa(
     `cpu_ids`; no memory manager: no `memory`) are left out of the comparison; with nothing
     left to compare, or an exclusive CPU missing from the CPU map, it is not judged (None).
     """
-    devices = sorted(
-        {
-            (devs.resource_name, node)
-            for devs in container.devices
-            if matcher(devs.resource_name) and devs.device_ids
-            for node in devs.numa_nodes
-        }
-    )
-    if not any(matcher(d.resource_name) and d.device_ids for d in container.devices):
+    held = [d for d in container.devices if matcher(d.resource_name) and d.device_ids]
+    if not held:
         return None
+    devices = sorted({(devs.resource_name, node) for devs in held for node in devs.numa_nodes})
     cpus = sorted({cpu_nodes[c] for c in container.cpu_ids if c in cpu_nodes})
     unplaced = any(c not in cpu_nodes for c in container.cpu_ids)
     memory = sorted({(m.memory_type, n) for m in container.memory for n in m.numa_nodes})
