@@ -17,6 +17,7 @@ from exporter import log as logsetup
 from exporter.config import Config
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
+from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
@@ -96,6 +97,7 @@ class Exporter:
             interval=config.collect_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
+            cpu_nodes=CpuNodeMap(config.sysfs),
         )
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None

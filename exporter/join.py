@@ -11,14 +11,17 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from exporter.model import (
     Allocation,
     AllocationKind,
+    Container,
     ContainerDevices,
+    ContainerNuma,
     Device,
+    DeviceReading,
     Holder,
     JoinedDevice,
     PodResourcesState,
@@ -81,6 +84,8 @@ class JoinResult:
     unseen: tuple[tuple[str, int], ...] = ()
     """(resource, devices the kubelet can allocate that no source sees), per allocatable
     resource, when the kubelet's allocatable list is known."""
+    containers: tuple[ContainerNuma, ...] = ()
+    """NUMA placement of every container holding devices of matched resources."""
 
 
 class ResourceMatcher:
@@ -95,7 +100,13 @@ def join(
     results: Sequence[SourceResult],
     state: PodResourcesState | None,
     matcher: ResourceMatcher | None = None,
+    *,
+    cpu_nodes: Mapping[int, int] | None = None,
+    known_resources: Mapping[str, str] | None = None,
 ) -> JoinResult:
+    """`cpu_nodes`: the node's CPU -> NUMA map (exporter/numa.py). `known_resources`:
+    hw.id -> the resource earlier answers listed it under (the poller remembers them), so a
+    device that left the allocatable list is still reported under its resource."""
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
     state = state or PodResourcesState()
@@ -136,11 +147,14 @@ def join(
         for a in allocations
     ]
     allocatable_ids = {
-        device_id
+        device_id: devs.resource_name
         for devs in allocatable
         for raw in devs.device_ids
         for device_id in index.resolve(devs.resource_name, raw)
     }
+    resources = _resources(
+        readings, allocatable_ids, allocations, known_resources or {}, state.allocatable_known
+    )
     joined = []
     for reading in readings:
         who = holders.get(reading.device.id, set())
@@ -150,6 +164,7 @@ def join(
                 holder=next(iter(who)) if len(who) == 1 else None,
                 holders=len(who),
                 allocatable=reading.device.id in allocatable_ids,
+                resource=resources.get(reading.device.id, ""),
             )
         )
     allocations.sort(key=lambda a: (a.holder, a.kind.value, a.resource_name, a.raw_id, a.device_id))
@@ -160,8 +175,92 @@ def join(
                 1 for raw in devs.device_ids if not index.resolve(devs.resource_name, raw)
             )
             unseen[devs.resource_name] = unseen.get(devs.resource_name, 0) + missing
+    placements = tuple(
+        numa
+        for pod in state.pods
+        for container in pod.containers
+        if (numa := container_numa(pod.namespace, pod.name, container, matcher, cpu_nodes or {}))
+    )
     return JoinResult(
-        tuple(joined), tuple(_dedupe(allocations)), allocatable, tuple(sorted(unseen.items()))
+        tuple(joined),
+        tuple(_dedupe(allocations)),
+        allocatable,
+        tuple(sorted(unseen.items())),
+        placements,
+    )
+
+
+def _resources(
+    readings: Sequence[DeviceReading],
+    allocatable: Mapping[str, str],
+    allocations: Sequence[Allocation],
+    known: Mapping[str, str],
+    allocatable_known: bool,
+) -> dict[str, str]:
+    """hw.id -> the resource a device is allocatable under now, or held under, or was
+    allocatable under before. Nothing when the allocatable list is unknown (no v1 kubelet,
+    the gate off): then allocatable or not cannot be told. A device that is another seen
+    device's parent (a GPU in MIG mode) is left out: its capacity is its children's, and
+    it leaves the list by design when it is partitioned."""
+    if not allocatable_known:
+        return {}
+    parents = {r.device.parent for r in readings if r.device.parent}
+    held = {
+        a.device_id: a.resource_name
+        for a in allocations
+        if a.device_id and a.kind is AllocationKind.DEVICE_PLUGIN
+    }
+    out: dict[str, str] = {}
+    for reading in readings:
+        device_id = reading.device.id
+        if device_id in parents:
+            continue
+        resource = allocatable.get(device_id) or held.get(device_id) or known.get(device_id)
+        if resource:
+            out[device_id] = resource
+    return out
+
+
+def container_numa(
+    namespace: str,
+    pod: str,
+    container: Container,
+    matcher: ResourceMatcher,
+    cpu_nodes: Mapping[int, int],
+) -> ContainerNuma | None:
+    """Where a container's devices, exclusive CPUs and pinned memory sit; None for a
+    container holding no device of a matched resource.
+
+    Aligned means: the set of NUMA nodes of its exclusive CPUs equals the set of NUMA nodes
+    of its devices, and so does the set of NUMA nodes of its pinned memory (every type
+    together) - every node holding one of its devices also holds some of its CPUs and
+    memory, and none of its CPUs or memory sits on a node without one of its devices. A
+    container spanning nodes 0 and 1 with GPUs and CPUs on both is aligned; GPUs on 0 and 1
+    with CPUs on 0 only is not. Resources with no placement (shared-pool CPUs: no
+    `cpu_ids`; no memory manager: no `memory`) are left out of the comparison; with nothing
+    left to compare, or an exclusive CPU missing from the CPU map, it is not judged (None).
+    """
+    held = [d for d in container.devices if matcher(d.resource_name) and d.device_ids]
+    if not held:
+        return None
+    devices = sorted({(devs.resource_name, node) for devs in held for node in devs.numa_nodes})
+    cpus = sorted({cpu_nodes[c] for c in container.cpu_ids if c in cpu_nodes})
+    unplaced = any(c not in cpu_nodes for c in container.cpu_ids)
+    memory = sorted({(m.memory_type, n) for m in container.memory for n in m.numa_nodes})
+    device_nodes = {node for _, node in devices}
+    memory_nodes = {node for _, node in memory}
+    aligned: bool | None = None
+    if device_nodes and not unplaced and (cpus or memory_nodes):
+        aligned = (not cpus or set(cpus) == device_nodes) and (
+            not memory_nodes or memory_nodes == device_nodes
+        )
+    return ContainerNuma(
+        holder=Holder(namespace, pod, container.name),
+        devices=tuple(devices),
+        exclusive_cpus=len(container.cpu_ids),
+        cpus=tuple(cpus),
+        memory=tuple(memory),
+        aligned=aligned,
     )
 
 

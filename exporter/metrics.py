@@ -157,7 +157,10 @@ ATTRIBUTES: dict[str, str] = {
     "hw.allocation.shared": "`true` when the device is shared between containers.",
     "hw.allocation.claim": "DRA ResourceClaim name.",
     "hw.allocation.pool": "DRA pool name.",
-    "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated.",
+    "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated; one node on "
+    "`hw_container_numa_node`.",
+    "hw.numa.resource": "What sits on the NUMA node: an extended resource (`nvidia.com/gpu`), "
+    "`cpu` (exclusive CPUs) or a memory type (`memory`, `hugepages-1Gi`).",
     # exporter self-metrics
     "source": "Exporter source (collector) name.",
     "method": "PodResources RPC (`List`, `GetAllocatableResources`, `Get`).",
@@ -379,6 +382,55 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Device IDs held by containers (List), by resource.",
         scope=_A,
         attributes=("hw.allocation.resource",),
+    ),
+    MetricSpec(
+        "hw.device.allocatable",
+        G,
+        "",
+        "1 when the kubelet lists the device as allocatable for `hw_allocation_resource` "
+        "(GetAllocatableResources: its device plugin reports it healthy); 0 when it listed "
+        "it before, or a container holds it, and does not list it now: the plugin reported "
+        "it unhealthy. Devices of no known resource (a MIG-mode parent) have no series.",
+        scope=_A,
+        attributes=("hw.id", "hw.allocation.resource"),
+    ),
+    MetricSpec(
+        "hw.not_allocatable.devices",
+        U,
+        "{device}",
+        "Devices a source sees that the kubelet does not list as allocatable for their "
+        "resource (`hw_device_allocatable == 0`), by resource: capacity lost to unhealthy "
+        "devices.",
+        scope=_A,
+        attributes=("hw.allocation.resource",),
+    ),
+    MetricSpec(
+        "hw.container.numa.node",
+        G,
+        "",
+        "One series per NUMA node a container's devices (by resource), exclusive CPUs "
+        "(`cpu`) or pinned memory (by type) sit on; always 1. Containers holding devices only.",
+        scope=_A,
+        attributes=(*HOLDER_ATTRIBUTES, "hw.numa.resource", "hw.numa_node"),
+    ),
+    MetricSpec(
+        "hw.container.cpus.exclusive",
+        U,
+        "{cpu}",
+        "CPUs the static CPU manager gave the container alone; 0: it runs on the shared pool. "
+        "Containers holding devices only.",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
+    ),
+    MetricSpec(
+        "hw.container.numa.aligned",
+        G,
+        "",
+        "1 when the NUMA nodes of the container's exclusive CPUs and of its pinned memory "
+        "are each exactly those of its devices, 0 when not. No series when there is nothing "
+        "to compare (devices without topology, shared-pool CPUs and no pinned memory).",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
     ),
     # the exporter itself
     MetricSpec(

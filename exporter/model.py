@@ -174,6 +174,33 @@ class JoinedDevice:
     """The one container holding the device, or None when nobody or several do."""
     holders: int = 0
     allocatable: bool = False
+    resource: str = ""
+    """The extended resource the kubelet lists this device under now, or listed it under
+    earlier in this process's life, or under which a container holds it; empty when none
+    is known (a MIG-mode parent, a device no plugin advertises) or the kubelet's
+    allocatable list is not known. `allocatable` False with a resource: the device plugin
+    reported the device unhealthy (see docs/podresources.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerNuma:
+    """Where one container's resources sit, by NUMA node (see join.container_numa).
+
+    `aligned` is True when the NUMA nodes of its exclusive CPUs and of its pinned memory
+    are each exactly the NUMA nodes of its devices, False when not, None when there is
+    nothing to compare (no device topology, shared-pool CPUs and no pinned memory, or an
+    exclusive CPU the node's CPU map does not know)."""
+
+    holder: Holder
+    devices: tuple[tuple[str, int], ...] = ()
+    """(resource, NUMA node) of its devices, from PodResources topology."""
+    exclusive_cpus: int = 0
+    """CPUs the static CPU manager gave it alone; 0: it runs on the shared pool."""
+    cpus: tuple[int, ...] = ()
+    """NUMA nodes of its exclusive CPUs, from the node's CPU -> NUMA map (sysfs)."""
+    memory: tuple[tuple[str, int], ...] = ()
+    """(memory type, NUMA node) of memory the memory manager pinned for it."""
+    aligned: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,3 +243,5 @@ class Snapshot:
     """Exporter-scope samples contributed by other parts (e.g. the OTLP sink's export counts)."""
     unseen: tuple[tuple[str, int], ...] = ()
     """(resource, allocatable devices no source sees); see join.JoinResult.unseen."""
+    containers: tuple[ContainerNuma, ...] = ()
+    """NUMA placement of every container holding matched devices; see join.container_numa."""

@@ -105,6 +105,44 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     for resource, count in snapshot.unseen:
         attrs = (("hw.allocation.resource", resource), *node)
         yield Point(SPECS["kube_device_exporter.devices.unseen"], attrs, float(count))
+    yield from _health_points(snapshot, node)
+    yield from _numa_points(snapshot, node)
+
+
+def _health_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    """Per device: allocatable or not under its resource; per resource: how many are not."""
+    not_allocatable: Counter[str] = Counter()
+    for joined in snapshot.devices:
+        if not joined.resource:
+            continue
+        not_allocatable[joined.resource] += not joined.allocatable
+        attrs = (
+            ("hw.id", joined.reading.device.id),
+            ("hw.allocation.resource", joined.resource),
+            *node,
+        )
+        yield Point(SPECS["hw.device.allocatable"], attrs, float(joined.allocatable))
+    for resource in sorted(not_allocatable):
+        attrs = (("hw.allocation.resource", resource), *node)
+        yield Point(SPECS["hw.not_allocatable.devices"], attrs, float(not_allocatable[resource]))
+
+
+def _numa_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    for numa in snapshot.containers:
+        holder = (
+            ("k8s.namespace.name", numa.holder.namespace),
+            ("k8s.pod.name", numa.holder.pod),
+            ("k8s.container.name", numa.holder.container),
+        )
+        placed = [*numa.devices, *(("cpu", n) for n in numa.cpus), *numa.memory]
+        for what, numa_node in placed:
+            attrs = (*holder, ("hw.numa.resource", what), ("hw.numa_node", str(numa_node)), *node)
+            yield Point(SPECS["hw.container.numa.node"], attrs, 1.0)
+        yield Point(
+            SPECS["hw.container.cpus.exclusive"], (*holder, *node), float(numa.exclusive_cpus)
+        )
+        if numa.aligned is not None:
+            yield Point(SPECS["hw.container.numa.aligned"], (*holder, *node), float(numa.aligned))
 
 
 def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:

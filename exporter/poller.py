@@ -23,6 +23,7 @@ from exporter.model import (
     SourceHealth,
     SourceResult,
 )
+from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
@@ -53,6 +54,7 @@ class Poller:
         interval: float = 10.0,
         source_timeout: float = 5.0,
         stale_after: float = 300.0,
+        cpu_nodes: CpuNodeMap | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -66,6 +68,10 @@ class Poller:
         self.stale_after = stale_after
         self._clock = clock
         self._wall_clock = wall_clock
+        self.cpu_nodes = cpu_nodes
+        self._resources: dict[str, str] = {}
+        """hw.id -> the resource the kubelet listed it under: a device that leaves the
+        allocatable list (its plugin marked it unhealthy) keeps its resource."""
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
@@ -81,7 +87,17 @@ class Poller:
         started = self._clock()
         state, results = await asyncio.gather(self._poll_kubelet(), self._collect_all())
         healths = [health for _, health in results]
-        joined = join([r for r, _ in results if r is not None], state, self.matcher)
+        cpu_nodes = await self._cpu_nodes()
+        joined = join(
+            [r for r, _ in results if r is not None],
+            state,
+            self.matcher,
+            cpu_nodes=cpu_nodes,
+            known_resources=self._resources,
+        )
+        self._resources.update(
+            (d.reading.device.id, d.resource) for d in joined.devices if d.resource
+        )
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []
@@ -101,6 +117,7 @@ class Poller:
             last_success_timestamp=self._last_success,
             self_samples=tuple(self_samples),
             unseen=joined.unseen,
+            containers=joined.containers,
         )
         self._warn_unseen(joined.unseen, healths)
         for sink in self.sinks:
@@ -155,6 +172,13 @@ class Poller:
                 f"the kubelet can allocate {count} {resource} device(s) that no source sees: "
                 + _likely_cause(resource, by_name),
             )
+
+    async def _cpu_nodes(self) -> Mapping[int, int]:
+        if self.cpu_nodes is None:
+            return {}
+        if self.cpu_nodes.stale():
+            return await asyncio.to_thread(self.cpu_nodes.get)
+        return self.cpu_nodes.get()
 
     # --- kubelet --------------------------------------------------------------------
 

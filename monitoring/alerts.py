@@ -612,6 +612,76 @@ def _exporter_alerts() -> list[Alert]:
     ]
 
 
+def _kubelet_view_alerts() -> list[Alert]:
+    allocatable = "hw.device.allocatable"
+    gpu = f'{N1}, hw.id="GPU-1", hw.allocation.resource="nvidia.com/gpu"'
+    series = f"{allocatable}{{{gpu}}}"
+    gpu_labels = {
+        "k8s.node.name": "node-1",
+        "hw.id": "GPU-1",
+        "hw.allocation.resource": "nvidia.com/gpu",
+    }
+    aligned = "hw.container.numa.aligned"
+    holder = 'k8s.namespace.name="ml", k8s.pod.name="train-0", k8s.container.name="pytorch"'
+    container = f"{aligned}{{{N1}, {holder}}}"
+    container_labels = {
+        "k8s.node.name": "node-1",
+        "k8s.namespace.name": "ml",
+        "k8s.pod.name": "train-0",
+        "k8s.container.name": "pytorch",
+    }
+    return [
+        Alert(
+            "KubeDeviceNotAllocatable",
+            f"max by (k8s.node.name, hw.id, hw.allocation.resource) ({allocatable}) == 0",
+            "1m",
+            "warning",
+            "{hw.id} on {k8s.node.name} is no longer allocatable as {hw.allocation.resource}",
+            "The kubelet on {k8s.node.name} no longer lists {hw.id} as allocatable "
+            "{hw.allocation.resource}: its device plugin reported it unhealthy. The exporter "
+            "still sees the device; the node has lost its capacity, and a pod that holds it "
+            "keeps running on it.",
+            (
+                Case(
+                    "left the list 5m ago",
+                    {series: "1+0x5 0+0x10"},
+                    "10m",
+                    (gpu_labels,),
+                ),
+                Case("allocatable all along", {series: "1+0x15"}, "10m"),
+                Case(
+                    "a device plugin restart: gone for one scrape",
+                    {series: "1+0x5 0 1+0x10"},
+                    "6m",
+                ),
+                Case("came back", {series: "1+0x5 0+0x3 1+0x10"}, "12m"),
+            ),
+        ),
+        Alert(
+            "KubeDeviceContainerNumaMisaligned",
+            "max by (k8s.node.name, k8s.namespace.name, k8s.pod.name, k8s.container.name)"
+            f" ({aligned}) == 0",
+            "5m",
+            "info",
+            "{k8s.namespace.name}/{k8s.pod.name} {k8s.container.name} has its devices and "
+            "CPUs on different NUMA nodes",
+            "Container {k8s.container.name} of {k8s.namespace.name}/{k8s.pod.name} on "
+            "{k8s.node.name} holds devices on NUMA nodes other than its exclusive CPUs or its "
+            "pinned memory: its host-device traffic crosses the socket interconnect.",
+            (
+                Case(
+                    "misaligned since it started",
+                    {container: "0+0x20"},
+                    "10m",
+                    (container_labels,),
+                ),
+                Case("aligned", {container: "1+0x20"}, "10m"),
+                Case("misaligned pod deleted after 3m", {container: "0+0x3"}, "10m"),
+            ),
+        ),
+    ]
+
+
 KSM_DAEMONSET = 'daemonset=~".*kube-device-exporter.*"'
 """The exporter's DaemonSet in kube-state-metrics' series: `kube-device-exporter` from the
 kit, `<release>-kube-device-exporter` from the Helm chart."""
@@ -685,6 +755,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_throttle_alerts(),
         *_device_state_alerts(),
         *_idle_alerts(),
+        *_kubelet_view_alerts(),
     ],
     "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts()],
 }

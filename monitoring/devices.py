@@ -23,6 +23,7 @@ MIG = f'{NODE}, hw.gpu.mig.profile!=""'
 RATE = "$__rate_interval"
 OK = 'hw.state="ok"'
 FAILED = 'hw.state="failed"'
+PICKED = 'hw.id=~"$device"'
 
 
 def build() -> dash.Dashboard:
@@ -77,6 +78,39 @@ def _health() -> list[PanelBuilder]:
             ],
             states={"0": ("degraded", "orange"), "1": ("ok", "green"), "2": ("failed", "red")},
             span=24,
+        ),
+        table_panel(
+            "Not allocatable (device plugin reports unhealthy)",
+            "Devices the exporter sees that the kubelet no longer lists as allocatable for "
+            "their resource: their device plugin reported them unhealthy. Capacity lost; a "
+            "pod holding one keeps running on it. Empty when every device is allocatable.",
+            [
+                (
+                    "Allocatable",
+                    f"max by ({KEY}, hw.allocation.resource)"
+                    f" ({sel('hw.device.allocatable', NODE, PICKED)}) == 0",
+                ),
+                (
+                    "Holder",
+                    f"max by ({KEY}, k8s.namespace.name, k8s.pod.name)"
+                    f" ({sel('hw.allocation.info', NODE, PICKED)})"
+                    f" and on({KEY}) ({sel('hw.device.allocatable', NODE)} == 0)",
+                ),
+            ],
+            hide=("Allocatable", "Holder"),
+            span=12,
+        ),
+        timeseries_panel(
+            "Devices not allocatable by resource",
+            "Per node and extended resource: devices seen but not allocatable over time.",
+            [
+                Q(
+                    "sum by (k8s.node.name, hw.allocation.resource)"
+                    f" ({sel('hw.not_allocatable.devices', NODE)})",
+                    "{{k8s_node_name}} {{hw_allocation_resource}}",
+                )
+            ],
+            unit="short",
         ),
     ]
 

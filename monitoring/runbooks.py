@@ -193,6 +193,43 @@ RUNBOOKS: dict[str, Runbook] = {
             "Restart the pod; if it stalls again, check the driver on the node.",
         ),
     ),
+    "KubeDeviceNotAllocatable": Runbook(
+        "The device plugin reported the device unhealthy to the kubelet (ListAndWatch), so "
+        "the kubelet dropped it from the devices it can allocate (GetAllocatableResources "
+        "answers only healthy devices). The exporter still sees it. The node has lost that "
+        "capacity; a pod holding it keeps running on it: the kubelet does not fail it (with "
+        "the ResourceHealthStatus gate it only reports the device's health in the pod's "
+        "status, `allocatedResourcesStatus`). The NVIDIA plugin does this after XIDs "
+        "other than application ones (48 double-bit ECC, 79 fallen off the bus...).",
+        (
+            _WHO,
+            "Look at the device's XIDs and status on the *Devices / Nodes and devices* "
+            "dashboard, and at the plugin's log (`kubectl -n <plugin namespace> logs "
+            "<device plugin pod on the node>`) for the reason it gave.",
+            _DRAIN,
+            _RESET,
+            "If every device of a resource left at once and came back within a minute, the "
+            "plugin restarted (an upgrade): the kubelet marks all of a plugin's devices "
+            "unhealthy while it re-registers, and the 1m `for` rides that out.",
+        ),
+    ),
+    "KubeDeviceContainerNumaMisaligned": Runbook(
+        "The container's devices sit on NUMA nodes other than its exclusive CPUs or its "
+        "pinned memory (docs/podresources.md says exactly what aligned means): copies "
+        "between host memory and the device, and the CPU threads feeding it, cross the "
+        "socket interconnect. The kubelet placed it so because the node's Topology Manager "
+        "policy is `none` or `best-effort`, or the aligned node had no room.",
+        (
+            'See where each part sits: `hw_container_numa_node{k8s_pod_name="POD"}` '
+            "(dashboard *Devices / Namespaces and pods*, NUMA placement).",
+            "For a node that must align, set the kubelet's `topologyManagerPolicy: "
+            "single-numa-node` (or `restricted`) with `cpuManagerPolicy: static`; a pod that "
+            "cannot be aligned is then rejected with TopologyAffinityError instead of running "
+            "slowly.",
+            "Re-create the pod (delete it; its controller makes a new one) when the node has "
+            "room on the devices' node.",
+        ),
+    ),
     "KubeDeviceExporterDaemonSetUnavailable": Runbook(
         "Exporter pods are Pending, crash-looping or not ready. Behind a ServiceMonitor a pod "
         "that is not ready drops out of the endpoints, so no `up == 0` shows it: this alert, "

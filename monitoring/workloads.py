@@ -45,6 +45,7 @@ def build() -> dash.Dashboard:
             ("Top consumers", _top()),
             ("Per pod (devices held by one container)", _per_pod()),
             ("Shared devices", _shared()),
+            ("NUMA placement", _numa()),
         ),
     )
 
@@ -239,5 +240,48 @@ def _shared() -> list[PanelBuilder]:
                 )
             ],
             hide=("Held",),
+        ),
+    ]
+
+
+def _numa() -> list[PanelBuilder]:
+    aligned = sel("hw.container.numa.aligned", HOLDER)
+    return [
+        table_panel(
+            "NUMA alignment of containers holding devices",
+            "Per container: Aligned 1 when its exclusive CPUs and pinned memory sit on "
+            "exactly the NUMA nodes of its devices, 0 when not, empty when there is nothing "
+            "to compare (shared-pool CPUs and no pinned memory); Exclusive CPUs 0 means it "
+            "runs on the shared CPU pool.",
+            [
+                ("Aligned", f"max by (k8s.node.name, {CONTAINER}) ({aligned})"),
+                (
+                    "Exclusive CPUs",
+                    f"max by (k8s.node.name, {CONTAINER})"
+                    f" ({sel('hw.container.cpus.exclusive', HOLDER)})",
+                ),
+            ],
+            span=12,
+        ),
+        table_panel(
+            "NUMA nodes by resource",
+            "One row per NUMA node a container's devices (by resource), exclusive CPUs "
+            "(`cpu`) or pinned memory (by type) sit on.",
+            [
+                (
+                    "Placed",
+                    f"max by (k8s.node.name, {CONTAINER}, hw.numa.resource, hw.numa_node)"
+                    f" ({sel('hw.container.numa.node', HOLDER)})",
+                )
+            ],
+            hide=("Placed",),
+            span=12,
+        ),
+        timeseries_panel(
+            "Misaligned containers",
+            "Containers holding devices whose exclusive CPUs or pinned memory sit on other "
+            "NUMA nodes (alert KubeDeviceContainerNumaMisaligned), per node.",
+            [Q(f"count by (k8s.node.name) ({aligned} == 0)", "{{k8s_node_name}}")],
+            unit="short",
         ),
     ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from exporter.join import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
+from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
@@ -51,11 +52,14 @@ async def one_cycle(
     *,
     t: float = 0.0,
     patterns: tuple[str, ...] | None = None,
+    sysfs: Path | None = None,
 ) -> Snapshot:
     """Serve `scenario` at time `t`, run one exporter cycle with frozen clocks, return it.
 
     Frozen clocks make durations 0 and timestamps FIXED_WALL_TIME, so the whole
-    /metrics output is byte-for-byte reproducible."""
+    /metrics output is byte-for-byte reproducible. `sysfs`: where the CPU -> NUMA map is
+    read (None: no map, as for a scenario without a `sysfs:` section, whose exporter would
+    read the host's)."""
     kubelet = SimulatedKubelet(scenario, socket_path, clock=lambda: t)
     await kubelet.start()
     client = PodResourcesClient(socket_path, clock=lambda: 0.0, wall_clock=lambda: FIXED_WALL_TIME)
@@ -64,6 +68,7 @@ async def one_cycle(
         sources=sources,
         client=client,
         matcher=ResourceMatcher(patterns) if patterns else None,
+        cpu_nodes=CpuNodeMap(sysfs) if sysfs else None,
         clock=lambda: 0.0,
         wall_clock=lambda: FIXED_WALL_TIME,
     )

@@ -29,10 +29,10 @@ T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any 
 
 
 def test_every_bundled_scenario_has_a_golden_file() -> None:
-    assert sorted(bundled_names()) == ["demo", "dense", "mixed"]
+    assert sorted(bundled_names()) == ["demo", "dense", "mixed", "numa"]
 
 
-@pytest.mark.parametrize("name", ["demo", "dense", "mixed"])
+@pytest.mark.parametrize("name", ["demo", "dense", "mixed", "numa"])
 async def test_golden_metrics(
     name: str,
     tmp_path: Path,
@@ -56,7 +56,8 @@ async def test_golden_metrics(
         clock.now = T1
         node.advance()
         await _xids_delivered(sources, scenario.sections.get("nvidia", {}))
-        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1)
+        sysfs = config.sysfs if "sysfs" in scenario.sections else None
+        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1, sysfs=sysfs)
     finally:
         for source in sources.values():
             source.close()

@@ -37,7 +37,7 @@ from tests.peers import PrometheusServer, free_port, need
 
 pytestmark = pytest.mark.peer
 
-SCENARIOS = [s for s in ("demo", "mixed") if s in bundled_names()]
+SCENARIOS = [s for s in ("demo", "mixed", "numa") if s in bundled_names()]
 RATE_INTERVAL = "4s"
 """What Grafana makes of $__rate_interval at a 1 s scrape interval (4 x scrape interval)."""
 RANGE = "1m"
@@ -309,3 +309,57 @@ def test_health_alert_expressions_select_the_broken_targets(cluster: Cluster) ->
 
     for healthy in ("KubeDeviceExporterAbsent", "KubeDeviceExporterCycleStalled"):
         assert cluster.prometheus.query(_alert_expr(healthy)) == [], healthy
+
+
+def _panel(stem: str, title: str) -> list[kit.PanelQuery]:
+    found = [q for q in QUERIES if q.dashboard == stem and q.panel == title]
+    assert found, f"{stem}: no panel {title!r}"
+    return found
+
+
+def _rows(cluster: Cluster, query: kit.PanelQuery) -> list[dict[str, str]]:
+    expr = _substitute(query.expr, _variable_values(cluster, query.dashboard, concrete=False))
+    return [s["metric"] for s in cluster.query(expr, instant=True)]
+
+
+def test_not_allocatable_panel_and_alert_show_the_unhealthy_gpu(cluster: Cluster) -> None:
+    """The `numa` node's plugin reports GPU ...003 unhealthy after 2 s: the devices
+    dashboard's panel lists it with its holder, and the alert selects it and nothing else."""
+    gpu = "GPU-2b7e0c41-93a5-4f1e-8d21-000000000003"
+    hw_id, pod = kit.prometheus_label("hw.id"), kit.prometheus_label("k8s.pod.name")
+    allocatable, holder = _panel("devices", "Not allocatable (device plugin reports unhealthy)")
+    assert {r[hw_id] for r in _rows(cluster, allocatable)} == {gpu}
+    assert [(r[hw_id], r[pod]) for r in _rows(cluster, holder)] == [(gpu, "trainer-misaligned")]
+    selected = cluster.prometheus.query(_alert_expr("KubeDeviceNotAllocatable"))
+    assert {s["metric"][hw_id] for s in selected} == {gpu}
+
+
+def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -> None:
+    pod = kit.prometheus_label("k8s.pod.name")
+    alignment = _panel("workloads", "NUMA alignment of containers holding devices")
+    aligned_q, cpus_q = alignment
+    aligned = {
+        r[pod]: float(s["value"][1])
+        for s in cluster.query(
+            _substitute(aligned_q.expr, _variable_values(cluster, "workloads", concrete=False)),
+            instant=True,
+        )
+        for r in [s["metric"]]
+        if r.get(kit.prometheus_label("k8s.node.name")) == "numa-node-1"
+    }
+    # The notebook runs on the shared CPU pool with no pinned memory: no alignment value.
+    assert aligned == {"trainer-misaligned": 0.0, "trainer-aligned": 1.0}
+    assert {r[pod] for r in _rows(cluster, cpus_q)} >= {"notebook", "trainer-aligned"}
+    (placed,) = _panel("workloads", "NUMA nodes by resource")
+    resource = kit.prometheus_label("hw.numa.resource")
+    numa_node = kit.prometheus_label("hw.numa_node")
+    rows = {
+        (r[resource], r[numa_node])
+        for r in _rows(cluster, placed)
+        if r[pod] == "trainer-misaligned"
+    }
+    assert rows == {("nvidia.com/gpu", "1"), ("cpu", "0")}
+    (misaligned,) = _panel("workloads", "Misaligned containers")
+    assert _rows(cluster, misaligned)
+    selected = cluster.prometheus.query(_alert_expr("KubeDeviceContainerNumaMisaligned"))
+    assert {s["metric"][pod] for s in selected} == {"trainer-misaligned"}

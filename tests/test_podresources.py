@@ -185,7 +185,9 @@ async def test_rate_limit_backs_off_and_recovers(sock: Path) -> None:
     kubelet = SimulatedKubelet(scenario, sock, clock=lambda: 0.0)
     await kubelet.start()
     clock = Clock()
-    client = PodResourcesClient(sock, clock=clock, backoff_initial=1.0, backoff_max=8.0)
+    client = PodResourcesClient(
+        sock, clock=clock, backoff_initial=1.0, backoff_max=8.0, allocatable_interval=60.0
+    )
     try:
         await client.poll()  # List + GetAllocatableResources: 2 of 3 tokens
         await client.poll()  # List: the last token

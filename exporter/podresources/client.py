@@ -1,8 +1,10 @@
 """Kubelet PodResources client (grpc.aio over the kubelet's unix socket).
 
 Called once per cycle by the poller, never on a scrape. What it handles, and why:
-- `List` + `GetAllocatableResources` (the latter refreshed every `allocatable_interval`,
-  since capacity rarely changes and the kubelet's rate limit is shared by all clients);
+- `List` + `GetAllocatableResources`, both every cycle by default (`allocatable_interval`
+  0): the allocatable list is the device plugins' health as the kubelet sees it, and it
+  changes the moment a plugin reports a device unhealthy (docs/podresources.md); two calls
+  per 10 s cycle are 0.2 of the kubelet's 100 qps shared by all clients;
 - v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
 - a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
 - a deadline on every call (a hung kubelet must not stall the cycle);
@@ -59,7 +61,7 @@ class PodResourcesClient:
         timeout: float = 5.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         v1_retry_interval: float = 300.0,
-        allocatable_interval: float = 60.0,
+        allocatable_interval: float = 0.0,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
         clock: Callable[[], float] = time.monotonic,

@@ -5,7 +5,8 @@ Faithful to the real kubelet where a client can tell: v1 and v1alpha1 on one soc
 `Get`/`GetAllocatableResources` and unknown pods, the token-bucket rate limit
 (100 qps, burst 10, `ResourceExhausted "rejected by rate limit"`) applied across all
 clients, optional latency, and stop/restart on the same path (the socket file is
-removed on stop, as the kubelet's is).
+removed on stop, as the kubelet's is). Devices the scenario marks `unhealthy` leave
+GetAllocatableResources and stay in List, as in the kubelet (scenario.Unhealthy).
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class _V1(v1_grpc.PodResourcesListerServicer):
         if not self.k.behaviour.allocatable:
             await context.abort(grpc.StatusCode.UNKNOWN, ALLOCATABLE_DISABLED)
         return v1_pb2.AllocatableResourcesResponse(
-            devices=[devices_to_v1(d) for d in self.k.scenario.allocatable]
+            devices=[devices_to_v1(d) for d in self.k.scenario.allocatable_at(self.k.clock())]
         )
 
     async def Get(self, request: Any, context: Any) -> v1_pb2.GetPodResourcesResponse:

@@ -9,7 +9,7 @@ docs/simulation.md; bundled scenarios live in exporter/simulate/scenarios/.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,26 @@ class TimedPod:
 
 
 @dataclass(frozen=True, slots=True)
+class Unhealthy:
+    """Device IDs their plugin reports unhealthy from `start` until `end` (scenario seconds).
+
+    The kubelet keeps them in the containers that hold them (List) and drops them from
+    GetAllocatableResources, which answers `allDevices.Filter(healthyDevices)`
+    (pkg/kubelet/cm/devicemanager/manager.go, GetAllocatableDevices); the plugin's
+    ListAndWatch update replaces healthyDevices at once (genericDeviceUpdateCallback), so
+    the change shows in the next answer. An ID also covers its `::N` replicas."""
+
+    ids: tuple[str, ...]
+    start: float = 0.0
+    end: float | None = None
+
+    def covers(self, device_id: str, t: float) -> bool:
+        if t < self.start or (self.end is not None and t >= self.end):
+            return False
+        return any(device_id == i or device_id.startswith(f"{i}::") for i in self.ids)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     node: str
@@ -67,9 +87,21 @@ class Scenario:
     pods: tuple[TimedPod, ...] = ()
     sections: Mapping[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    unhealthy: tuple[Unhealthy, ...] = ()
 
     def pods_at(self, t: float) -> tuple[Pod, ...]:
         return tuple(p.pod for p in self.pods if p.alive(t))
+
+    def allocatable_at(self, t: float) -> tuple[ContainerDevices, ...]:
+        """`allocatable` less the devices their plugin reports unhealthy at `t`."""
+        out = []
+        for devs in self.allocatable:
+            ids = tuple(
+                i for i in devs.device_ids if not any(u.covers(i, t) for u in self.unhealthy)
+            )
+            if ids:
+                out.append(replace(devs, device_ids=ids))
+        return tuple(out)
 
 
 def bundled_names() -> list[str]:
@@ -106,7 +138,16 @@ def parse_scenario(text: str, *, name: str = "scenario", path: Path | None = Non
     where.keys(
         doc,
         "",
-        {"node", "description", "kubelet", "allocatable", "pods", "pod_sets", *DEVICE_SECTIONS},
+        {
+            "node",
+            "description",
+            "kubelet",
+            "allocatable",
+            "unhealthy",
+            "pods",
+            "pod_sets",
+            *DEVICE_SECTIONS,
+        },
     )
     pods = [_timed_pod(where, p, f"pods[{i}]") for i, p in enumerate(where.seq(doc, "pods"))]
     for i, spec in enumerate(where.seq(doc, "pod_sets")):
@@ -123,6 +164,10 @@ def parse_scenario(text: str, *, name: str = "scenario", path: Path | None = Non
         pods=tuple(pods),
         sections={k: doc[k] for k in DEVICE_SECTIONS if k in doc},
         path=path,
+        unhealthy=tuple(
+            _unhealthy(where, u, f"unhealthy[{i}]")
+            for i, u in enumerate(where.seq(doc, "unhealthy"))
+        ),
     )
 
 
@@ -193,6 +238,20 @@ def _devices(where: _Where, doc: Any, key: str) -> ContainerDevices:
         raise where.fail(f"{key}.ids", "expected a list of device IDs")
     return ContainerDevices(
         str(doc["resource"]), tuple(str(i) for i in ids), _numa(doc.get("numa"))
+    )
+
+
+def _unhealthy(where: _Where, doc: Any, key: str) -> Unhealthy:
+    doc = where.mapping(doc, key)
+    where.keys(doc, key, {"ids", "start", "end"})
+    ids = doc.get("ids")
+    if not isinstance(ids, list) or not ids:
+        raise where.fail(f"{key}.ids", "expected a non-empty list of device IDs")
+    end = doc.get("end")
+    return Unhealthy(
+        tuple(str(i) for i in ids),
+        start=where.number(doc, "start", key, 0.0),
+        end=None if end is None else where.number(doc, "end", key, 0.0),
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from exporter.join import pci_address
 from exporter.simulate.scenario import Scenario, ScenarioError
 
-SECTION_KEYS = {"amdgpu", "intel", "infiniband", "rdma_pools", "sriov"}
+SECTION_KEYS = {"amdgpu", "intel", "infiniband", "rdma_pools", "sriov", "numa_nodes"}
 GIB = 1024**3
 
 
@@ -464,7 +464,24 @@ def render(scenario: Scenario, t: float) -> tuple[Tree, dict[str, list[dict[str,
         _hca(tree, hca, t)
     for pf in section.items("sriov", PF_KEYS):
         _sriov(tree, pf, t, netlink)
+    _numa_nodes(tree, section)
     return tree, netlink
+
+
+def _numa_nodes(tree: Tree, section: _Doc) -> None:
+    """`numa_nodes: {0: "0-15", 1: "16-31"}` -> `devices/system/node/node<N>/cpulist` and
+    `node/online` (Documentation/ABI/stable/sysfs-devices-node), in the kernel's list
+    format, which exporter/numa.py parses."""
+    value = section.get("numa_nodes") or {}
+    where = f"{section.scenario}: sysfs.numa_nodes"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping of node -> cpulist")
+    for node, cpulist in value.items():
+        if isinstance(node, bool) or not isinstance(node, int) or not isinstance(cpulist, str):
+            raise ScenarioError(f'{where}: expected `<node number>: "<cpulist>"`, got {node!r}')
+        tree.put(f"devices/system/node/node{node}/cpulist", cpulist)
+    if value:
+        tree.put("devices/system/node/online", ",".join(str(n) for n in sorted(value)))
 
 
 def write_tree(root: Path, tree: Tree, written: dict[str, str] | None = None) -> None:

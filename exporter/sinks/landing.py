@@ -86,7 +86,14 @@ def _device_name(d: dict[str, Any]) -> str:
         label += f" port {port}" if port else ""
     else:
         label = d["type"].upper() if d["type"] == "gpu" else d["type"]
-    return f"<b>{escape(label)}</b> <code>{escape(d['id'])}</code>"
+    badge = ""
+    if d.get("not_allocatable"):
+        why = (
+            f"the kubelet no longer lists it as {d.get('resource', '')}: "
+            "its device plugin reports it unhealthy"
+        )
+        badge = f' <span class="badge" title="{escape(why)}">not allocatable</span>'
+    return f"<b>{escape(label)}</b> <code>{escape(d['id'])}</code>{badge}"
 
 
 def _model(d: dict[str, Any]) -> str:

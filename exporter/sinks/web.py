@@ -56,6 +56,8 @@ def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict
                 "attributes": attributes,
                 "holders": by_device.get(device.id, []),
                 "allocatable": joined.allocatable,
+                "resource": joined.resource,
+                "not_allocatable": bool(joined.resource) and not joined.allocatable,
                 **_values(joined),
             }
         )
