@@ -19,7 +19,15 @@ from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.sinks.web import DevicesView, make_app
+from exporter.sinks.webserver import (
+    GuardedServer,
+    ServerLimits,
+    ServerStats,
+    request_logger,
+    security_middleware,
+)
 from exporter.sources import Source, SourceContext, registry
+from exporter.webconfig import WebConfigWatcher
 
 log = logging.getLogger("exporter")
 
@@ -66,7 +74,9 @@ class Exporter:
         self.prometheus = PrometheusSink()
         self.view = DevicesView()
         sinks: list[SnapshotSink] = [self.prometheus, self.view]
-        self_metrics: list[SelfMetrics] = []
+        self.web_limits = ServerLimits(max_connections=config.web_max_connections)
+        self.web_stats = ServerStats(self.web_limits)
+        self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
         self.otlp = None
         if config.otlp.endpoint:
             from exporter.sinks.otlp import OtlpSink
@@ -91,6 +101,7 @@ class Exporter:
             stale_after=config.podresources_stale_after,
         )
         self._runner: web.AppRunner | None = None
+        self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.port: int | None = None
@@ -100,20 +111,34 @@ class Exporter:
         host = (self.config.listen_address or ("", 0))[0] or "127.0.0.1"
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/"
+        scheme = "https" if self.web_stats.watcher and self.web_stats.watcher.config.tls else "http"
+        return f"{scheme}://{host}:{self.port}/"
 
     async def start(self) -> None:
         if self.config.listen_address is not None:
-            self._runner = web.AppRunner(make_app(self.prometheus, self.view), access_log=None)
-            await self._runner.setup()
-            host, port = self.config.listen_address
-            site = web.TCPSite(self._runner, host or None, port)
-            await site.start()
-            self.port = _bound_port(self._runner) or port
+            await self._start_server(self.config.listen_address)
             log.info("serving on %s", self.url)
         if self.otlp is not None:
             self.otlp.start()
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
+
+    async def _start_server(self, address: tuple[str, int]) -> None:
+        """The aiohttp app behind GuardedServer (limits, TLS, auth from --web.config.file)."""
+        watcher = None
+        app = make_app(self.prometheus, self.view)
+        if self.config.web_config_file is not None:
+            watcher = WebConfigWatcher(self.config.web_config_file)
+            app.middlewares.append(security_middleware(watcher, self.web_stats))
+            self.web_stats.watcher = watcher
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            logger=request_logger(self.web_stats),
+            keepalive_timeout=self.web_limits.idle_timeout,
+        )
+        await self._runner.setup()
+        self._server = GuardedServer(self._runner, self.web_limits, self.web_stats, watcher)
+        self.port = await self._server.start(address[0] or None, address[1])
 
     async def stop(self) -> None:
         self._stop.set()
@@ -122,18 +147,13 @@ class Exporter:
         if self.otlp is not None:
             await asyncio.to_thread(self.otlp.shutdown)
         await self.poller.close()
+        if self._server is not None:
+            await self._server.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.poller.ready.wait(), timeout)
-
-
-def _bound_port(runner: web.AppRunner) -> int | None:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return None
 
 
 async def serve(config: Config, stop: asyncio.Event) -> None:

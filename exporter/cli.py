@@ -26,6 +26,10 @@ from exporter.sources import SourceInfo, registry
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
+MIN_COLLECT_INTERVAL = 1.0
+"""Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
+its clients together, so one exporter keeps to 1% of that (`simulate`, whose kubelet is ours,
+goes lower)."""
 
 
 class UsageError(Exception):
@@ -76,6 +80,12 @@ def boolean(text: str) -> bool:
     if text.lower() in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true or false, got {text!r}")
+
+
+def positive_int(text: str) -> int:
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", text) or int(text) < 1:
+        raise ValueError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def size_bytes(text: str) -> int:
@@ -157,6 +167,23 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         listen_address,
         ":9405",
         "HOST:PORT for /metrics, /healthz, /readyz and the landing page; 'none' for no server",
+    ),
+    (
+        "web",
+        "--web.config.file",
+        "web_config_file",
+        Path,
+        "none",
+        "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
+        "headers; re-read when it changes (docs/security.md)",
+    ),
+    (
+        "web",
+        "--web.max-connections",
+        "web_max_connections",
+        positive_int,
+        "512",
+        "open HTTP connections at most; at the cap the longest-idle one is closed",
     ),
     (
         "collection",
@@ -268,6 +295,8 @@ def parse_config(
     argv: Sequence[str],
     env: dict[str, str] | None = None,
     sources: dict[str, SourceInfo] | None = None,
+    *,
+    min_collect_interval: float = MIN_COLLECT_INTERVAL,
 ) -> Config:
     """Flags, then `KDE_*` variables, then defaults -> Config. Raises UsageError."""
     env = dict(os.environ) if env is None else env
@@ -325,6 +354,12 @@ def parse_config(
             f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
         )
     interval = get("collect_interval", 10.0)
+    if interval < min_collect_interval:
+        raise UsageError(
+            f"--collect-interval: {interval:g}s is below the minimum {min_collect_interval:g}s "
+            "(each cycle calls the kubelet's PodResources List, rate-limited to 100/s for all "
+            "its clients together)"
+        )
     timeout = get("collect_timeout", min(5.0, interval))
     if timeout > interval:
         raise UsageError(
@@ -350,7 +385,22 @@ def parse_config(
         podresources_max_message_bytes=get("podresources_max_message_bytes", 256 * 1024**2),
         podresources_stale_after=get("podresources_stale_after", 300.0),
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
+        web_config_file=_web_config(get("web_config_file", None)),
+        web_max_connections=get("web_max_connections", 512),
     )
+
+
+def _web_config(path: Path | None) -> Path | None:
+    """Checked now, so a bad file stops the start with one line (exit 2), not a traceback."""
+    if path is None or str(path).lower() in ("", "none"):
+        return None
+    from exporter.webconfig import WebConfigError, load_web_config
+
+    try:
+        load_web_config(path)
+    except WebConfigError as exc:
+        raise UsageError(f"--web.config.file {path}: {exc}") from exc
+    return path
 
 
 def usage_error(message: str) -> int:
