@@ -174,6 +174,8 @@ class _Connection(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._early: list[bytes] = []
+        """Decrypted bytes that arrive before start_tls() has returned the transport."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -189,6 +191,7 @@ class _Connection(asyncio.Protocol):
         if ctx is None:
             self._attach(transport)
         else:
+            transport.pause_reading()  # the ClientHello is for the TLS layer, not for us
             self.server.track(self.loop.create_task(self._start_tls(transport, ctx)))
 
     async def _start_tls(self, transport: asyncio.Transport, ctx: ssl.SSLContext) -> None:
@@ -203,7 +206,7 @@ class _Connection(asyncio.Protocol):
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as exc:
             # plain HTTP to the TLS port, a wrong or missing client certificate, a stall
             self.server.stats.closed["tls_handshake"] += 1
-            log.debug("TLS handshake failed: %s", exc)
+            log.debug("TLS handshake failed: %r", exc)
             self.abort()
             return
         if tls is None or self._closed:
@@ -214,6 +217,9 @@ class _Connection(asyncio.Protocol):
     def _attach(self, transport: asyncio.Transport) -> None:
         self.inner = self.server.handler()
         self.inner.connection_made(transport)
+        for data in self._early:
+            self.inner.data_received(data)
+        self._early.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -235,8 +241,9 @@ class _Connection(asyncio.Protocol):
         if self.head_since is None:
             self._start_head()
         buf = self._tail + data
-        end = max(buf.rfind(b"\r\n\r\n") + 4, buf.rfind(b"\n\n") + 2)
-        if end >= 2:
+        crlf, lf = buf.rfind(b"\r\n\r\n"), buf.rfind(b"\n\n")
+        end = max(crlf + 4 if crlf >= 0 else 0, lf + 2 if lf >= 0 else 0)
+        if end:
             self._stop_head()
             if end < len(buf):  # the next (pipelined) request has begun
                 self._start_head()
@@ -245,6 +252,8 @@ class _Connection(asyncio.Protocol):
             self._tail = buf[-3:]
         if self.inner is not None:
             self.inner.data_received(data)
+        else:
+            self._early.append(data)
 
     def eof_received(self) -> bool | None:
         if self.inner is not None:
