@@ -61,8 +61,21 @@ RELABEL = _strict(
         },
     }
 )
+SECRET_KEY = _strict({"name": STRING, "key": STRING, "optional": {"type": "boolean"}}, ("key",))
+TLS_CONFIG = _strict(
+    {
+        "ca": _strict({"secret": SECRET_KEY, "configMap": SECRET_KEY}),
+        "cert": _strict({"secret": SECRET_KEY, "configMap": SECRET_KEY}),
+        "keySecret": SECRET_KEY,
+        "serverName": STRING,
+        "insecureSkipVerify": {"type": "boolean"},
+    }
+)
+BASIC_AUTH = _strict({"username": SECRET_KEY, "password": SECRET_KEY})
 ENDPOINT = {
     "port": STRING,
+    "tlsConfig": TLS_CONFIG,
+    "basicAuth": BASIC_AUTH,
     "path": STRING,
     "scheme": {"enum": ["http", "https"]},
     "interval": DURATION,
