@@ -2,6 +2,8 @@
 #   make demo    run the exporter against the simulated node and print where to look
 #   make test    install everything it needs, lint, type-check and run the whole suite
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule
+#   make faults  fault and load runs against real exporter processes (about 2 minutes)
+#   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +13,7 @@ DEBS := prometheus chromium
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 
-.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring clean
+.PHONY: install demo test lint typecheck pytest bench faults soak proto docs debs fakenvml monitoring clean
 
 install: $(STAMP) debs fakenvml
 
@@ -56,6 +58,12 @@ monitoring: $(STAMP)
 
 bench: install
 	$(PY) -m bench
+
+faults: install
+	$(PY) -m bench.faults
+
+soak: install
+	$(PY) -m bench.faults --soak
 
 docs: $(STAMP)
 	$(PY) -m exporter.metrics > docs/metrics.md

@@ -56,8 +56,9 @@ _INTEGER = re.compile(r"-?[0-9]{1,20}|0[xX][0-9a-fA-F]{1,16}")
 _NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?")
 
 Bounds = tuple[float, float]
-U64: Bounds = (0, 2**64 - 1)
-"""What an unsigned 64-bit sysfs attribute can hold: the default for every integer."""
+U64: Bounds = (0, 2**64 - 2)
+"""What an unsigned 64-bit sysfs attribute can hold, the default for every integer; all ones
+(2^64-1) is excluded: it is -1 (a driver's error value) printed with %llu, never a count."""
 PERCENT: Bounds = (0, 100)
 MILLI_CELSIUS: Bounds = (-273_150, 500_000)
 """hwmon temperatures: above absolute zero, below what any sensor reports before it fails."""
