@@ -155,3 +155,22 @@ async def test_many_concurrent_scrapers_all_answered(exporter: Exporter) -> None
 
         statuses = await asyncio.gather(*(one() for _ in range(LIMITS.max_connections)))
     assert statuses == [200] * LIMITS.max_connections
+
+
+class _BrokenRendering:
+    def body(self, *, openmetrics: bool, gzipped: bool) -> tuple[bytes, str]:
+        raise RuntimeError("a bug in a handler")
+
+
+async def test_a_failing_handler_logs_its_traceback_once(
+    exporter: Exporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter.poller.sinks.remove(exporter.prometheus)  # keep the broken rendering in place
+    exporter.prometheus.rendered = _BrokenRendering()  # type: ignore[assignment]
+    for _ in range(20):
+        assert await scrape(exporter) == 500
+    assert exporter.web_stats.handler_errors.total == 20
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+    assert len(logged) == 1 and "a bug in a handler" in logged[0].getMessage()
+    async with aiohttp.ClientSession() as http, http.get(f"{exporter.url}healthz") as resp:
+        assert resp.status == 200

@@ -69,7 +69,8 @@ class _Throttled:
         self._since_logged = 0
         self._last: float | None = None
 
-    def hit(self, detail: str) -> None:
+    def hit(self, detail: str, exc: BaseException | None = None) -> None:
+        """One more; logged (with `exc`'s traceback, if given) only when a spell starts."""
         now = self._clock()
         self.total += 1
         if self._last is None or now - self._last >= self.quiet_after:
@@ -81,6 +82,7 @@ class _Throttled:
                 self.what,
                 detail,
                 self.quiet_after,
+                exc_info=exc,
             )
             self._since_logged = 0
         else:
@@ -147,10 +149,11 @@ class _RequestLogFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         detail = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
         detail = detail.splitlines()[0][:200] if detail else ""
-        if isinstance(exc, HttpProcessingError) or "Error handling request" in record.msg:
+        if isinstance(exc, HttpProcessingError):
             self.stats.malformed.hit(detail)
-        else:
-            self.stats.handler_errors.hit(detail)
+        elif record.levelno >= logging.WARNING:
+            # a bug in a handler: its first traceback is worth a log line, the next 10,000 not
+            self.stats.handler_errors.hit(detail, exc)
         return False  # _Throttled has logged what is worth logging
 
 
