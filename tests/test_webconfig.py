@@ -119,6 +119,8 @@ async def test_plain_http_is_refused(secured: Exporter) -> None:
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     assert b"200" not in await asyncio.wait_for(reader.read(), 5)
     writer.close()
+    await asyncio.sleep(0.2)
+    assert secured.web_stats.open == 0, "failed handshakes must not hold a place under the cap"
 
 
 async def test_a_changed_file_is_used_without_a_restart(secured: Exporter, pki: Path) -> None:

@@ -234,7 +234,10 @@ class _Connection(asyncio.Protocol):
     def abort(self, reason: str = "") -> None:
         if reason:
             self.server.stats.closed[reason] += 1
+        self._closed = True
         self._cancel_timers()
+        # Free its place under the cap now; connection_lost comes a loop turn later.
+        self.server.release(self)
         if self.raw is not None:
             self.raw.abort()
 
