@@ -27,7 +27,7 @@ from exporter.sinks.webserver import (
     security_middleware,
 )
 from exporter.sources import Source, SourceContext, registry
-from exporter.webconfig import WebConfigWatcher
+from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 log = logging.getLogger("exporter")
 
@@ -182,7 +182,7 @@ def run(config: Config) -> int:
 
     try:
         asyncio.run(main())
-    except OSError as exc:
+    except (OSError, WebConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
