@@ -51,14 +51,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+DEMO = ["simulate", "demo"]
+BARE = ["--kubelet-socket", "/nonexistent/kubelet.sock", "--no-collector.nvml"]
+"""An exporter with no simulated node in its process (whose files would share its fd limit)."""
+
+
 class Target:
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, args: list[str], fd_limit: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self._log = log.open("w")
+        limit = ["prlimit", f"--nofile={fd_limit}:{fd_limit}"] if fd_limit else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "simulate", "demo",
+            [*limit, sys.executable, "-m", "exporter", *args,
              "--web.listen-address", f"127.0.0.1:{self.port}"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -189,6 +195,40 @@ async def malformed(t: Target, n: int) -> Row:
         f"{n} malformed requests (NUL byte, PRI, Content-Length with Transfer-Encoding)",
         f"{t.log_lines() - before} log lines; scrape after: {'200' if ok else 'FAILED'}",
         "immediate (each connection answered 400 and closed)",
+    )
+
+
+async def fd_exhaustion(log: Path, fd_limit: int, n: int, seconds: float) -> Row:
+    """The exporter at a file-descriptor limit below its connection cap: accept() fails."""
+    t = Target(log, BARE, fd_limit=fd_limit)
+    try:
+        await wait_ready(t.url)
+        before = t.log_lines()
+        conns = []
+        for _ in range(n):
+            with contextlib.suppress(OSError):
+                conns.append(await asyncio.open_connection("127.0.0.1", t.port))
+        async with aiohttp.ClientSession() as http:
+            ok, took = await scrape(http, t.url)
+        await asyncio.sleep(seconds)
+        lines = t.log_lines() - before
+        for _, writer in conns:
+            writer.close()
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(int(60 / POLL)):
+                if (await scrape(http, t.url))[0]:
+                    break
+                await asyncio.sleep(POLL)
+        recovered = time.monotonic() - started
+    finally:
+        t.stop()
+    return Row(
+        f"file descriptors exhausted: {n} connections held for {seconds:g} s at a limit of "
+        f"{fd_limit}",
+        f"scrape during: {'200' if ok else 'FAILED'} in {took * 1000:.0f} ms (the cap drops "
+        f"under the fd limit, the longest-idle connections make room); {lines} log lines",
+        f"{recovered:.1f} s from the connections closing to a scrape answered",
     )
 
 
@@ -457,7 +497,7 @@ async def run(long: bool) -> list[Row]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     rows = await node_faults()
     with tempfile.TemporaryDirectory(prefix="kde-faults-") as tmp:
-        t = Target(Path(tmp) / "exporter.log")
+        t = Target(Path(tmp) / "exporter.log", DEMO)
         try:
             await wait_ready(t.url)
             rows += [
@@ -469,6 +509,7 @@ async def run(long: bool) -> list[Row]:
             rows.append(await soak(t, 600.0 if long else 30.0))
         finally:
             t.stop()
+        rows.append(await fd_exhaustion(Path(tmp) / "fd.log", 128, 300, 40.0 if long else 10.0))
     return rows
 
 

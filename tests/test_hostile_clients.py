@@ -129,7 +129,10 @@ async def test_malformed_requests_are_counted_and_logged_once(
 async def test_accept_errors_are_counted_and_logged_once(
     exporter: Exporter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """What asyncio reports when accept() fails with EMFILE, thousands of times."""
+    """What asyncio reports when accept() fails with EMFILE, thousands of times: counted, logged
+    once, and idle connections are closed to free descriptors for the retry."""
+    idle = [await connect(exporter) for _ in range(10)]
+    await asyncio.sleep(0.1)
     loop = asyncio.get_running_loop()
     handler = loop.get_exception_handler()
     assert handler is not None
@@ -143,6 +146,9 @@ async def test_accept_errors_are_counted_and_logged_once(
         )
     assert exporter.web_stats.accept_errors.total == 5000
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+    assert exporter.web_stats.closed["evicted"] == 10
+    for _, writer in idle:
+        writer.close()
 
 
 async def test_many_concurrent_scrapers_all_answered(exporter: Exporter) -> None:

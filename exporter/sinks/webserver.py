@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import ssl
 import time
@@ -41,6 +42,10 @@ from exporter.model import Sample
 from exporter.webconfig import BasicAuth, WebConfigWatcher
 
 log = logging.getLogger("exporter.web")
+
+FD_RESERVE = 32
+"""File descriptors kept free beyond those open at start (sysfs reads, gRPC reconnects, NVML):
+the connection cap is lowered to fit under the fd limit, so accept() does not fail first."""
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Answer without basic auth (still over TLS when TLS is on): kubelet probes cannot send
@@ -323,6 +328,7 @@ class GuardedServer:
         self.limits = limits
         self.stats = stats
         self.watcher = watcher
+        self.max_connections = limits.max_connections
         self.connections: dict[_Connection, None] = {}
         """Open connections in the order they came (oldest first)."""
         self._servers: list[asyncio.Server] = []
@@ -342,7 +348,7 @@ class GuardedServer:
         task.add_done_callback(self._tasks.discard)
 
     def admit(self, conn: _Connection) -> bool:
-        if len(self.connections) >= self.limits.max_connections:
+        if len(self.connections) >= self.max_connections:
             waiting = [c for c in self.connections if c.head_since is not None]
             if not waiting:
                 self.stats.closed["connection_limit"] += 1
@@ -354,13 +360,29 @@ class GuardedServer:
         self.stats.open = len(self.connections)
         return True
 
+    def _make_room(self, count: int) -> None:
+        waiting = sorted(
+            (c for c in self.connections if c.head_since is not None),
+            key=lambda c: c.head_since or 0.0,
+        )
+        for conn in waiting[:count]:
+            conn.abort("evicted")
+
     def release(self, conn: _Connection) -> None:
         self.connections.pop(conn, None)
         self.stats.open = len(self.connections)
 
     async def start(self, host: str | None, port: int) -> int:
         loop = asyncio.get_running_loop()
-        raise_fd_limit()
+        soft = raise_fd_limit()
+        room = soft - _open_fds() - FD_RESERVE
+        if room < self.max_connections:
+            self.max_connections = max(1, room)
+            log.info(
+                "at most %d HTTP connections: the file descriptor limit is %d",
+                self.max_connections,
+                soft,
+            )
         self._previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
         server = await loop.create_server(
@@ -383,6 +405,7 @@ class GuardedServer:
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") == "socket.accept() out of system resource":
             self.stats.accept_errors.hit(str(context.get("exception")))
+            self._make_room(8)  # asyncio retries accept() in a second; free some fds for it
             return
         if self._previous_handler is not None:
             self._previous_handler(loop, context)
@@ -390,14 +413,24 @@ class GuardedServer:
             loop.default_exception_handler(context)
 
 
-def raise_fd_limit() -> None:
-    """Soft RLIMIT_NOFILE up to the hard limit, as Go programs do at start."""
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
+
+
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit, as Go programs do at start; the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as exc:
             log.debug("cannot raise the file descriptor limit: %s", exc)
+            return soft
+        return hard if hard != resource.RLIM_INFINITY else 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
