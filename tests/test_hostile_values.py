@@ -187,7 +187,7 @@ def test_number_parser_never_raises_and_is_finite(text: str) -> None:
     assert value is None or (math.isfinite(value) and 0 <= value <= 10**5)
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(sysfs_text, st.lists(sysfs_text, max_size=4).map("\n".join)))
 def test_keyed_files_never_raise(tmp_path: Path, text: str) -> None:
     path = tmp_path / "ras"
