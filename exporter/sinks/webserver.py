@@ -163,9 +163,10 @@ class _RequestLogFilter(logging.Filter):
 
 
 def request_logger(stats: ServerStats) -> logging.Logger:
-    logger = logging.getLogger("exporter.web.requests")
-    logger.setLevel(logging.DEBUG)  # every record reaches the filter, which counts it
-    logger.filters[:] = [_RequestLogFilter(stats)]
+    """The logger aiohttp's request handlers get: one per server (not in the logging tree, so
+    two servers in one process keep their own counts); every record reaches the filter."""
+    logger = logging.Logger("exporter.web.requests", logging.DEBUG)
+    logger.addFilter(_RequestLogFilter(stats))
     return logger
 
 
