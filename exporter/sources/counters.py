@@ -61,7 +61,10 @@ class MonotonicCounters:
             return self.last(key)
         s = self._series.setdefault(key, _Series())
         if s.raw is None or s.total is None:
-            if raw <= self.jump_limit or (s.held is not None and self._continues(s.held, raw)):
+            confirms = s.held is not None and self._continues(s.held, raw)
+            if s.held is not None and not confirms:
+                self.rejected += 1  # the implausible first read was not confirmed
+            if raw <= self.jump_limit or confirms:
                 s.raw, s.total, s.held = raw, raw, None
             else:
                 s.held = raw
