@@ -180,3 +180,19 @@ async def test_a_failing_handler_logs_its_traceback_once(
     assert len(logged) == 1 and "a bug in a handler" in logged[0].getMessage()
     async with aiohttp.ClientSession() as http, http.get(f"{exporter.url}healthz") as resp:
         assert resp.status == 200
+
+
+async def test_hoarded_keep_alive_connections_make_room_for_a_scraper(exporter: Exporter) -> None:
+    held = []
+    for _ in range(2 * LIMITS.max_connections):
+        reader, writer = await connect(exporter)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        held.append((reader, writer))
+    for reader, _ in held[-LIMITS.max_connections :]:
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(
+            b"HTTP/1.1 200"
+        )
+    assert await scrape(exporter) == 200, "keep-alive connections idle between requests"
+    assert exporter.web_stats.closed["connection_limit"] == 0
+    for _, writer in held:
+        writer.close()

@@ -10,9 +10,9 @@ connection goes through a small protocol in front of aiohttp's:
 - **idle timeout**: a keep-alive connection with no new request is closed after
   `idle_timeout` (aiohttp's keep-alive timer);
 - **write timeout**: a client that reads nothing of a response for `write_timeout`;
-- **connection cap**: at `max_connections`, a new connection closes the one that has
-  waited longest for a request head (an idle or slowloris one), or is refused when all of
-  them are busy; so idle connections never lock out a scraper;
+- **connection cap**: at `max_connections`, a new connection closes the idle one (waiting for
+  a request head, a handshake or the next keep-alive request) that was quiet longest, or is
+  refused when all of them are serving a request; so idle connections never lock out a scraper;
 - accept errors (EMFILE) and malformed requests are logged once per state change, counted
   in `kube_device_exporter_http_*` self-metrics, never once per event.
 
@@ -179,6 +179,7 @@ class _Connection(asyncio.Protocol):
         self.raw: asyncio.Transport | None = None
         self.inner: RequestHandler | None = None
         self.head_since: float | None = None
+        self.last_activity = self.loop.time()
         self._tail = b""
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
@@ -249,7 +250,15 @@ class _Connection(asyncio.Protocol):
 
     # --- reading: the request-head deadline ---------------------------------------------
 
+    def idle(self) -> bool:
+        """Waiting for a request (head, handshake or keep-alive), not serving one."""
+        if self.head_since is not None:
+            return True
+        # aiohttp marks a request in progress from its start to the end of its response.
+        return self.inner is not None and not getattr(self.inner, "_request_in_progress", True)
+
     def data_received(self, data: bytes) -> None:
+        self.last_activity = self.loop.time()
         if self.head_since is None:
             self._start_head()
         buf = self._tail + data
@@ -350,23 +359,18 @@ class GuardedServer:
 
     def admit(self, conn: _Connection) -> bool:
         if len(self.connections) >= self.max_connections:
-            waiting = [c for c in self.connections if c.head_since is not None]
-            if not waiting:
+            idle = [c for c in self.connections if c.idle()]
+            if not idle:
                 self.stats.closed["connection_limit"] += 1
                 return False
-            oldest = min(waiting, key=lambda c: c.head_since or 0.0)
-            self.release(oldest)
-            oldest.abort("evicted")
+            min(idle, key=lambda c: c.last_activity).abort("evicted")
         self.connections[conn] = None
         self.stats.open = len(self.connections)
         return True
 
     def _make_room(self, count: int) -> None:
-        waiting = sorted(
-            (c for c in self.connections if c.head_since is not None),
-            key=lambda c: c.head_since or 0.0,
-        )
-        for conn in waiting[:count]:
+        idle = sorted((c for c in self.connections if c.idle()), key=lambda c: c.last_activity)
+        for conn in idle[:count]:
             conn.abort("evicted")
 
     def release(self, conn: _Connection) -> None:
