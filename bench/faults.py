@@ -468,7 +468,7 @@ async def otlp_collector_down(t: NodeTarget) -> Row:
     return Row(
         "OTLP collector stopped for 5 s, then started again on the same port",
         f"failed exports counted within {failed:.1f} s "
-        f"({value(m, batches, result='failure'):g} failures); /metrics unaffected",
+        f"({value(m, batches, result='failure'):g} failed export(s)); /metrics unaffected",
         f"{recovered:.1f} s from collector back to the first export received",
     )
 
