@@ -43,7 +43,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca", cwd=d)  # fmt: skip
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
+    for name in ("server", "client", "renewed"):
         openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)  # fmt: skip
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
@@ -138,6 +138,33 @@ async def test_a_changed_file_is_used_without_a_restart(secured: Exporter, pki: 
     assert secured.web_stats.watcher is not None
     assert dict(secured.web_stats.watcher.reloads) == {"success": 1, "failure": 1}
     write_config(pki)  # the module's other tests expect the original
+
+
+async def peer_certificate(exp: Exporter, pki: Path) -> bytes:
+    _, writer = await asyncio.open_connection("127.0.0.1", exp.port, ssl=client_ssl(pki))
+    ssl_object = writer.get_extra_info("ssl_object")
+    cert = ssl_object.getpeercert(binary_form=True)
+    writer.close()
+    return bytes(cert)
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(
+    secured: Exporter, pki: Path
+) -> None:
+    before = await peer_certificate(secured, pki)
+    original = {n: (pki / n).read_bytes() for n in ("server.crt", "server.key")}
+    try:
+        # as cert-manager renews it: the same file names, new content
+        (pki / "server.key").write_bytes((pki / "renewed.key").read_bytes())
+        (pki / "server.crt").write_bytes((pki / "renewed.crt").read_bytes())
+        await asyncio.sleep(1.2)
+        after = await peer_certificate(secured, pki)
+        assert after != before and after == ssl.PEM_cert_to_DER_cert(
+            (pki / "renewed.crt").read_text()
+        )
+    finally:
+        for name, data in original.items():
+            (pki / name).write_bytes(data)
 
 
 async def test_client_certificates_when_required(tmp_path: Path, pki: Path) -> None:
