@@ -5,6 +5,8 @@
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
 #                    docs/alerts.md, docs/runbooks.md and the Helm chart's files/
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
+#   make faults  fault and load runs against real exporter processes (about 2 minutes)
+#   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +22,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: install demo test lint typecheck pytest bench proto docs debs fakenvml monitoring image push clean
+.PHONY: install demo test lint typecheck pytest bench faults soak proto docs debs fakenvml monitoring image push clean
 
 install: $(STAMP) debs fakenvml
 
@@ -76,6 +78,12 @@ push: image
 bench: install
 	$(PY) -m bench
 
+faults: install
+	$(PY) -m bench.faults
+
+soak: install
+	$(PY) -m bench.faults --soak
+
 docs: $(STAMP)
 	$(PY) -m exporter.metrics > docs/metrics.md
 	$(PY) -m exporter.flagdoc README.md
@@ -85,5 +93,5 @@ proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) clean; fi

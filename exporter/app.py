@@ -23,8 +23,16 @@ from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.sinks.web import DevicesView, make_app
+from exporter.sinks.webserver import (
+    GuardedServer,
+    ServerLimits,
+    ServerStats,
+    request_logger,
+    security_middleware,
+)
 from exporter.sources import Source, SourceContext, registry
 from exporter.threads import in_daemon_thread
+from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 log = logging.getLogger("exporter")
 
@@ -74,7 +82,9 @@ class Exporter:
         self.prometheus = PrometheusSink()
         self.view = DevicesView(ResourceMatcher(config.resource_patterns))
         sinks: list[SnapshotSink] = [self.prometheus, self.view]
-        self_metrics: list[SelfMetrics] = []
+        self.web_limits = ServerLimits(max_connections=config.web_max_connections)
+        self.web_stats = ServerStats(self.web_limits)
+        self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
         self.otlp = None
         if config.otlp.endpoint:
             from exporter.sinks.otlp import OtlpSink
@@ -100,6 +110,7 @@ class Exporter:
             cpu_nodes=CpuNodeMap(config.sysfs),
         )
         self._runner: web.AppRunner | None = None
+        self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.port: int | None = None
@@ -109,17 +120,13 @@ class Exporter:
         host = (self.config.listen_address or ("", 0))[0] or "127.0.0.1"
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/"
+        scheme = "https" if self.web_stats.watcher and self.web_stats.watcher.config.tls else "http"
+        return f"{scheme}://{host}:{self.port}/"
 
     async def start(self) -> None:
         if self.config.listen_address is not None:
-            app = make_app(self.prometheus, self.view, lambda: self.poller.restart_required)
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            host, port = self.config.listen_address
-            site = web.TCPSite(self._runner, host or None, port)
-            await site.start()
-            self.port = _bound_port(self._runner) or port
+            await self._start_server(self.config.listen_address)
+            host = self.config.listen_address[0]
             if host in ("", "0.0.0.0", "::"):
                 log.info("serving on all addresses, port %d (here: %s)", self.port, self.url)
             else:
@@ -127,6 +134,24 @@ class Exporter:
         if self.otlp is not None:
             self.otlp.start()
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
+
+    async def _start_server(self, address: tuple[str, int]) -> None:
+        """The aiohttp app behind GuardedServer (limits, TLS, auth from --web.config.file)."""
+        watcher = None
+        app = make_app(self.prometheus, self.view, lambda: self.poller.restart_required)
+        if self.config.web_config_file is not None:
+            watcher = WebConfigWatcher(self.config.web_config_file)
+            app.middlewares.append(security_middleware(watcher, self.web_stats))
+            self.web_stats.watcher = watcher
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            logger=request_logger(self.web_stats),
+            keepalive_timeout=self.web_limits.idle_timeout,
+        )
+        await self._runner.setup()
+        self._server = GuardedServer(self._runner, self.web_limits, self.web_stats, watcher)
+        self.port = await self._server.start(address[0] or None, address[1])
 
     async def stop(self) -> None:
         """Stop within SHUTDOWN_SECONDS whatever a source is doing: the cycle in progress
@@ -153,18 +178,13 @@ class Exporter:
             except TimeoutError:
                 log.warning("OTLP did not finish its last export in time; exiting without it")
         await self.poller.close(timeout=left(reserve=0.5))
+        if self._server is not None:
+            await asyncio.wait_for(self._server.stop(), timeout=left(reserve=0.3))
         if self._runner is not None:
             await asyncio.wait_for(self._runner.cleanup(), timeout=left())
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.poller.ready.wait(), timeout)
-
-
-def _bound_port(runner: web.AppRunner) -> int | None:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return None
 
 
 async def serve(config: Config, stop: asyncio.Event) -> None:
@@ -218,7 +238,7 @@ def run(config: Config) -> int:
 
     try:
         asyncio.run(main())
-    except OSError as exc:
+    except (OSError, WebConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return exit_now_if_stuck(0)

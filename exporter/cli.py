@@ -25,11 +25,16 @@ from exporter import __version__
 from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
 from exporter.join import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
-from exporter.values import METAVARS, boolean, choice, duration, size_bytes
+from exporter.values import METAVARS, boolean, choice, duration, positive_int, size_bytes
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+MIN_COLLECT_INTERVAL = 1.0
+"""Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
+its clients together, so one exporter keeps to 1% of that (`simulate`, whose kubelet is ours,
+goes lower)."""
 
 
 class UsageError(Exception):
@@ -128,6 +133,23 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "HOST:PORT for /metrics, /healthz, /readyz and the landing page; 'none' for no server",
     ),
     (
+        "web",
+        "--web.config.file",
+        "web_config_file",
+        Path,
+        "none",
+        "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
+        "headers; re-read when it changes (docs/security.md)",
+    ),
+    (
+        "web",
+        "--web.max-connections",
+        "web_max_connections",
+        positive_int,
+        "512",
+        "open HTTP connections at most; at the cap the longest-idle one is closed",
+    ),
+    (
         "collection",
         "--collect-interval",
         "collect_interval",
@@ -198,6 +220,7 @@ _METAVARS = {
     "node_name": "NAME",
     "sysfs": "PATH",
     "procfs": "PATH",
+    "web_config_file": "FILE",
     "otlp_endpoint": "URL",
     "otlp_protocol": "grpc|http/protobuf",
     "log_level": "debug|info|warning|error",
@@ -303,6 +326,8 @@ def parse_config(
     sources: dict[str, SourceInfo] | None = None,
     prog: str = PROG,
     description: str = "",
+    *,
+    min_collect_interval: float = MIN_COLLECT_INTERVAL,
 ) -> Config:
     """Flags, then `KDE_*` variables, then defaults -> Config. Raises UsageError."""
     env = dict(os.environ) if env is None else env
@@ -358,6 +383,12 @@ def parse_config(
             f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
         )
     interval = get("collect_interval", 10.0)
+    if interval < min_collect_interval:
+        raise UsageError(
+            f"--collect-interval: {interval:g}s is below the minimum {min_collect_interval:g}s "
+            "(each cycle calls the kubelet's PodResources List, rate-limited to 100/s for all "
+            "its clients together)"
+        )
     timeout = get("collect_timeout", min(5.0, interval))
     if timeout > interval:
         raise UsageError(
@@ -388,6 +419,8 @@ def parse_config(
         podresources_max_message_bytes=get("podresources_max_message_bytes", 256 * 1024**2),
         podresources_stale_after=get("podresources_stale_after", 300.0),
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
+        web_config_file=_web_config(get("web_config_file", None)),
+        web_max_connections=get("web_max_connections", 512),
     )
 
 
@@ -406,6 +439,19 @@ def _otel_protocol(env: dict[str, str], *, push: bool) -> str:
                 "http/protobuf; set --otlp.protocol)"
             ) from exc
         return "grpc"
+
+
+def _web_config(path: Path | None) -> Path | None:
+    """Checked now, so a bad file stops the start with one line (exit 2), not a traceback."""
+    if path is None or str(path).lower() in ("", "none"):
+        return None
+    from exporter.webconfig import WebConfigError, load_web_config
+
+    try:
+        load_web_config(path)
+    except WebConfigError as exc:
+        raise UsageError(f"--web.config.file {path}: {exc}") from exc
+    return path
 
 
 def usage_error(message: str) -> int:

@@ -41,3 +41,6 @@ class Config:
     podresources_max_message_bytes: int = 256 * 1024 * 1024
     podresources_stale_after: float = 300.0
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
+    web_config_file: Path | None = None
+    """exporter-toolkit web config (TLS, basic auth, headers); None: plain HTTP, no auth."""
+    web_max_connections: int = 512

@@ -170,6 +170,9 @@ ATTRIBUTES: dict[str, str] = {
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
     "sink": "Sink name (`otlp`).",
+    "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
+    "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
+    "`malformed`, `unauthorized`.",
 }
 
 DEVICE_ATTRIBUTES = (
@@ -522,6 +525,53 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{series}",
         "Series in the last rendered /metrics output.",
         scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.podresources.invalid_device_ids",
+        C,
+        "{id}",
+        "Device IDs from PodResources that were empty or malformed (control characters, over "
+        "1024 bytes) and were skipped.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.http.connections",
+        G,
+        "{connection}",
+        "Open HTTP connections.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.http.connections.closed",
+        C,
+        "{connection}",
+        "HTTP connections the exporter closed or refused to protect itself, by reason.",
+        scope=_E,
+        attributes=("reason",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.http.requests.rejected",
+        C,
+        "{request}",
+        "HTTP requests rejected: malformed, or without valid credentials.",
+        scope=_E,
+        attributes=("reason",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.http.accept_errors",
+        C,
+        "{error}",
+        "Failed accept() calls (file descriptors or memory exhausted).",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.web_config.reloads",
+        C,
+        "{reload}",
+        "Re-reads of --web.config.file after it (or a certificate it names) changed, by result; "
+        "a failed one keeps the previous config.",
+        scope=_E,
+        attributes=("result",),
     ),
     MetricSpec(
         "kube_device_exporter.export.batches",

@@ -222,6 +222,8 @@ class PodResourcesHealth:
     requests_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
     """(method, grpc code name) -> count."""
     last_duration_seconds: Mapping[str, float] = field(default_factory=dict)
+    invalid_device_ids_total: int = 0
+    """Empty or malformed device IDs skipped so far."""
 
 
 @dataclass(frozen=True, slots=True)

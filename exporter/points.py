@@ -182,6 +182,9 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     yield point(
         "kube_device_exporter.podresources.last_success_timestamp", pr.last_success_timestamp
     )
+    yield point(
+        "kube_device_exporter.podresources.invalid_device_ids", float(pr.invalid_device_ids_total)
+    )
     yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
     yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
     yield point(

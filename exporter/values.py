@@ -45,6 +45,12 @@ def auto_boolean(text: str) -> str:
     return text
 
 
+def positive_int(text: str) -> int:
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", text) or int(text) < 1:
+        raise ValueError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def size_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB|B)?\s*", text)
     if not m:
@@ -68,6 +74,7 @@ METAVARS: dict[str, str] = {
     "boolean": "BOOL",
     "auto_boolean": "auto|BOOL",
     "size_bytes": "SIZE",
+    "positive_int": "N",
     "text": "TEXT",
     "file_path": "FILE",
 }

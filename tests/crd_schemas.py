@@ -61,7 +61,7 @@ RELABEL = _strict(
         },
     }
 )
-SECRET_KEY = _strict({"name": STRING, "key": STRING}, ("name", "key"))
+SECRET_KEY = _strict({"name": STRING, "key": STRING, "optional": {"type": "boolean"}}, ("key",))
 TLS_CONFIG = _strict(
     {
         "ca": _strict({"secret": SECRET_KEY, "configMap": SECRET_KEY}),
@@ -71,9 +71,11 @@ TLS_CONFIG = _strict(
         "insecureSkipVerify": {"type": "boolean"},
     }
 )
+BASIC_AUTH = _strict({"username": SECRET_KEY, "password": SECRET_KEY})
 ENDPOINT = {
     "port": STRING,
     "tlsConfig": TLS_CONFIG,
+    "basicAuth": BASIC_AUTH,
     "path": STRING,
     "scheme": {"enum": ["http", "https"]},
     "interval": DURATION,

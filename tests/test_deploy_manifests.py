@@ -49,6 +49,7 @@ KUBELET_ROOTS = {
     "openshift": "/var/lib/kubelet",
     "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
     "k0s": "/var/lib/k0s/kubelet",
+    "web-config": "/var/lib/kubelet",
 }
 GKE_DRIVER = "/home/kubernetes/bin/nvidia"
 
@@ -180,9 +181,9 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
 
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    config = parse_config(
-        [], env={k: v["value"] for k, v in env.items() if "value" in v} | {"NODE_NAME": "n1"}
-    )
+    values = {k: v["value"] for k, v in env.items() if "value" in v}
+    web_config = values.pop(env_name("--web.config.file"), None)  # a file only the pod has
+    config = parse_config([], env=values | {"NODE_NAME": "n1"})
     assert config.node_name == "n1"
     assert str(config.sysfs) == "/host/sys" and str(config.procfs) == "/host/proc"
     assert config.kubelet_socket == DEFAULT_SOCKET
@@ -190,8 +191,15 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
 
     (port,) = container["ports"]
     assert port["containerPort"] == DEFAULT_LISTEN[1] and port["name"] == "metrics"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    scheme = {"scheme": "HTTPS"} if overlay == "web-config" else {}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                        ("readinessProbe", "/readyz")):  # fmt: skip
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics", **scheme}
+    if overlay == "web-config":
+        mounted = {m["mountPath"] for m in container["volumeMounts"]}
+        assert web_config is not None and str(Path(web_config).parent) in mounted
+    else:
+        assert web_config is None
     assert set(container["resources"]) == {"requests", "limits"}
 
     mounts = {m["name"]: m for m in container["volumeMounts"]}

@@ -112,7 +112,7 @@ def config_for(socket: Path, *extra: str):  # type: ignore[no-untyped-def]
     return parse_config(
         ["--kubelet-socket", str(socket), "--web.listen-address", "127.0.0.1:0",
          "--collect-interval", "200ms", "--collect-timeout", "200ms", "--node-name", "n1", *extra],
-        env={}, sources={},
+        env={}, sources={}, min_collect_interval=0.1,
     )  # fmt: skip
 
 

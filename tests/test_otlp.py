@@ -457,7 +457,7 @@ def test_otlp_only_process_from_the_command_line() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "KDE_"))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "exporter", "--web.listen-address", "none",
-             "--otlp.endpoint", receiver.endpoint, "--collect-interval", "100ms",
+             "--otlp.endpoint", receiver.endpoint, "--collect-interval", "1s",
              "--kubelet-socket", f"{tmp}/absent.sock", "--node-name", "node-cli"],
             env=env,
             stderr=subprocess.PIPE,

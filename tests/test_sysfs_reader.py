@@ -129,10 +129,11 @@ def test_hwmon_units(tmp_path: Path) -> None:
 
 def test_counters_hold_through_failed_reads_and_never_go_backwards() -> None:
     counters = Counters()
-    raws: list[float | None] = [100, None, 150, None, None, 40, 60, None, 10]
+    raws: list[float | None] = [100, None, 150, None, None, 40, 60, None, 10, 12]
     out = [counters.value("dev", "hw.errors", raw) for raw in raws]
-    # held while unreadable; a drop (driver reload) continues from where it was: never down
-    assert out == [100, 100, 150, 150, 150, 190, 210, 210, 220]
+    # held while unreadable; a drop (driver reload) is held until the next read confirms it,
+    # then the count since the reset is added: never down
+    assert out == [100, 100, 150, 150, 150, 150, 210, 210, 210, 222]
 
 
 def test_counters_are_kept_per_series() -> None:

@@ -297,7 +297,9 @@ def test_infiniband_counter_never_goes_backwards(tmp_path: Path) -> None:
     seen.append(value(source.collect(), "mlx5_4/1", "hw.network.io", rx))
     data.write_text("100\n")  # the counters were cleared (perfquery -R)
     seen.append(value(source.collect(), "mlx5_4/1", "hw.network.io", rx))
-    assert seen == [1e10, 1e10, 1e10, 1e10 + 400]
+    data.write_text("101\n")  # the next read confirms the reset
+    seen.append(value(source.collect(), "mlx5_4/1", "hw.network.io", rx))
+    assert seen == [1e10, 1e10, 1e10, 1e10, 1e10 + 404]
 
 
 # --- RDMA shared pools ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
@@ -30,6 +31,7 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from exporter.log import StateLog
 from exporter.model import (
     ClaimResource,
     Container,
@@ -89,6 +91,8 @@ class PodResourcesClient:
         self._durations: dict[str, float] = {}
         self._connected = False
         self._last_success = 0.0
+        self._invalid_ids = 0
+        self._states = StateLog(logging.getLogger("exporter.podresources"))
 
     # --- public -------------------------------------------------------------------
 
@@ -103,6 +107,7 @@ class PodResourcesClient:
             last_success_timestamp=self._last_success,
             requests_total=dict(self._requests),
             last_duration_seconds=dict(self._durations),
+            invalid_device_ids_total=self._invalid_ids,
         )
 
     async def poll(self) -> PodResourcesState:
@@ -162,14 +167,32 @@ class PodResourcesClient:
         response: v1_pb2.ListPodResourcesResponse = await self._call(
             "List", stub.List, v1_pb2.ListPodResourcesRequest()
         )
-        return tuple(pod_from_proto(p) for p in response.pod_resources)
+        return self._pods(response.pod_resources)
 
     async def _list_v1alpha1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
         stub = v1alpha1_grpc.PodResourcesListerStub(channel)
         response: v1alpha1_pb2.ListPodResourcesResponse = await self._call(
             "List", stub.List, v1alpha1_pb2.ListPodResourcesRequest()
         )
-        return tuple(pod_from_proto(p) for p in response.pod_resources)
+        return self._pods(response.pod_resources)
+
+    def _pods(self, messages: Any) -> tuple[Pod, ...]:
+        invalid: list[str] = []
+        pods = tuple(pod_from_proto(p, invalid) for p in messages)
+        self._note_invalid(invalid, "List")
+        return pods
+
+    def _note_invalid(self, invalid: list[str], method: str) -> None:
+        """Count skipped device IDs; log when they appear and when they are gone."""
+        self._invalid_ids += len(invalid)
+        if invalid:
+            self._states.failed(
+                f"invalid/{method}",
+                f"PodResources {method} reports {len(invalid)} empty or malformed device IDs "
+                f"(first: {invalid[0][:80]!r}, {device_id_problem(invalid[0])}); skipped",
+            )
+        else:
+            self._states.ok(f"invalid/{method}", f"PodResources {method}: device IDs well-formed")
 
     async def _refresh_allocatable(self, channel: grpc.aio.Channel, now: float) -> None:
         if self._allocatable_at is not None:
@@ -193,7 +216,9 @@ class PodResourcesClient:
                 return
             self._allocatable_at = None
             raise
-        self._allocatable = tuple(devices_from_proto(d) for d in response.devices)
+        invalid: list[str] = []
+        self._allocatable = tuple(devices_from_proto(d, invalid) for d in response.devices)
+        self._note_invalid(invalid, "GetAllocatableResources")
         self._allocatable_known = True
 
     async def _call(self, method: str, rpc: Any, request: Any) -> Any:
@@ -261,23 +286,52 @@ def _numa(topology: Any) -> tuple[int, ...]:
     return tuple(node.ID for node in topology.nodes) if topology is not None else ()
 
 
-def devices_from_proto(msg: Any) -> ContainerDevices:
+MAX_DEVICE_ID_BYTES = 1024
+"""Device IDs are short (UUIDs, PCI addresses, `card1-4`); a longer one is garbage."""
+
+
+def device_id_problem(raw: str) -> str:
+    """Why a device ID from the kubelet cannot name a device; "" when it can."""
+    if not raw.strip():
+        return "empty"
+    if len(raw.encode("utf-8", "surrogatepass")) > MAX_DEVICE_ID_BYTES:
+        return f"longer than {MAX_DEVICE_ID_BYTES} bytes"
+    if not raw.isprintable():
+        return "control or unprintable characters"
+    return ""
+
+
+def _ids(raw_ids: Any, invalid: list[str] | None) -> tuple[str, ...]:
+    """The usable IDs; the others are appended to `invalid` (counted and logged by the client)."""
+    ids = []
+    for raw in raw_ids:
+        if device_id_problem(raw):
+            if invalid is not None:
+                invalid.append(raw)
+        else:
+            ids.append(raw)
+    return tuple(ids)
+
+
+def devices_from_proto(msg: Any, invalid: list[str] | None = None) -> ContainerDevices:
     topology = msg.topology if msg.HasField("topology") else None
-    return ContainerDevices(msg.resource_name, tuple(msg.device_ids), _numa(topology))
+    return ContainerDevices(msg.resource_name, _ids(msg.device_ids, invalid), _numa(topology))
 
 
 def _fields(msg: Any) -> set[str]:
     return {f.name for f in msg.DESCRIPTOR.fields}
 
 
-def pod_from_proto(msg: Any) -> Pod:
-    """A v1 or v1alpha1 PodResources message -> Pod (v1alpha1 has only devices)."""
+def pod_from_proto(msg: Any, invalid: list[str] | None = None) -> Pod:
+    """A v1 or v1alpha1 PodResources message -> Pod (v1alpha1 has only devices).
+
+    Empty or malformed device IDs are left out and appended to `invalid`."""
     containers = []
     for c in msg.containers:
         names = _fields(c)
         devices = tuple(
             ContainerDevices(
-                d.resource_name, tuple(d.device_ids), _numa(getattr(d, "topology", None))
+                d.resource_name, _ids(d.device_ids, invalid), _numa(getattr(d, "topology", None))
             )
             for d in c.devices
         )
@@ -298,6 +352,7 @@ def pod_from_proto(msg: Any) -> Pod:
                         r.share_id if r.HasField("share_id") else "",
                     )
                     for r in d.claim_resources
+                    if r.device_name in _ids((r.device_name,), invalid)
                 ),
             )
             for d in c.dynamic_resources

@@ -74,7 +74,8 @@ def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: 
             env[OWNED_ENV] = str(workdir)
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", "exporter", "simulate", *argv], env)
-    config = parse_config([*node.exporter_args(), *argv[1:]])
+    # The kubelet here is the simulated one: no shared rate limit to respect.
+    config = parse_config([*node.exporter_args(), *argv[1:]], min_collect_interval=0.01)
     logsetup.setup(config.log_level, config.log_format)
     try:
         asyncio.run(_run(node, config))

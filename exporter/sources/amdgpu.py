@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import add, register
 from exporter.sources.sysfs import (
+    PERCENT,
+    U64,
     PciIdentity,
     Reader,
     SysfsSource,
     alias,
     device_reading,
     hwmon_samples,
+    numbered,
+    parse_integer,
     read_hwmon,
 )
 
@@ -57,9 +61,9 @@ class AmdgpuSource(SysfsSource):
         device = self.stable(reader, f"gpu/{pci.address}", lambda: self._identity(reader, dev, pci))
         device_id = device.id
         samples: list[Sample] = []
-        busy = reader.integer(f"{dev}/gpu_busy_percent")
+        busy = reader.integer(f"{dev}/gpu_busy_percent", PERCENT)
         add(samples, "hw.gpu.utilization", _ratio(busy), ("hw.gpu.task", "general"))
-        mem_busy = reader.integer(f"{dev}/mem_busy_percent")
+        mem_busy = reader.integer(f"{dev}/mem_busy_percent", PERCENT)
         add(samples, "hw.gpu.memory.bandwidth.utilization", _ratio(mem_busy))
         for metric, filename in MEMORY_FILES:
             add(samples, metric, reader.integer(f"{dev}/{filename}"))
@@ -109,9 +113,9 @@ class AmdgpuSource(SysfsSource):
                 continue
             node = next(
                 (
-                    nodes[int(d.removeprefix("renderD"))]
+                    nodes[minor]
                     for d in reader.listdir(f"{PARTITIONS}/{entry}/drm")
-                    if d.startswith("renderD") and d[7:].isdigit() and int(d[7:]) in nodes
+                    if (minor := numbered(d, "renderD")) is not None and minor in nodes
                 ),
                 None,
             )
@@ -159,12 +163,13 @@ def _kfd_nodes_by_render_minor(reader: Reader) -> dict[int, _KfdNode]:
 
 
 def _properties(text: str) -> dict[str, int]:
-    """KFD `properties` files: one `name value` pair a line."""
+    """KFD `properties` files: one `name value` pair a line (unsigned; others skipped)."""
     props: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            props[parts[0]] = int(parts[1])
+        value = parse_integer(parts[1], U64) if len(parts) == 2 else None
+        if value is not None:
+            props[parts[0]] = value
     return props
 
 

@@ -18,12 +18,14 @@ from dataclasses import replace
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import add, register
 from exporter.sources.sysfs import (
+    MEGAHERTZ,
     PciIdentity,
     Reader,
     SysfsSource,
     alias,
     device_reading,
     hwmon_samples,
+    numbered,
     read_hwmon,
 )
 
@@ -63,7 +65,7 @@ class IntelSource(SysfsSource):
         clocks: list[float] = []
         idle: list[float] = []
         for gt, freq_rel, idle_rel in gts:
-            mhz = reader.number(freq_rel)
+            mhz = reader.number(freq_rel, MEGAHERTZ)
             if mhz is not None:
                 clocks.append(mhz * 1e6)
             # Each GT's counter is kept monotonic on its own, so their mean is too.
@@ -113,7 +115,7 @@ def _gts_xe(reader: Reader, card: str) -> list[tuple[str, str, str]]:
     """(tile/gt, `freq0/act_freq`, `gtidle/idle_residency_ms`) of every non-media GT."""
     dev = f"class/drm/{card}/device"
     found = []
-    for tile in (t for t in reader.listdir(dev) if t.startswith("tile") and t[4:].isdigit()):
+    for tile in (t for t in reader.listdir(dev) if numbered(t, "tile") is not None):
         for gt in (g for g in reader.listdir(f"{dev}/{tile}") if g.startswith("gt")):
             rel = f"{dev}/{tile}/{gt}"
             if (reader.text(f"{rel}/gtidle/name") or "").endswith("-mc"):

@@ -31,6 +31,7 @@ from exporter.sources.sysfs import (
     SysfsSource,
     alias,
     device_reading,
+    numbered,
 )
 from exporter.values import auto_boolean, boolean, file_path
 
@@ -183,7 +184,7 @@ class NetdevSource(SysfsSource):
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         for ifname in reader.listdir("class/net"):
             dev = f"class/net/{ifname}/device"
-            virtfns = [e for e in reader.listdir(dev) if e.startswith("virtfn") and e[6:].isdigit()]
+            virtfns = [e for e in reader.listdir(dev) if numbered(e, "virtfn") is not None]
             if not virtfns:
                 continue  # not an SR-IOV PF
             pf = self.pci_identity(reader, dev)
@@ -231,7 +232,7 @@ class NetdevSource(SysfsSource):
         operstate = reader.text(f"{net}/operstate")
         if operstate is not None:
             add(samples, "hw.network.up", float(operstate == "up"))
-        speed = reader.integer(f"{net}/speed") if operstate == "up" else None
+        speed = reader.integer(f"{net}/speed", (-1, 2**32)) if operstate == "up" else None
         # speed is Mb/s, and reads -1 (or fails with EINVAL) while the link is down.
         add(samples, "hw.network.bandwidth.limit", speed * 1e6 / 8 if speed and speed > 0 else None)
         return self._reading(

@@ -7,14 +7,19 @@ field and is counted. A file that was never there is "not supported" (no series,
 only a file that was readable before and is not now counts as an error, so a driver that
 lacks `power1_input` is quiet while a hwmon that starts failing is visible.
 
-Counters go through `Counters`, which keeps the last value while a file is briefly
-unreadable and carries on across a driver's counter reset, so an exported counter never
-goes backwards.
+Values are checked, not just parsed: a number must be plain ASCII decimal (or 0x hex for
+integers) and inside what the field can hold (`U64` unless the caller gives a physical range:
+a percentage is 0..100, a temperature above absolute zero); anything else is a field error
+for that one field, never an exception. Counters go through `Counters`
+(`exporter.sources.counters`): held while a file is briefly unreadable, reset only when a
+second read confirms it, so one bad read can neither corrupt nor reverse a counter.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import math
 import os
 import re
 import time
@@ -24,8 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from exporter.join import normalize_device_id, pci_address
+from exporter.log import StateLog
 from exporter.model import Attributes, Device, DeviceReading, Sample, SourceResult
 from exporter.sources import SourceContext, add
+from exporter.sources.counters import MonotonicCounters
 
 T = TypeVar("T")
 
@@ -44,7 +51,21 @@ PCI_VENDORS = {
 }
 """PCI vendor IDs -> `hw.vendor` values; unknown vendors keep their hex ID."""
 
-_KEYED_LINE = re.compile(r"^\s*(?P<key>[A-Za-z_]\w*)\s*:\s*(?P<value>-?\d+)\s*$")
+_KEYED_LINE = re.compile(r"^\s*(?P<key>[A-Za-z_]\w*)\s*:\s*(?P<value>[0-9]{1,20})\s*$", re.ASCII)
+_INTEGER = re.compile(r"-?[0-9]{1,20}|0[xX][0-9a-fA-F]{1,16}")
+_NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?")
+
+Bounds = tuple[float, float]
+U64: Bounds = (0, 2**64 - 2)
+"""What an unsigned 64-bit sysfs attribute can hold, the default for every integer; all ones
+(2^64-1) is excluded: it is -1 (a driver's error value) printed with %llu, never a count."""
+PERCENT: Bounds = (0, 100)
+MILLI_CELSIUS: Bounds = (-273_150, 500_000)
+"""hwmon temperatures: above absolute zero, below what any sensor reports before it fails."""
+MICROWATTS: Bounds = (0, 10**10)
+"""hwmon power: up to 10 kW, more than any one device draws."""
+HERTZ: Bounds = (0, 10**11)
+MEGAHERTZ: Bounds = (0, 10**5)
 
 
 class Reader:
@@ -99,35 +120,34 @@ class Reader:
         """The caller could not parse what it read: one more skipped field."""
         self.errors += 1
 
-    def integer(self, rel: str) -> int | None:
-        """A decimal or 0x-hex integer file; garbage counts as an error."""
+    def integer(self, rel: str, bounds: Bounds = U64) -> int | None:
+        """A decimal or 0x-hex integer file within `bounds`; anything else is a field error."""
         text = self.text(rel)
         if text is None:
             return None
-        try:
-            return int(text, 0) if text.lower().startswith("0x") else int(text)
-        except ValueError:
+        value = parse_integer(text, bounds)
+        if value is None:
             self.garbage()
-            return None
+        return value
 
-    def first_integer(self, *alternatives: str) -> int | None:
+    def first_integer(self, *alternatives: str, bounds: Bounds = U64) -> int | None:
         """The first of alternative files that exists (kernels name some things differently)."""
         for rel in alternatives:
             if self.exists(rel):
-                return self.integer(rel)
+                return self.integer(rel, bounds)
         for rel in alternatives:
             self.text(rel)  # none there: counts one that was there before
         return None
 
-    def number(self, rel: str) -> float | None:
+    def number(self, rel: str, bounds: Bounds = U64) -> float | None:
+        """A plain decimal file (`1.5`, no exponent, no inf/nan) within `bounds`."""
         text = self.text(rel)
         if text is None:
             return None
-        try:
-            return float(text)
-        except ValueError:
+        value = parse_number(text, bounds)
+        if value is None:
             self.garbage()
-            return None
+        return value
 
     def keyed(self, rel: str) -> dict[str, int] | None:
         """`key: value` lines (AMD RAS `ue: 0` / `ce: 3`); None when any line is garbage."""
@@ -141,7 +161,11 @@ class Reader:
                 # e.g. "Query currently inaccessible" while RAS is busy
                 self.garbage()
                 return None
-            values[m["key"].lower()] = int(m["value"])
+            count = int(m["value"])
+            if count > U64[1]:
+                self.garbage()
+                return None
+            values[m["key"].lower()] = count
         return values or None
 
     def listdir(self, rel: str) -> list[str]:
@@ -170,6 +194,32 @@ class Reader:
     def pci_address_of(self, rel: str) -> str | None:
         """Canonical PCI address of the device a `device` link (or a device dir) names."""
         return pci_address(os.path.basename(os.path.realpath(self.root / rel)))
+
+
+def parse_integer(text: str, bounds: Bounds = U64) -> int | None:
+    """`text` as a sysfs integer within `bounds`, or None (never raises)."""
+    text = text.strip()
+    if not _INTEGER.fullmatch(text):
+        return None
+    value = int(text, 16) if text[:2] in ("0x", "0X") else int(text)
+    return value if bounds[0] <= value <= bounds[1] else None
+
+
+def numbered(entry: str, prefix: str) -> int | None:
+    """N of a directory entry `<prefix>N` (ASCII digits only), else None."""
+    digits = entry.removeprefix(prefix)
+    if digits == entry or not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(digits)
+
+
+def parse_number(text: str, bounds: Bounds = U64) -> float | None:
+    """`text` as a plain decimal within `bounds`, or None (never raises)."""
+    text = text.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) and bounds[0] <= value <= bounds[1] else None
 
 
 # --- identity of a PCI device ------------------------------------------------------------
@@ -226,6 +276,7 @@ CLOCK_TYPES = {"sclk": "graphics", "mclk": "memory"}
 """hwmon `freq*_label` (amdgpu) -> `hw.gpu.clock.type`."""
 
 _CHANNEL = re.compile(r"^(?P<kind>temp|freq|energy|power)(?P<n>\d+)_input$")
+_CHANNEL_BOUNDS = {"temp": MILLI_CELSIUS, "freq": HERTZ, "energy": U64, "power": MICROWATTS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +310,7 @@ def _read_chip(reader: Reader, rel: str) -> HwmonReading:
             continue
         channel = f"{m['kind']}{m['n']}"
         label = (reader.text(f"{rel}/{channel}_label") or "").lower()
-        value = reader.integer(f"{rel}/{entry}")
+        value = reader.integer(f"{rel}/{entry}", _CHANNEL_BOUNDS[m["kind"]])
         if value is None:
             continue
         if m["kind"] == "temp":
@@ -269,8 +320,8 @@ def _read_chip(reader: Reader, rel: str) -> HwmonReading:
         else:
             energy[label or channel] = value / 1e6
     # amdgpu: power1_average (all kernels; averaged like NVML's) or power1_input (6.7+).
-    power = reader.first_integer(f"{rel}/power1_average", f"{rel}/power1_input")
-    limit = reader.first_integer(f"{rel}/power1_cap", f"{rel}/power1_max")
+    power = reader.first_integer(f"{rel}/power1_average", f"{rel}/power1_input", bounds=MICROWATTS)
+    limit = reader.first_integer(f"{rel}/power1_cap", f"{rel}/power1_max", bounds=MICROWATTS)
     return HwmonReading(
         name=reader.text(f"{rel}/name") or "",
         temperatures_celsius=temps,
@@ -297,29 +348,20 @@ def hwmon_samples(samples: list[Sample], chip: HwmonReading, counters: Counters,
 
 
 class Counters:
-    """Makes device counters monotonic across unreadable files and driver resets.
+    """Device counters per (device, metric, attributes), monotonic and glitch-proof.
 
-    A failed read repeats the last value (the series neither vanishes nor drops); a raw
-    value lower than the last one is a reset (driver reload, `perfquery -R`), so the
-    exported value carries on from where it was instead of going backwards.
+    A failed read repeats the last value (the series neither vanishes nor drops); resets
+    and glitches follow `MonotonicCounters`' rule.
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str, Attributes], tuple[float, float]] = {}
-        """key -> (last raw value, offset added for earlier resets)."""
+        self.totals = MonotonicCounters()
 
     def value(
         self, key: str, metric: str, raw: float | None, attrs: Attributes = ()
     ) -> float | None:
         k = (key, metric, attrs)
-        last = self._last.get(k)
-        if raw is None:
-            return None if last is None else last[0] + last[1]
-        offset = 0.0 if last is None else last[1]
-        if last is not None and raw < last[0]:
-            offset += last[0]
-        self._last[k] = (raw, offset)
-        return raw + offset
+        return self.totals.last(k) if raw is None else self.totals.update(k, raw)
 
     def add(
         self,
@@ -369,15 +411,27 @@ class SysfsSource:
         self.rates = Rates(ctx.clock or time.monotonic)
         self._seen: set[str] = set()
         self._stable: dict[str, Any] = {}
+        self._read_state = StateLog(ctx.logger or logging.getLogger("exporter.sources"))
 
     def collect(self) -> SourceResult:
         reader = Reader(self.ctx.sysfs, self._seen)
-        readings = tuple(self.read(reader))
-        absent = "" if readings else f"no {self.looks_for} under {self.ctx.sysfs}"
+        readings: list[DeviceReading] = []
+        stopped = False
+        try:
+            for reading in self.read(reader):
+                readings.append(reading)
+        except Exception as exc:  # noqa: BLE001 - a bug on one device keeps what was read
+            stopped = True
+            reader.garbage()
+            self._read_state.failed("read", f"{self.name}: reading stopped early: {exc!r}")
+        else:
+            self._read_state.ok("read", f"{self.name}: reading every device again")
+        errors = reader.errors + self.counters.totals.take_rejected()
+        absent = "" if readings or stopped else f"no {self.looks_for} under {self.ctx.sysfs}"
         if absent and absent != self._absent_said:
             self.ctx.logger.info("no %s devices here: %s", self.name, absent)
         self._absent_said = absent
-        return SourceResult(self.name, readings, field_errors=reader.errors, absent=absent)
+        return SourceResult(self.name, tuple(readings), field_errors=errors, absent=absent)
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         raise NotImplementedError

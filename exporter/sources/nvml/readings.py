@@ -219,11 +219,11 @@ class Reader:
             key = (gpu.device.id, spec.field_id)
             ret = pynvml.NVML_ERROR_UNKNOWN if values is None else values[i].nvmlReturn
             if ret == pynvml.NVML_SUCCESS:
-                number = _field_number(values[i]) * spec.scale
-                if spec.counter:
-                    number = self.counters.update(key, number)
+                raw = _field_number(values[i]) * spec.scale
+                number = self.counters.update(key, raw) if spec.counter else raw
                 add(samples, spec.metric, number, *spec.attributes)
-                degraded |= spec.metric.startswith("hw.gpu.memory.row_remap") and number > 0
+                remap = spec.metric.startswith("hw.gpu.memory.row_remap")
+                degraded |= remap and (number or 0.0) > 0
             elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:

@@ -117,6 +117,8 @@ class NvmlSource:
                 self._shutdown()
                 raise self._init_failed(f"NVML lost the driver ({exc}); re-initializing") from exc
             self._failing_since = None
+            # counter reads held as glitches (see sources/counters.py) are field errors too
+            self.calls.errors += self.reader.counters.take_rejected()
             if self.calls.stale:
                 self._discovered_at = -math.inf  # a handle went stale: rediscover next cycle
             return SourceResult(SOURCE, tuple(readings), tuple(processes), self.calls.errors)

@@ -1,0 +1,377 @@
+"""`--web.config.file`: TLS and basic auth in the format Prometheus exporters share.
+
+The file is exporter-toolkit's (prometheus/exporter-toolkit, docs/web-configuration.md):
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # or NoClientCert, VerifyClientCertIfGiven
+      client_ca_file: ca.crt
+      min_version: TLS12             # TLS10..TLS13; default TLS12, as the toolkit's
+      max_version: TLS13
+      prefer_server_cipher_suites: true
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2y$10$...         # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':')
+
+Keys are checked strictly, as the toolkit does: an unknown key is an error, not silently
+ignored. Settings the toolkit has that OpenSSL through Python cannot honour the same way
+(`cipher_suites`, `curve_preferences`, `client_allowed_sans`, `RequestClientCert`,
+`RequireAnyClientCert`, inline `cert`/`key`) are refused with a message saying so, never
+ignored: a security setting that silently does nothing is worse than an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import ssl
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+from exporter.log import StateLog
+
+log = logging.getLogger("exporter.webconfig")
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+CLIENT_AUTH = {
+    "": ssl.CERT_NONE,
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+ALLOWED_HEADERS = {
+    "Content-Security-Policy": None,
+    "X-Frame-Options": {"deny", "sameorigin"},
+    "X-Content-Type-Options": {"nosniff"},
+    "X-XSS-Protection": None,
+    "Strict-Transport-Security": None,
+}
+"""The toolkit's allowed response headers (and the values it allows, where it limits them)."""
+
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+}
+_REFUSED_TLS_KEYS = {
+    "cipher_suites": "Python's ssl module uses OpenSSL cipher names; leave it out",
+    "curve_preferences": "not settable through Python's ssl module; leave it out",
+    "client_allowed_sans": "not supported here; use a dedicated client CA instead",
+    "cert": "inline certificates are not supported; use cert_file",
+    "key": "inline keys are not supported; use key_file",
+}
+
+
+class WebConfigError(ValueError):
+    """The web config file is unusable; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+    client_auth: ssl.VerifyMode = ssl.CERT_NONE
+    client_ca_file: Path | None = None
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED
+    prefer_server_cipher_suites: bool = True
+
+    def files(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.cert_file, self.key_file, self.client_ca_file) if p)
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    tls: TlsConfig | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    """User name -> bcrypt hash."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ssl_context: ssl.SSLContext | None = None
+
+    @property
+    def auth(self) -> bool:
+        return bool(self.users)
+
+
+def _mapping(doc: Any, where: str) -> Mapping[str, Any]:
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping):
+        raise WebConfigError(f"{where}: expected a mapping, got {type(doc).__name__}")
+    return doc
+
+
+def _strict(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        raise WebConfigError(f"{where}: unknown key {unknown[0]!r}")
+
+
+def parse_web_config(text: str, directory: Path) -> WebConfig:
+    """The file's text -> WebConfig (with its SSLContext built, so bad certs fail here)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"not YAML: {str(exc).splitlines()[0]}") from exc
+    doc = _mapping(doc, "web config")
+    _strict(doc, {"tls_server_config", "http_server_config", "basic_auth_users"}, "web config")
+    tls = _tls(_mapping(doc.get("tls_server_config"), "tls_server_config"), directory)
+    users = _users(_mapping(doc.get("basic_auth_users"), "basic_auth_users"))
+    headers = _headers(_mapping(doc.get("http_server_config"), "http_server_config"))
+    return WebConfig(tls, users, headers, None if tls is None else ssl_context(tls))
+
+
+def _tls(doc: Mapping[str, Any], directory: Path) -> TlsConfig | None:
+    for refused, why in _REFUSED_TLS_KEYS.items():
+        if refused in doc:
+            raise WebConfigError(f"tls_server_config.{refused}: {why}")
+    _strict(doc, _TLS_KEYS, "tls_server_config")
+    if not doc:
+        return None
+
+    def path(key: str) -> Path | None:
+        value = doc.get(key)
+        if value in (None, ""):
+            return None
+        if not isinstance(value, str):
+            raise WebConfigError(f"tls_server_config.{key}: expected a file path")
+        return directory / value
+
+    cert, key = path("cert_file"), path("key_file")
+    if cert is None or key is None:
+        raise WebConfigError("tls_server_config: cert_file and key_file are both required")
+    auth_type = str(doc.get("client_auth_type") or "")
+    if auth_type not in CLIENT_AUTH:
+        raise WebConfigError(
+            f"tls_server_config.client_auth_type: {auth_type!r} is not supported "
+            f"(use one of {', '.join(k for k in CLIENT_AUTH if k)})"
+        )
+    ca = path("client_ca_file")
+    if CLIENT_AUTH[auth_type] != ssl.CERT_NONE and ca is None:
+        raise WebConfigError(
+            f"tls_server_config: client_auth_type {auth_type} needs client_ca_file"
+        )
+
+    def version(key: str, default: ssl.TLSVersion) -> ssl.TLSVersion:
+        value = doc.get(key)
+        if value in (None, ""):
+            return default
+        if value not in TLS_VERSIONS:
+            raise WebConfigError(
+                f"tls_server_config.{key}: expected one of {', '.join(TLS_VERSIONS)}, got {value!r}"
+            )
+        return TLS_VERSIONS[value]
+
+    prefer = doc.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise WebConfigError("tls_server_config.prefer_server_cipher_suites: expected true/false")
+    return TlsConfig(
+        cert_file=cert,
+        key_file=key,
+        client_auth=CLIENT_AUTH[auth_type],
+        client_ca_file=ca,
+        min_version=version("min_version", ssl.TLSVersion.TLSv1_2),
+        max_version=version("max_version", ssl.TLSVersion.MAXIMUM_SUPPORTED),
+        prefer_server_cipher_suites=prefer,
+    )
+
+
+def _users(doc: Mapping[str, Any]) -> dict[str, bytes]:
+    users = {}
+    for name, hashed in doc.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise WebConfigError(f"basic_auth_users: bad user name {name!r}")
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"basic_auth_users.{name}: expected a bcrypt hash ($2y$...)")
+        try:
+            bcrypt.checkpw(b"", hashed.encode())
+        except ValueError as exc:
+            raise WebConfigError(f"basic_auth_users.{name}: not a valid bcrypt hash") from exc
+        users[name] = hashed.encode()
+    return users
+
+
+def _headers(doc: Mapping[str, Any]) -> dict[str, str]:
+    _strict(doc, {"headers", "http2"}, "http_server_config")
+    if not isinstance(doc.get("http2", True), bool):
+        raise WebConfigError("http_server_config.http2: expected true/false")
+    headers = {}
+    for name, value in _mapping(doc.get("headers"), "http_server_config.headers").items():
+        if name not in ALLOWED_HEADERS:
+            raise WebConfigError(
+                f"http_server_config.headers: {name!r} is not one of {', '.join(ALLOWED_HEADERS)}"
+            )
+        allowed = ALLOWED_HEADERS[name]
+        text = str(value)
+        if allowed is not None and text.lower() not in allowed:
+            raise WebConfigError(f"http_server_config.headers.{name}: {text!r} is not allowed")
+        if any(c in text for c in "\r\n\0"):
+            raise WebConfigError(f"http_server_config.headers.{name}: control characters")
+        headers[name] = text
+    return headers
+
+
+def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = tls.min_version
+    ctx.maximum_version = tls.max_version
+    try:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file is not None:
+            ctx.load_verify_locations(cafile=tls.client_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise WebConfigError(f"tls_server_config: {exc}") from exc
+    ctx.verify_mode = tls.client_auth
+    if tls.prefer_server_cipher_suites:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    return ctx
+
+
+def load_web_config(path: Path) -> WebConfig:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WebConfigError(f"cannot read {path}: {exc}") from exc
+    return parse_web_config(text, path.parent)
+
+
+def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
+    """What changes when a file is replaced or rewritten (a Secret's symlink swap too)."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
+
+
+class WebConfigWatcher:
+    """The current WebConfig, re-read when the file or a file it names changes.
+
+    Checked at most once per `check_interval` seconds, on use. A change that does not parse
+    keeps the last good config (logged once per state, counted in self-metrics)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        check_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.check_interval = check_interval
+        self._clock = clock
+        self.config = load_web_config(path)
+        self._stamp = self._files_stamp(self.config)
+        self._checked = clock()
+        self.reloads: Counter[str] = Counter()
+        self._states = StateLog(log)
+
+    def _files_stamp(self, config: WebConfig) -> tuple[tuple[int, int, int], ...]:
+        return _stamp((self.path, *(config.tls.files() if config.tls else ())))
+
+    def current(self) -> WebConfig:
+        now = self._clock()
+        if now - self._checked < self.check_interval:
+            return self.config
+        self._checked = now
+        stamp = self._files_stamp(self.config)
+        if stamp == self._stamp:
+            return self.config
+        self._stamp = stamp
+        try:
+            config = load_web_config(self.path)
+        except WebConfigError as exc:
+            self.reloads["failure"] += 1
+            self._states.failed("reload", f"web config {self.path} not reloaded: {exc}")
+            return self.config
+        self.reloads["success"] += 1
+        self._states.ok("reload", f"web config {self.path} reloaded")
+        log.info("web config %s reloaded", self.path)
+        self.config = config
+        self._stamp = self._files_stamp(config)
+        return config
+
+
+_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
+
+
+class BasicAuth:
+    """Checks `Authorization: Basic` against bcrypt hashes, as exporter-toolkit does.
+
+    bcrypt is slow by design (tens of ms): it runs in a worker thread, one at a time (a flood of
+    wrong passwords costs one core, not all), and results are cached by a digest of (user, hash,
+    password), so a scraper pays for bcrypt once. Unknown users are checked against a dummy hash
+    so their answer takes as long as a wrong password's."""
+
+    CACHE_SIZE = 128
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, bool] = {}
+        self._lock = asyncio.Lock()
+
+    async def check(self, users: Mapping[str, bytes], header: str) -> bool:
+        credentials = _decode_basic(header)
+        if credentials is None:
+            return False
+        user, password = credentials
+        hashed = users.get(user)
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password))).digest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        async with self._lock:
+            ok = await asyncio.to_thread(_checkpw, password, hashed or _DUMMY_HASH)
+        ok = ok and hashed is not None
+        if len(self._cache) >= self.CACHE_SIZE:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = ok
+        return ok
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:  # bcrypt 5 refuses passwords over 72 bytes: no hash can match them
+        return False
+
+
+def _decode_basic(header: str) -> tuple[str, bytes] | None:
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic" or not value:
+        return None
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = raw.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode(), password
+    except UnicodeDecodeError:
+        return None
