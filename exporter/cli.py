@@ -85,6 +85,14 @@ def size_bytes(text: str) -> int:
     return int(m[1]) * {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "B": 1, None: 1}[m[2]]
 
 
+def regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression ({exc}): {text!r}") from exc
+    return text
+
+
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """Wrap a parser so argparse reports our ValueError text."""
 
@@ -151,6 +159,32 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "keep the last good PodResources answer this long while the kubelet fails",
     ),
     (
+        "kubeapi",
+        "--kubernetes.api",
+        "kubernetes_api",
+        boolean,
+        "off",
+        "watch this node's pods on the API server for pod UIDs, workloads and allowed labels "
+        "(k8s_pod_workload_info); needs the kubernetes-api RBAC (deploy/components/kubernetes-api)",
+    ),
+    (
+        "kubeapi",
+        "--kubernetes.kubeconfig",
+        "kubeconfig",
+        Path,
+        "in-cluster: the pod's ServiceAccount",
+        "kubeconfig for --kubernetes.api (development outside a cluster)",
+    ),
+    (
+        "kubeapi",
+        "--kubernetes.pod-labels",
+        "pod_label_patterns",
+        regex,
+        "none",
+        "pod label keys to export as k8s_pod_label_<key>: a regex matching the whole key "
+        "(repeatable; the environment variable holds one regex)",
+    ),
+    (
         "web",
         "--web.listen-address",
         "listen_address",
@@ -214,6 +248,7 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
 
 _GROUP_TITLES = {
     "kubelet": "kubelet (PodResources)",
+    "kubeapi": "Kubernetes API (optional)",
     "web": "web",
     "collection": "collection",
     "collectors": "collectors (sources)",
@@ -238,8 +273,11 @@ def build_parser(sources: dict[str, SourceInfo] | None = None) -> _Parser:
         # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
         # must still win over the environment and the default.
         kwargs["default"] = argparse.SUPPRESS
-        if dest == "resource_patterns":
+        if dest in ("resource_patterns", "pod_label_patterns"):
             kwargs["action"] = "append"
+        if parse is boolean:  # `--kubernetes.api` alone means on
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
         groups[group].add_argument(
             flag, help=f"{help_} (default {default}; env {env_name(flag)})", **kwargs
         )
@@ -296,6 +334,8 @@ def parse_config(
         flag, parse = table[dest]
         if dest == "resource_patterns":
             parse = lambda text: [p.strip() for p in text.split(",") if p.strip()]  # noqa: E731
+        if dest == "pod_label_patterns":
+            parse = lambda text: [regex(text)] if text else []  # noqa: E731
         return pick(flag, dest, parse, default)
 
     collectors = set()
@@ -333,12 +373,19 @@ def parse_config(
     patterns = tuple(get("resource_patterns", list(DEFAULT_RESOURCE_PATTERNS)))
     if not patterns:
         raise UsageError("--kubernetes.resource-pattern: at least one pattern is needed")
+    kubernetes_api = get("kubernetes_api", False)
+    node_name = get("node_name", "") or env.get("NODE_NAME", "")
+    if kubernetes_api and not node_name:
+        raise UsageError(
+            "--kubernetes.api needs --node-name or NODE_NAME (the downward API's spec.nodeName): "
+            "the hostname of a pod is the pod's name"
+        )
     return Config(
         kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET),
         listen_address=get("listen_address", ("", 9405)),
         collect_interval=interval,
         collect_timeout=timeout,
-        node_name=get("node_name", "") or env.get("NODE_NAME", "") or socket.gethostname(),
+        node_name=node_name or socket.gethostname(),
         sysfs=get("sysfs", Path("/sys")),
         procfs=get("procfs", Path("/proc")),
         log_level=get("log_level", "info"),
@@ -350,6 +397,9 @@ def parse_config(
         podresources_max_message_bytes=get("podresources_max_message_bytes", 256 * 1024**2),
         podresources_stale_after=get("podresources_stale_after", 300.0),
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
+        kubernetes_api=kubernetes_api,
+        kubeconfig=get("kubeconfig", None),
+        pod_label_patterns=tuple(get("pod_label_patterns", [])),
     )
 
 

@@ -41,3 +41,9 @@ class Config:
     podresources_max_message_bytes: int = 256 * 1024 * 1024
     podresources_stale_after: float = 300.0
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
+    kubernetes_api: bool = False
+    """Watch this node's pods on the API server for UIDs, workloads and labels."""
+    kubeconfig: Path | None = None
+    """None: in-cluster configuration (the pod's ServiceAccount)."""
+    pod_label_patterns: tuple[str, ...] = ()
+    """Regexes; pod label keys matching one in full go onto k8s.pod.workload.info."""
