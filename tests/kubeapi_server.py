@@ -67,7 +67,11 @@ def pod(
 
 
 def owner_object(
-    kind: str, name: str, uid: str, namespace: str = "default", controller: tuple[str, str, str] | None = None
+    kind: str,
+    name: str,
+    uid: str,
+    namespace: str = "default",
+    controller: tuple[str, str, str] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
     if controller:
@@ -240,7 +244,11 @@ class FakeApiServer:
         if denied is not None:
             return denied
         selector = request.query.get("fieldSelector", "")
-        node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
+        node = (
+            selector.removeprefix("spec.nodeName=")
+            if selector.startswith("spec.nodeName=")
+            else None
+        )
         metadata_only = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
         shape = _metadata_only if metadata_only else (lambda o: o)
 
@@ -254,9 +262,14 @@ class FakeApiServer:
         limit = int(request.query.get("limit") or 0) or len(items) or 1
         page = items[start : start + limit]
         more = start + limit < len(items)
-        meta = {"resourceVersion": str(self.version), **({"continue": str(start + limit)} if more else {})}
+        meta = {
+            "resourceVersion": str(self.version),
+            **({"continue": str(start + limit)} if more else {}),
+        }
         kind = "PartialObjectMetadataList" if metadata_only else "PodList"
-        return web.json_response({"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page})
+        return web.json_response(
+            {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page}
+        )
 
     async def _watch(
         self, request: web.Request, matches: Callable[[dict[str, Any]], bool],
@@ -274,7 +287,10 @@ class FakeApiServer:
 
         self.watch_versions.append(since)
         if since < self.oldest:
-            await send("ERROR", _status(410, "Expired", f"too old resource version: {since} ({self.oldest})"))
+            await send(
+                "ERROR",
+                _status(410, "Expired", f"too old resource version: {since} ({self.oldest})"),
+            )
             return response
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -306,7 +322,9 @@ class FakeApiServer:
             return denied
         key = (resource, request.match_info["ns"], request.match_info["name"])
         if key not in self.owners:
-            return web.json_response(_status(404, "NotFound", f"{resource} {key[2]} not found"), status=404)
+            return web.json_response(
+                _status(404, "NotFound", f"{resource} {key[2]} not found"), status=404
+            )
         obj = self.owners[key]
         if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
             return web.json_response(_metadata_only(obj))

@@ -25,6 +25,7 @@ from typing import Any
 import httpx2 as httpx
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ConfigError
 
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -32,6 +33,10 @@ LIST_PAGE = 500
 
 OWNER_RESOURCES = {"ReplicaSet": ("apps/v1", "replicasets"), "Job": ("batch/v1", "jobs")}
 """Owner kinds read once to find the workload above them (Deployment, CronJob)."""
+
+
+class NotConfigured(Exception):
+    """No usable kubeconfig or in-cluster configuration (only an operator fixes that)."""
 
 
 class ApiError(Exception):
@@ -89,9 +94,13 @@ def pod_meta(obj: dict[str, Any]) -> PodMeta:
 
 def load_config(kubeconfig: Path | None) -> Any:
     """lightkube's SingleConfig: the kubeconfig's current context, or in-cluster."""
-    if kubeconfig is not None:
-        return KubeConfig.from_file(kubeconfig).get()
-    return KubeConfig.from_service_account().get()
+    try:
+        if kubeconfig is not None:
+            return KubeConfig.from_file(kubeconfig).get()
+        return KubeConfig.from_service_account().get()
+    except (ConfigError, OSError, ValueError) as exc:
+        where = kubeconfig or "in-cluster (no ServiceAccount token mounted?)"
+        raise NotConfigured(f"no Kubernetes API configuration from {where}: {exc}") from exc
 
 
 def http_client(config: Any, timeout: float) -> httpx.AsyncClient:

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 import httpx2 as httpx
 
-from exporter.kubeapi.client import OWNER_RESOURCES, ApiError, KubeApi, OwnerRef, PodMeta
+from exporter.kubeapi.client import (
+    OWNER_RESOURCES,
+    ApiError,
+    KubeApi,
+    NotConfigured,
+    OwnerRef,
+    PodMeta,
+)
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.log import StateLog
 from exporter.model import KubeApiHealth, PodInfo
@@ -159,10 +166,17 @@ class PodWatcher:
                     "exported as PodResources gives them",
                 )
                 await _sleep(stop, self._delay(failures, denied))
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TimeoutError) as exc:
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
                 self._up = False
                 failures += 1
-                denied = self.api is None  # no configuration: only an operator fixes that
+                denied = isinstance(exc, NotConfigured)  # only an operator fixes that
                 self._states.failed(
                     f"api/{type(exc).__name__}",
                     f"Kubernetes API unavailable ({type(exc).__name__}: {exc}); pod UIDs, "
