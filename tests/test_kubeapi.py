@@ -82,7 +82,7 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
 
 
 def infos(watcher: PodWatcher) -> dict[str, dict[str, str]]:
-    return {p.pod: dict(p.attributes) for p in watcher.pod_infos(HOLDERS + [("ml", "new-0")])}
+    return {p.pod: dict(p.attributes) for p in watcher.pod_infos([*HOLDERS, ("ml", "new-0")])}
 
 
 async def test_list_resolves_workloads_labels_and_uids(
