@@ -301,3 +301,32 @@ def test_bad_regex_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["--kubernetes.pod-labels", "(("]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--kubernetes.pod-labels" in err[0] and "regular expression" in err[0]
+
+
+def test_otlp_carries_the_semantic_convention_attributes() -> None:
+    """The info series over OTLP to a real gRPC receiver: the attributes under their OTel
+    names (`k8s.pod.uid`, `k8s.deployment.name`, `k8s.pod.label.<key>`), node on the resource."""
+    from exporter.model import KubeApiHealth, PodInfo, Snapshot
+    from tests.otlp_receivers import GrpcReceiver, points_of
+    from tests.otlp_snapshots import sink_for
+
+    attrs = (("k8s.pod.uid", "u-1"), ("k8s.replicaset.name", "train-7d9f"),
+             ("k8s.deployment.name", "train"), ("k8s.workload.kind", "Deployment"),
+             ("k8s.workload.name", "train"), ("k8s.pod.label.app.kubernetes.io/name", "train"))  # fmt: skip
+    snapshot = Snapshot(timestamp=1.0, node="node-a", pods=(PodInfo("ml", "train-0", attrs),),
+                        kubeapi=KubeApiHealth(True, 3, {("watch", "pods", "200"): 2}))  # fmt: skip
+    receiver = GrpcReceiver()
+    sink = sink_for(receiver.endpoint, receiver.protocol)
+    sink.start()
+    try:
+        sink.update(snapshot)
+        sink.force_flush()
+    finally:
+        sink.shutdown()
+        receiver.stop()
+    got = points_of(receiver.accepted()[:1])  # the flush; shutdown exports again
+    (info,) = [p for p in got if p.metric == "k8s.pod.workload.info"]
+    assert info.attributes == {"k8s.namespace.name": "ml", "k8s.pod.name": "train-0", **dict(attrs)}
+    assert info.resource["k8s.node.name"] == "node-a"
+    (watches,) = [p for p in got if p.metric == "kube_device_exporter.kubernetes.requests"]
+    assert (watches.value, watches.attributes["verb"], watches.monotonic) == (2, "watch", True)
