@@ -98,8 +98,14 @@ def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 class FakeApiServer:
-    def __init__(self, bookmark_every: float = 60.0) -> None:
+    def __init__(self, bookmark_every: float = 60.0, max_watch_seconds: float = 1800.0) -> None:
         self.bookmark_every = bookmark_every
+        self.max_watch_seconds = max_watch_seconds
+        """The server's own cap on a watch (kube-apiserver: --min-request-timeout, 1800 s,
+        randomized up to twice that); 0 is a proxy that cuts every watch at once."""
+        self.always_gone = False
+        """Every watch answers 410, whatever its version (a watch cache that cannot serve)."""
+        self.owners_forbidden = False
         self.version = 100
         self.pods: dict[str, dict[str, Any]] = {}
         self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -277,7 +283,7 @@ class FakeApiServer:
     ) -> web.StreamResponse:  # fmt: skip
         assert self._changed is not None
         since = int(request.query.get("resourceVersion") or self.version)
-        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        timeout = min(float(request.query.get("timeoutSeconds") or 1800), self.max_watch_seconds)
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
@@ -286,7 +292,7 @@ class FakeApiServer:
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         self.watch_versions.append(since)
-        if since < self.oldest:
+        if since < self.oldest or self.always_gone:
             await send(
                 "ERROR",
                 _status(410, "Expired", f"too old resource version: {since} ({self.oldest})"),
@@ -320,6 +326,9 @@ class FakeApiServer:
         denied = self._denied(request)
         if denied is not None:
             return denied
+        if self.owners_forbidden:
+            message = f'{resource}.apps is forbidden: cannot get resource "{resource}"'
+            return web.json_response(_status(403, "Forbidden", message), status=403)
         key = (resource, request.match_info["ns"], request.match_info["name"])
         if key not in self.owners:
             return web.json_response(

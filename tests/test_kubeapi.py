@@ -261,7 +261,7 @@ async def test_requests_per_hour_in_steady_state(server: FakeApiServer, tmp_path
     (3600 s -> 9 s, so none is due in the run). Counted over the run after the first sync."""
     scale = 450.0  # one test second = the mean watch timeout's worth of real seconds / 1 s
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), watch_timeout=(1, 1),
-                           owner_ttl=3600.0 / 400)  # fmt: skip
+                           owner_ttl=3600.0 / 400, short_watch=0.5)  # fmt: skip
     async with running(watcher):
         await until(lambda: len(watcher.owners) == 2)
         before = list(server.requests)
@@ -274,6 +274,47 @@ async def test_requests_per_hour_in_steady_state(server: FakeApiServer, tmp_path
     owners_per_hour = len(watcher.owners)  # each owner is re-read once an hour
     print(f"steady state: {per_hour:.1f} watch + {owners_per_hour} owner requests per node-hour")
     assert per_hour <= 10
+
+
+async def test_watches_cut_at_once_back_off(tmp_path: Path) -> None:
+    """A proxy that ends every watch immediately: backing off, not a request loop."""
+    server = FakeApiServer(max_watch_seconds=0).start()
+    try:
+        server.add_pod(TRAIN)
+        watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
+        async with running(watcher):
+            await asyncio.sleep(1.0)
+        assert 3 <= server.count("watch") <= 12
+        assert server.count("list") == 1
+        assert len(infos(watcher)) == 1
+    finally:
+        server.stop()
+
+
+async def test_410_on_every_watch_backs_off(server: FakeApiServer, tmp_path: Path) -> None:
+    server.always_gone = True
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
+    async with running(watcher):
+        await asyncio.sleep(1.0)
+    assert 3 <= server.count("list") <= 12
+    assert server.count("watch") == server.count("list")
+    assert len(infos(watcher)) == 4  # each list still refreshes the cache
+
+
+async def test_owners_forbidden_fall_back_to_the_direct_owner(
+    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.owners_forbidden = True
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
+    async with running(watcher):
+        await until(lambda: len(watcher.owners) == 2)
+        await asyncio.sleep(0.2)  # owner_retry passes: nothing is re-read before the TTL
+    train = infos(watcher)["train-7d9f-abcde"]
+    assert (train["k8s.workload.kind"], train["k8s.workload.name"]) == ("ReplicaSet", "train-7d9f")
+    assert "k8s.deployment.name" not in train
+    assert (server.count("get", "replicasets"), server.count("get", "jobs")) == (1, 1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "403" in warnings[0] and "RBAC" in warnings[0], warnings
 
 
 def test_flags(tmp_path: Path) -> None:

@@ -49,8 +49,15 @@ WATCH_GRACE_SECONDS = 60.0
 """A watch the server did not end this long after its timeout is a dead connection."""
 BACKOFF_SECONDS = (1.0, 60.0)
 DENIED_BACKOFF_SECONDS = 300.0
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends sooner with no event is a failure (client-go's "very short watch"): a
+proxy cutting every watch at once must not turn into a loop of requests."""
 OWNER_TTL_SECONDS = 3600.0
 OWNER_RETRY_SECONDS = 60.0
+
+
+class ShortWatch(Exception):
+    """The server ended a watch at once, without an event."""
 
 
 @dataclass(slots=True)
@@ -68,6 +75,7 @@ class PodWatcher:
         *,
         watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
         watch_grace: float = WATCH_GRACE_SECONDS,
+        short_watch: float = SHORT_WATCH_SECONDS,
         backoff: tuple[float, float] = BACKOFF_SECONDS,
         denied_backoff: float = DENIED_BACKOFF_SECONDS,
         owner_ttl: float = OWNER_TTL_SECONDS,
@@ -81,6 +89,7 @@ class PodWatcher:
         self.labels = labels or LabelFilter()
         self.watch_timeout = watch_timeout
         self.watch_grace = watch_grace
+        self.short_watch = short_watch
         self.backoff = backoff
         self.denied_backoff = denied_backoff
         self.owner_ttl = owner_ttl
@@ -107,7 +116,7 @@ class PodWatcher:
         """Info of the pods in `holders` ((namespace, name)) that the cache knows."""
         wanted = set(holders)
         by_name: dict[tuple[str, str], PodInfo] = {}
-        for uid, pod in self.pods.items():
+        for uid, pod in list(self.pods.items()):  # a copy: callers may be off the loop
             if (pod.namespace, pod.name) in wanted:
                 by_name[(pod.namespace, pod.name)] = self._info(uid, pod)
         return tuple(by_name[key] for key in sorted(by_name))
@@ -142,6 +151,7 @@ class PodWatcher:
     async def _watch_forever(self, stop: asyncio.Event) -> None:
         version = ""
         failures = 0
+        gone = 0  # 410s in a row: a watch cache that cannot serve the list's version backs off
         while not stop.is_set():
             try:
                 if self.api is None:
@@ -149,12 +159,15 @@ class PodWatcher:
                 if not version:
                     version = await self._list(self.api)
                 version = await self._watch(self.api, version, stop)
-                failures = 0
+                failures = gone = 0
             except ApiError as exc:
                 self._up = False
                 if exc.code == 410:
                     log.info("pod watch expired (410 Gone: %s); listing again", exc)
                     version = ""
+                    gone += 1
+                    if gone > 1:
+                        await _sleep(stop, self._delay(gone - 1, denied=False))
                     continue
                 failures += 1
                 denied = exc.code in (401, 403)
@@ -166,6 +179,10 @@ class PodWatcher:
                     "exported as PodResources gives them",
                 )
                 await _sleep(stop, self._delay(failures, denied))
+            except ShortWatch as exc:
+                failures += 1
+                log.debug("%s", exc)
+                await _sleep(stop, self._delay(failures, denied=False))
             except (
                 httpx.HTTPError,
                 OSError,
@@ -201,10 +218,12 @@ class PodWatcher:
     async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> str:
         """Apply events until the server ends the watch; the version to resume from."""
         timeout = self._rng.randint(*self.watch_timeout)
+        started, events = self._clock(), 0
         async with asyncio.timeout(timeout + self.watch_grace):
             async for event in api.watch_pods(self.node, version, timeout):
                 if stop.is_set():
                     break
+                events += 1
                 self._synced()
                 version = event.resource_version or version
                 if event.pod is None:  # BOOKMARK: only the version moves
@@ -215,6 +234,8 @@ class PodWatcher:
                 else:
                     self.pods[event.pod.uid] = event.pod
                     self._want_owners((event.pod,))
+        if events == 0 and self._clock() - started < self.short_watch:
+            raise ShortWatch(f"the pod watch ended after {self._clock() - started:.3f}s, no event")
         return version
 
     def _synced(self) -> None:
