@@ -331,5 +331,12 @@ def test_health_alert_expressions_select_the_broken_targets(cluster: Cluster) ->
     node = kit.prometheus_label("k8s.node.name")
     assert {s["metric"][node] for s in unreachable} == {"no-kubelet-node"}
 
-    for healthy in ("KubeDeviceExporterAbsent", "KubeDeviceExporterCycleStalled"):
+    # The demo exporter watches a reachable API server: its pod watch is up, so no alert.
+    (api,) = cluster.prometheus.wait_for("kube_device_exporter_kubernetes_up == 1")
+    assert api["metric"][node] == "demo-node-1"
+    for healthy in (
+        "KubeDeviceExporterAbsent",
+        "KubeDeviceExporterCycleStalled",
+        "KubeDeviceExporterKubernetesApiUnavailable",
+    ):
         assert cluster.prometheus.query(_alert_expr(healthy)) == [], healthy
