@@ -215,7 +215,6 @@ class KubeApiHealth:
     """Pods of this node in the cache."""
     requests_total: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     """(verb, resource, HTTP status code or error) -> count."""
-    last_sync_timestamp: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,10 @@ def _scenario(tmp: Any) -> Any:
     by_name = {p["name"]: p for p in doc["pods"]}
     by_name["notebook-alice"].update(name="inference-large", namespace="serving")
     by_name["short-job"]["end"] = ENDS_AT
+    mig103 = "MIG-0b6f4a21-7d3c-5e2a-8f10-000000000103"
+    doc["pods"].append({"name": "late-0", "namespace": "serving", "start": 5,
+                        "containers": [{"name": "triton", "devices": [
+                            {"resource": "nvidia.com/mig-1g.10gb", "ids": [mig103]}]}]})  # fmt: skip
     gpus = doc["nvidia"]["gpus"]
     gpus[0]["utilization"] = 0.8
     mig = {m["uuid"][-3:]: m for m in gpus[1]["mig"]}
@@ -167,3 +171,24 @@ def test_info_series_carries_uid_workload_and_allowed_labels(
     assert not any("k8s_deployment_name" in r["metric"] for r in prom.query(UTIL))
     (up,) = prom.query("kube_device_exporter_kubernetes_up")
     assert up["value"][1] == "1"
+
+
+@pytest.mark.peer
+def test_pod_created_during_the_run_joins_its_deployment(
+    stack: tuple[PrometheusServer, FakeApiServer],
+) -> None:
+    prom, api = stack
+    # The kubelet has admitted late-0 (it holds a MIG slice) but the API cache has not seen it.
+    prom.wait_for('hw_allocation_info{k8s_pod_name="late-0"}', timeout=20)
+    assert prom.query('k8s_pod_workload_info{k8s_pod_name="late-0"}') == []
+    api.add_pod(pod("late-0", "serving", node=NODE, owner=("ReplicaSet", "inference-7c", "rs-i")))
+    devices = (
+        "count by (k8s_namespace_name, k8s_deployment_name) (hw_allocation_info"
+        f" * {JOIN} group_left(k8s_deployment_name) k8s_pod_workload_info)"
+    )
+    result = prom.wait_for(
+        devices, lambda r: _values(r, "k8s_deployment_name").get(("inference",)) == 3, timeout=10
+    )
+    assert (
+        _values(result, "k8s_namespace_name", "k8s_deployment_name")[("serving", "inference")] == 3
+    )

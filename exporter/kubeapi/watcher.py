@@ -81,7 +81,6 @@ class PodWatcher:
         owner_ttl: float = OWNER_TTL_SECONDS,
         owner_retry: float = OWNER_RETRY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
         self._connect = connect
@@ -95,7 +94,6 @@ class PodWatcher:
         self.owner_ttl = owner_ttl
         self.owner_retry = owner_retry
         self._clock = clock
-        self._wall_clock = wall_clock
         self._rng = rng or random.Random()
         self.api: KubeApi | None = None
         self.pods: dict[str, PodMeta] = {}
@@ -105,10 +103,9 @@ class PodWatcher:
         self._infos: dict[str, tuple[PodMeta, OwnerRef | None, PodInfo]] = {}
         self._owner_wanted = asyncio.Event()
         self._up = False
-        self._last_sync = 0.0
         self._states = StateLog(log)
         self.synced = asyncio.Event()
-        """Set after the first successful list (tests, and a log line)."""
+        """Set once the first list has answered."""
 
     # --- read by the poller (the event loop, no request) ---------------------------------
 
@@ -123,7 +120,7 @@ class PodWatcher:
 
     def health(self) -> KubeApiHealth:
         requests = dict(self.api.requests) if self.api is not None else {}
-        return KubeApiHealth(self._up, len(self.pods), requests, self._last_sync)
+        return KubeApiHealth(self._up, len(self.pods), requests)
 
     def _info(self, uid: str, pod: PodMeta) -> PodInfo:
         owner = self.owners.get(pod.owner.uid) if pod.owner else None
@@ -244,7 +241,6 @@ class PodWatcher:
             if not self.synced.is_set():
                 log.info("watching the %d pods of node %s", len(self.pods), self.node)
         self._up = True
-        self._last_sync = self._wall_clock()
         self.synced.set()
 
     # --- owners ----------------------------------------------------------------------
