@@ -13,8 +13,13 @@ from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 
 
+REQUEST_TIMEOUT_SECONDS = 10.0
+"""Connect and read deadline of a list page or an owner read (a watch has no read deadline;
+its end is bounded by timeoutSeconds plus a grace period)."""
+
+
 def build_watcher(config: Config) -> PodWatcher:
     def connect() -> KubeApi:
-        return KubeApi(http_client(load_config(config.kubeconfig), config.podresources_timeout))
+        return KubeApi(http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS))
 
     return PodWatcher(connect, config.node_name, LabelFilter(config.pod_label_patterns))
