@@ -151,7 +151,7 @@ class Exporter:
                     await self._task
         if self._kubeapi_task is not None:
             self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
         if self.otlp is not None:
             otlp = self.otlp
