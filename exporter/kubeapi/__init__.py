@@ -12,7 +12,6 @@ from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 
-
 REQUEST_TIMEOUT_SECONDS = 10.0
 """Connect and read deadline of a list page or an owner read (a watch has no read deadline;
 its end is bounded by timeoutSeconds plus a grace period)."""
