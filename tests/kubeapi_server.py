@@ -244,6 +244,7 @@ class FakeApiServer:
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch") == "true"
         self.requests.append(("watch" if watch else "list", "pods"))
+        closing = self._closing  # a close_watches() from now on ends this watch
         if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
             self.metadata_only_requests += 1
         denied = self._denied(request)
@@ -262,7 +263,7 @@ class FakeApiServer:
             return node is None or obj["spec"]["nodeName"] == node
 
         if watch:
-            return await self._watch(request, matches, shape)
+            return await self._watch(request, matches, shape, closing)
         items = [shape(o) for _, o in sorted(self.pods.items()) if matches(o)]
         start = int(request.query.get("continue") or 0)
         limit = int(request.query.get("limit") or 0) or len(items) or 1
@@ -279,7 +280,7 @@ class FakeApiServer:
 
     async def _watch(
         self, request: web.Request, matches: Callable[[dict[str, Any]], bool],
-        shape: Callable[[dict[str, Any]], dict[str, Any]],
+        shape: Callable[[dict[str, Any]], dict[str, Any]], closing: int,
     ) -> web.StreamResponse:  # fmt: skip
         assert self._changed is not None
         since = int(request.query.get("resourceVersion") or self.version)
@@ -301,7 +302,6 @@ class FakeApiServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         next_bookmark = loop.time() + self.bookmark_every
-        closing = self._closing
         while True:
             for version, kind, obj in [h for h in self.history if h[0] > since]:
                 since = version

@@ -207,10 +207,10 @@ async def test_forbidden_says_so_once_and_recovers(
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     with caplog.at_level(logging.INFO, logger="exporter.kubeapi"):
         async with running(watcher):
-            await until(lambda: server.count("list") >= 3)
+            denied = ("list", "pods", "403")
+            await until(lambda: watcher.health().requests_total.get(denied, 0) >= 3)
             assert not watcher.health().up
             assert watcher.pod_infos(HOLDERS) == ()
-            assert watcher.health().requests_total[("list", "pods", "403")] >= 3
             server.forbid(False)
             await until(lambda: watcher.health().up)
             await until(lambda: len(watcher.owners) == 2)
@@ -224,9 +224,8 @@ async def test_forbidden_says_so_once_and_recovers(
 async def test_wrong_token_is_401(server: FakeApiServer, tmp_path: Path) -> None:
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig", token="stale"))
     async with running(watcher):
-        await until(lambda: server.count("list") >= 1)
-        await asyncio.sleep(0.05)
-    assert watcher.health().requests_total == {("list", "pods", "401"): server.count("list")}
+        await until(lambda: watcher.health().requests_total)
+    assert set(watcher.health().requests_total) == {("list", "pods", "401")}
     assert not watcher.health().up
 
 
@@ -297,7 +296,7 @@ async def test_410_on_every_watch_backs_off(server: FakeApiServer, tmp_path: Pat
     async with running(watcher):
         await asyncio.sleep(1.0)
     assert 3 <= server.count("list") <= 12
-    assert server.count("watch") == server.count("list")
+    assert abs(server.count("watch") - server.count("list")) <= 1  # one may be cut by the stop
     assert len(infos(watcher)) == 4  # each list still refreshes the cache
 
 
