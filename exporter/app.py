@@ -97,6 +97,11 @@ class Exporter:
             timeout=config.podresources_timeout,
             max_message_bytes=config.podresources_max_message_bytes,
         )
+        self.kubeapi = None
+        if config.kubernetes_api:
+            from exporter.kubeapi import build_watcher  # the API client loads only when used
+
+            self.kubeapi = build_watcher(config)
         self.poller = Poller(
             node=config.node_name,
             sources=build_sources(config) if sources is None else sources,
@@ -108,10 +113,12 @@ class Exporter:
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs),
+            pods=self.kubeapi,
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._kubeapi_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.port: int | None = None
 
@@ -133,6 +140,8 @@ class Exporter:
                 log.info("serving on %s", self.url)
         if self.otlp is not None:
             self.otlp.start()
+        if self.kubeapi is not None:
+            self._kubeapi_task = asyncio.create_task(self.kubeapi.run(self._stop))
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
     async def _start_server(self, address: tuple[str, int]) -> None:
@@ -170,6 +179,10 @@ class Exporter:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
+        if self._kubeapi_task is not None:
+            self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
         if self.otlp is not None:
             otlp = self.otlp
             flushing = in_daemon_thread(otlp.shutdown, "otlp-shutdown")

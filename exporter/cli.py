@@ -25,7 +25,15 @@ from exporter import __version__
 from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
 from exporter.join import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
-from exporter.values import METAVARS, boolean, choice, duration, positive_int, size_bytes
+from exporter.values import (
+    METAVARS,
+    boolean,
+    choice,
+    duration,
+    positive_int,
+    regex,
+    size_bytes,
+)
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
@@ -125,6 +133,32 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "keep the last good PodResources answer this long while the kubelet fails",
     ),
     (
+        "kubeapi",
+        "--kubernetes.api",
+        "kubernetes_api",
+        boolean,
+        "off",
+        "watch this node's pods on the API server for pod UIDs, workloads and allowed labels "
+        "(k8s_pod_workload_info); needs the kubernetes-api RBAC (deploy/components/kubernetes-api)",
+    ),
+    (
+        "kubeapi",
+        "--kubernetes.kubeconfig",
+        "kubeconfig",
+        Path,
+        "in-cluster: the pod's ServiceAccount",
+        "kubeconfig for --kubernetes.api (development outside a cluster)",
+    ),
+    (
+        "kubeapi",
+        "--kubernetes.pod-labels",
+        "pod_label_patterns",
+        regex,
+        "none",
+        "pod label keys to export as k8s_pod_label_<key>: a regex matching the whole key "
+        "(repeatable; the environment variable holds one regex)",
+    ),
+    (
         "web",
         "--web.listen-address",
         "listen_address",
@@ -205,6 +239,7 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
 
 _GROUP_TITLES = {
     "kubelet": "kubelet (PodResources)",
+    "kubeapi": "Kubernetes API (optional)",
     "web": "web",
     "collection": "collection",
     "collectors": "collectors (sources)",
@@ -221,6 +256,8 @@ _METAVARS = {
     "sysfs": "PATH",
     "procfs": "PATH",
     "web_config_file": "FILE",
+    "kubeconfig": "FILE",
+    "pod_label_patterns": "REGEX",
     "otlp_endpoint": "URL",
     "otlp_protocol": "grpc|http/protobuf",
     "log_level": "debug|info|warning|error",
@@ -279,8 +316,11 @@ def build_parser(
         # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
         # must still win over the environment and the default.
         kwargs["default"] = argparse.SUPPRESS
-        if dest == "resource_patterns":
+        if dest in ("resource_patterns", "pod_label_patterns"):
             kwargs["action"] = "append"
+        if parse is boolean:  # `--kubernetes.api` alone means on
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
         groups[group].add_argument(flag, help=f"{help_} {_default_note(default, flag)}", **kwargs)
     for info in sources.values():
         flag = f"--collector.{info.name}"
@@ -356,6 +396,8 @@ def parse_config(
         flag, parse = table[dest]
         if dest == "resource_patterns":
             parse = split_patterns
+        if dest == "pod_label_patterns":
+            parse = lambda text: [regex(text)] if text else []  # noqa: E731
         return pick(flag, dest, parse, default)
 
     collectors = set()
@@ -402,12 +444,19 @@ def parse_config(
             "--kubernetes.resource-pattern: at least one pattern is needed, like nvidia.com/* "
             f"(got {','.join(given_patterns)!r})"
         )
+    kubernetes_api = get("kubernetes_api", False)
+    node_name = get("node_name", "") or env.get("NODE_NAME", "")
+    if kubernetes_api and not node_name:
+        raise UsageError(
+            "--kubernetes.api needs --node-name or NODE_NAME (the downward API's spec.nodeName): "
+            "the hostname of a pod is the pod's name"
+        )
     return Config(
         kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET),
         listen_address=get("listen_address", ("", 9405)),
         collect_interval=interval,
         collect_timeout=timeout,
-        node_name=get("node_name", "") or env.get("NODE_NAME", "") or socket.gethostname(),
+        node_name=node_name or socket.gethostname(),
         sysfs=get("sysfs", Path("/sys")),
         procfs=get("procfs", Path("/proc")),
         log_level=get("log_level", "info"),
@@ -421,6 +470,9 @@ def parse_config(
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
         web_config_file=_web_config(get("web_config_file", None)),
         web_max_connections=get("web_max_connections", 512),
+        kubernetes_api=kubernetes_api,
+        kubeconfig=get("kubeconfig", None),
+        pod_label_patterns=tuple(get("pod_label_patterns", [])),
     )
 
 

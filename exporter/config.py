@@ -44,3 +44,9 @@ class Config:
     web_config_file: Path | None = None
     """exporter-toolkit web config (TLS, basic auth, headers); None: plain HTTP, no auth."""
     web_max_connections: int = 512
+    kubernetes_api: bool = False
+    """Watch this node's pods on the API server for UIDs, workloads and labels."""
+    kubeconfig: Path | None = None
+    """None: in-cluster configuration (the pod's ServiceAccount)."""
+    pod_label_patterns: tuple[str, ...] = ()
+    """Regexes; pod label keys matching one in full go onto k8s.pod.workload.info."""

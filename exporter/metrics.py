@@ -33,6 +33,8 @@ class Scope(StrEnum):
     """One series per device (never copied per pod), device and holder labels."""
     ALLOCATION = "allocation"
     """Built by the join from PodResources: one series per (device, holder) or resource."""
+    POD = "pod"
+    """From the Kubernetes API (`--kubernetes.api`): one info series per device-holding pod."""
     EXPORTER = "exporter"
     """The exporter's own health."""
 
@@ -131,6 +133,20 @@ ATTRIBUTES: dict[str, str] = {
     "k8s.pod.name": "Pod holding the device.",
     "k8s.container.name": "Container holding the device.",
     "k8s.node.name": "The node (`--node-name`); a resource attribute in OTLP.",
+    # pod metadata from the Kubernetes API (k8s.pod.workload.info, --kubernetes.api)
+    "k8s.pod.uid": "The pod's UID.",
+    "k8s.replicaset.name": "ReplicaSet controlling the pod.",
+    "k8s.deployment.name": "Deployment controlling the pod's ReplicaSet.",
+    "k8s.statefulset.name": "StatefulSet controlling the pod.",
+    "k8s.daemonset.name": "DaemonSet controlling the pod.",
+    "k8s.job.name": "Job controlling the pod.",
+    "k8s.cronjob.name": "CronJob controlling the pod's Job.",
+    "k8s.workload.kind": "Kind at the top of the pod's owner chain: `Deployment`, `CronJob`, "
+    "`Job`, `StatefulSet`, `DaemonSet`, `ReplicaSet`, a custom controller's kind, or `Pod` for "
+    "a pod nobody controls.",
+    "k8s.workload.name": "Name at the top of the pod's owner chain (the pod's own for `Pod`).",
+    "k8s.pod.label.<key>": "A pod label whose key matches `--kubernetes.pod-labels` (the key "
+    "as given in OTLP; `.`, `/` and `-` become `_` in Prometheus, as the Collector does).",
     # metric-specific
     "hw.gpu.task": "What the utilization is of: `general`, `encoder`, `decoder`.",
     "hw.sensor_location": "Temperature sensor: `gpu`, `memory`, `edge`, `junction`, `package`.",
@@ -164,7 +180,9 @@ ATTRIBUTES: dict[str, str] = {
     # exporter self-metrics
     "source": "Exporter source (collector) name.",
     "method": "PodResources RPC (`List`, `GetAllocatableResources`, `Get`).",
-    "code": "gRPC status code name.",
+    "code": "gRPC status code name (PodResources); HTTP status or error class (Kubernetes API).",
+    "verb": "Kubernetes API verb: `list`, `watch`, `get`.",
+    "resource": "Kubernetes API resource: `pods`, `replicasets`, `jobs`.",
     "result": "`success` or `failure`.",
     "version": "Exporter version.",
     "python_version": "Python version.",
@@ -190,6 +208,7 @@ DEVICE_ATTRIBUTES = (
 _D = Scope.DEVICE
 _A = Scope.ALLOCATION
 _E = Scope.EXPORTER
+_P = Scope.POD
 G, C, U = Kind.GAUGE, Kind.COUNTER, Kind.UPDOWN
 
 SPECS_LIST: tuple[MetricSpec, ...] = (
@@ -435,6 +454,30 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_A,
         attributes=HOLDER_ATTRIBUTES,
     ),
+    # pod metadata (from the Kubernetes API, --kubernetes.api)
+    MetricSpec(
+        "k8s.pod.workload.info",
+        G,
+        "",
+        "One series per pod holding a device, from the Kubernetes API (`--kubernetes.api`); "
+        "always 1. Join device or allocation series to it on `k8s_node_name, "
+        "k8s_namespace_name, k8s_pod_name` for the UID, workload and allowed labels.",
+        scope=_P,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.pod.uid",
+            "k8s.replicaset.name",
+            "k8s.deployment.name",
+            "k8s.statefulset.name",
+            "k8s.daemonset.name",
+            "k8s.job.name",
+            "k8s.cronjob.name",
+            "k8s.workload.kind",
+            "k8s.workload.name",
+            "k8s.pod.label.<key>",
+        ),
+    ),
     # the exporter itself
     MetricSpec(
         "kube_device_exporter.build.info",
@@ -497,6 +540,28 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "s",
         "Unix time of the last successful List.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.kubernetes.requests",
+        C,
+        "{request}",
+        "Kubernetes API requests by verb, resource and HTTP status (`--kubernetes.api`).",
+        scope=_E,
+        attributes=("verb", "resource", "code"),
+    ),
+    MetricSpec(
+        "kube_device_exporter.kubernetes.up",
+        G,
+        "",
+        "1 while the pod watch is established (`--kubernetes.api`).",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.kubernetes.pods",
+        G,
+        "{pod}",
+        "Pods of this node in the Kubernetes API cache (`--kubernetes.api`).",
         scope=_E,
     ),
     MetricSpec(
@@ -632,10 +697,23 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
 - Label values are escaped by the Prometheus client, whatever the pod or container name.
 - Series of pods that are gone disappear in the next cycle: families are rebuilt from each
   snapshot, nothing is kept between cycles.
+- **`k8s_pod_workload_info`** (only with `--kubernetes.api`) has one series per pod holding a
+  device, with the pod's UID, its workload (`k8s_workload_kind`, `k8s_workload_name` and the
+  semantic-convention `k8s_deployment_name`, `k8s_job_name`...) and the pod labels the operator
+  allowed (`k8s_pod_label_<key>`). These are never copied onto device series; join them, e.g.
+  GPU utilization by Deployment: `sum by (k8s_deployment_name) (hw_gpu_utilization_ratio *
+  on(k8s_node_name, k8s_namespace_name, k8s_pod_name) group_left(k8s_deployment_name)
+  k8s_pod_workload_info)`. See docs/kubernetes-api.md.
 - A value a device does not support (NVML NOT_SUPPORTED, a missing sysfs file) has **no
   series**; it is never reported as 0.
 
 """
+
+
+def _doc_label(attribute: str) -> str:
+    if attribute.endswith(".<key>"):
+        return prometheus_label(attribute.removesuffix(".<key>")) + "_<key>"
+    return prometheus_label(attribute)
 
 
 def markdown() -> str:
@@ -644,6 +722,7 @@ def markdown() -> str:
     titles = {
         Scope.DEVICE: "Device metrics",
         Scope.ALLOCATION: "Allocation metrics (from PodResources)",
+        Scope.POD: "Pod metrics (from the Kubernetes API, `--kubernetes.api`)",
         Scope.EXPORTER: "Exporter self-metrics",
     }
     for scope, title in titles.items():
@@ -655,7 +734,7 @@ def markdown() -> str:
                 continue
             typ = "counter" if s.kind is Kind.COUNTER else "gauge"
             otel = f"{s.name} ({s.kind.value})"
-            labels = ", ".join(f"`{prometheus_label(a)}`" for a in s.attributes)
+            labels = ", ".join(f"`{_doc_label(a)}`" for a in s.attributes)
             unit = s.unit or "-"
             out.append(f"| `{s.prom_name}` | {typ} | `{otel}` | `{unit}` | {labels} | {s.help} |\n")
         out.append("\n")
@@ -664,7 +743,7 @@ def markdown() -> str:
     )
     out.append("|---|---|---|\n")
     for key, meaning in ATTRIBUTES.items():
-        out.append(f"| `{prometheus_label(key)}` | `{key}` | {meaning} |\n")
+        out.append(f"| `{_doc_label(key)}` | `{key}` | {meaning} |\n")
     return "".join(out)
 
 

@@ -227,6 +227,26 @@ class PodResourcesHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the Kubernetes API says about a pod holding devices (`--kubernetes.api`)."""
+
+    namespace: str
+    pod: str
+    attributes: Attributes = ()
+    """`k8s.pod.uid`, the workload and owner names, allowed `k8s.pod.label.<key>`s."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeApiHealth:
+    up: bool = False
+    """The pod watch is established and its cache in sync."""
+    pods: int = 0
+    """Pods of this node in the cache."""
+    requests_total: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    """(verb, resource, HTTP status code or error) -> count."""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one cycle learned. Immutable; the sinks only read it."""
 
@@ -247,3 +267,7 @@ class Snapshot:
     """(resource, allocatable devices no source sees); see join.JoinResult.unseen."""
     containers: tuple[ContainerNuma, ...] = ()
     """NUMA placement of every container holding matched devices; see join.container_numa."""
+    pods: tuple[PodInfo, ...] = ()
+    """Device-holding pods as the Kubernetes API knows them (empty without --kubernetes.api)."""
+    kubeapi: KubeApiHealth | None = None
+    """None without --kubernetes.api."""

@@ -57,6 +57,8 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
             )
     for point in _allocation_points(snapshot, node):
         by_metric[point.spec.name].append(point)
+    for point in _pod_points(snapshot, node):
+        by_metric[point.spec.name].append(point)
     for point in _exporter_points(snapshot, node):
         by_metric[point.spec.name].append(point)
     series = SPECS["kube_device_exporter.series"]
@@ -143,6 +145,22 @@ def _numa_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         )
         if numa.aligned is not None:
             yield Point(SPECS["hw.container.numa.aligned"], (*holder, *node), float(numa.aligned))
+
+
+def _pod_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    """k8s.pod.workload.info and the API watch's self-metrics (--kubernetes.api only)."""
+    info = SPECS["k8s.pod.workload.info"]
+    for pod in snapshot.pods:
+        holder = (("k8s.namespace.name", pod.namespace), ("k8s.pod.name", pod.pod))
+        yield Point(info, holder + pod.attributes + node, 1.0)
+    api = snapshot.kubeapi
+    if api is None:
+        return
+    for (verb, resource, code), count in sorted(api.requests_total.items()):
+        attrs = (("verb", verb), ("resource", resource), ("code", code), *node)
+        yield Point(SPECS["kube_device_exporter.kubernetes.requests"], attrs, float(count))
+    yield Point(SPECS["kube_device_exporter.kubernetes.up"], node, float(api.up))
+    yield Point(SPECS["kube_device_exporter.kubernetes.pods"], node, float(api.pods))
 
 
 def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:

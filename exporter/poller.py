@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from exporter.join import ResourceMatcher, join
 from exporter.log import StateLog
 from exporter.model import (
+    KubeApiHealth,
+    PodInfo,
     PodResourcesHealth,
     PodResourcesState,
     Sample,
@@ -31,6 +34,14 @@ from exporter.sources.resources import SOURCE_FIXES, source_for
 from exporter.threads import in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
+
+
+class PodsView(Protocol):
+    """The Kubernetes API's view of this node's pods, kept current elsewhere (no I/O here)."""
+
+    def pod_infos(self, holders: Iterable[tuple[str, str]]) -> tuple[PodInfo, ...]: ...
+
+    def health(self) -> KubeApiHealth: ...
 
 
 @dataclass(slots=True)
@@ -57,8 +68,10 @@ class Poller:
         cpu_nodes: CpuNodeMap | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        pods: PodsView | None = None,
     ) -> None:
         self.node = node
+        self.pods = pods
         self.client = client
         self.sinks = list(sinks)
         self.self_metrics = list(self_metrics)
@@ -118,6 +131,10 @@ class Poller:
             self_samples=tuple(self_samples),
             unseen=joined.unseen,
             containers=joined.containers,
+            pods=self.pods.pod_infos((a.holder.namespace, a.holder.pod) for a in joined.allocations)
+            if self.pods
+            else (),
+            kubeapi=self.pods.health() if self.pods else None,
         )
         self._warn_unseen(joined.unseen, healths)
         for sink in self.sinks:

@@ -51,6 +51,14 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression ({exc}): {text!r}") from exc
+    return text
+
+
 def size_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB|B)?\s*", text)
     if not m:

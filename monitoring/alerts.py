@@ -565,6 +565,29 @@ def _exporter_alerts() -> list[Alert]:
             ),
         ),
         Alert(
+            "KubeDeviceExporterKubernetesApiUnavailable",
+            "max by (k8s.node.name) (kube_device_exporter.kubernetes.up) == 0",
+            "15m",
+            "info",
+            "kube-device-exporter on {k8s.node.name} cannot watch pods on the Kubernetes API",
+            "With --kubernetes.api, the pod watch on {k8s.node.name} has failed for 15 minutes: "
+            "k8s_pod_workload_info (pod UIDs, workloads, labels) is missing or stale there. "
+            "Devices and pods are still exported from the kubelet.",
+            (
+                Case(
+                    "forbidden",
+                    {f"kube_device_exporter.kubernetes.up{{{N1}}}": "0+0x20"},
+                    "16m",
+                    ({"k8s.node.name": "node-1"},),
+                ),
+                Case(
+                    "a re-list after 410",
+                    {f"kube_device_exporter.kubernetes.up{{{N1}}}": "1+0x5 0 1+0x15"},
+                    "16m",
+                ),
+            ),
+        ),
+        Alert(
             "KubeDeviceExporterSourceFailing",
             "min by (k8s.node.name, source) (kube_device_exporter.source.success) == 0",
             "10m",

@@ -27,7 +27,8 @@ def build() -> dash.Dashboard:
         UID,
         "Devices / Exporter health",
         "kube-device-exporter itself: scrape targets, sources (collectors), the kubelet "
-        "PodResources connection, collection cycles and output size.",
+        "PodResources connection, the optional Kubernetes API watch, collection cycles and "
+        "output size.",
     )
     board = variables(board, ("job", "node"))
     return rows(
@@ -36,6 +37,7 @@ def build() -> dash.Dashboard:
             ("Targets", _targets()),
             ("Sources", _sources()),
             ("Kubelet PodResources", _kubelet()),
+            ("Kubernetes API (--kubernetes.api)", _kubeapi()),
             ("Cycles and output", _cycles()),
         ),
     )
@@ -133,6 +135,45 @@ def _sources() -> list[PanelBuilder]:
                 )
             ],
             unit="ops",
+        ),
+    ]
+
+
+def _kubeapi() -> list[PanelBuilder]:
+    requests = sel("kube_device_exporter.kubernetes.requests", NODE)
+    return [
+        state_panel(
+            "Pod watch",
+            "1 while the exporter's watch of its node's pods is established, per node "
+            "(only exporters run with --kubernetes.api).",
+            [
+                Q(
+                    f"max by (k8s.node.name) ({sel('kube_device_exporter.kubernetes.up', NODE)})",
+                    NODE_LEGEND,
+                )
+            ],
+            states={"0": ("failing", "red"), "1": ("watching", "green")},
+        ),
+        timeseries_panel(
+            "API requests per hour, all nodes",
+            "Requests to the API server by verb, resource and HTTP status, as an hourly rate "
+            "(steady state: about 8 watches per node, plus one get per owner an hour).",
+            [
+                Q(
+                    f"sum by (verb, resource, code) (rate({requests}[{RATE}])) * 3600",
+                    "{{verb}} {{resource}} {{code}}",
+                )
+            ],
+        ),
+        timeseries_panel(
+            "Pods in the watch cache",
+            "Pods of each node the exporter knows from the API server.",
+            [
+                Q(
+                    f"max by (k8s.node.name) ({sel('kube_device_exporter.kubernetes.pods', NODE)})",
+                    NODE_LEGEND,
+                )
+            ],
         ),
     ]
 

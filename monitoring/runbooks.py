@@ -178,6 +178,19 @@ RUNBOOKS: dict[str, Runbook] = {
             "(docs/deploy.md, kubelet root directories); SELinux needs type spc_t.",
         ),
     ),
+    "KubeDeviceExporterKubernetesApiUnavailable": Runbook(
+        "With `--kubernetes.api`, the exporter's pod watch has failed for 15 minutes: pod "
+        "UIDs, workloads and labels (`k8s_pod_workload_info`) are missing on that node; device "
+        "metrics and pod names from the kubelet are not affected.",
+        (
+            f"`{LOGS}` says once why: `403` means the ServiceAccount lacks the RBAC of "
+            "deploy/components/kubernetes-api (or the chart's `kubernetesApi.enabled`), `401` a "
+            "token that is not mounted or not accepted, a connection error a NetworkPolicy "
+            "between the pod and the API server.",
+            "`kube_device_exporter_kubernetes_requests_total` by `code` shows what the API "
+            "server answers (docs/kubernetes-api.md).",
+        ),
+    ),
     "KubeDeviceExporterSourceFailing": Runbook(
         "One collector (source) has failed for 10 minutes: its devices are missing.",
         (

@@ -1,5 +1,9 @@
 """Namespaces and pods: who holds which device, top consumers, per-pod memory and utilization.
 
+By workload: with `--kubernetes.api` each device-holding pod has a `k8s.pod.workload.info`
+series naming its workload (Deployment, CronJob, Job, StatefulSet...); device and allocation
+series join it on the pod, so GPU hours, utilization and idle devices add up per workload.
+
 Per-pod figures come from device series held by exactly one container (they carry the
 holder's labels). A shared device (time-slicing, MPS, shared RDMA pools) has no single
 holder: its figures are whole-device ones, listed in their own row with its holders, until
@@ -46,6 +50,7 @@ def build() -> dash.Dashboard:
             ("Per pod (devices held by one container)", _per_pod()),
             ("Shared devices", _shared()),
             ("NUMA placement", _numa()),
+            ("By workload (--kubernetes.api)", _by_workload()),
         ),
     )
 
@@ -283,5 +288,61 @@ def _numa() -> list[PanelBuilder]:
             "NUMA nodes (alert KubeDeviceContainerNumaMisaligned), per node.",
             [Q(f"count by (k8s.node.name) ({aligned} == 0)", "{{k8s_node_name}}")],
             unit="short",
+        ),
+    ]
+
+
+INFO = "k8s.pod.workload.info"
+WORKLOAD = "k8s.namespace.name, k8s.workload.kind, k8s.workload.name"
+TO_WORKLOAD = (
+    "* on(k8s.node.name, k8s.namespace.name, k8s.pod.name)"
+    f" group_left(k8s.workload.kind, k8s.workload.name) {INFO}"
+)
+"""Appended to a per-pod expression: the pod's workload labels from the info series."""
+WORKLOAD_LEGEND = "{{k8s_namespace_name}}/{{k8s_workload_kind}}/{{k8s_workload_name}}"
+IDLE_BELOW = "0.05"
+
+
+def _by_workload() -> list[PanelBuilder]:
+    gpu_allocations = sel("hw.allocation.info", HOLDER, 'hw.type="gpu"')
+    gpus_per_pod = f"count by (k8s.node.name, {POD}) ({gpu_allocations})"
+    held_util = sel("hw.gpu.utilization", GENERAL, HELD)
+    return [
+        bar_panel(
+            "GPU hours by workload in the time range",
+            "GPUs (and MIG slices) held by each workload's pods, integrated over the "
+            "dashboard's range (the mean count over the range times its length). Needs "
+            "--kubernetes.api.",
+            [
+                Q(
+                    f"sort_desc(sum by ({WORKLOAD}) (avg_over_time(({gpus_per_pod}"
+                    f" {TO_WORKLOAD})[$__range:])) * $__range_s / 3600)",
+                    WORKLOAD_LEGEND,
+                )
+            ],
+            unit="h",
+            span=8,
+        ),
+        timeseries_panel(
+            "Utilization by workload",
+            "Mean general utilization of the devices each workload's pods hold alone. "
+            "Needs --kubernetes.api.",
+            [Q(f"avg by ({WORKLOAD}) ({held_util} {TO_WORKLOAD})", WORKLOAD_LEGEND)],
+            unit="percentunit",
+            maximum=1,
+            span=8,
+        ),
+        bar_panel(
+            "Allocated but idle by workload",
+            f"Devices held alone by a workload's pods and below {IDLE_BELOW} general "
+            "utilization now. Needs --kubernetes.api.",
+            [
+                Q(
+                    f"sort_desc(count by ({WORKLOAD}) (({held_util} < {IDLE_BELOW})"
+                    f" {TO_WORKLOAD}))",
+                    WORKLOAD_LEGEND,
+                )
+            ],
+            span=8,
         ),
     ]

@@ -33,6 +33,7 @@ EVERYTHING = {
     "imagePullSecrets": [{"name": "registry"}],
     "runtimeClassName": "nvidia",
     "priorityClassName": "gpu-monitoring",
+    "kubernetesApi": {"enabled": True, "podLabels": "team"},
     "kubeletRootDir": "/var/lib/k0s/kubelet/",
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
@@ -226,6 +227,8 @@ SAME_CHOICES = {
     ),
     "OTLP": ({"otlp": {"endpoint": "http://opentelemetry-collector.opentelemetry.svc:4317"}},
              "otlp", ()),
+    "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
+                       ("kubernetes-api",)),
 }  # fmt: skip
 
 
@@ -242,6 +245,23 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
     if choice == "GKE":
         quotas = [_one(x, "ResourceQuota")["spec"] for x in (ours, theirs)]
         assert quotas[0] == quotas[1]
+    rbac = ("ClusterRole", "ClusterRoleBinding")
+    if choice == "Kubernetes API":
+        assert _one(ours, "ClusterRole")["rules"] == _one(theirs, "ClusterRole")["rules"]
+        binding = [_one(x, "ClusterRoleBinding") for x in (ours, theirs)]
+        assert binding[0]["subjects"] == binding[1]["subjects"]
+        assert binding[0]["roleRef"] == binding[1]["roleRef"]
+        assert _pod_spec(ours)["automountServiceAccountToken"] is True
+    else:  # no token, no RBAC unless asked for
+        assert not [r for r in ours + theirs if r["kind"] in rbac]
+        assert _pod_spec(ours)["automountServiceAccountToken"] is False
+
+
+def test_kubernetes_api_pod_labels_value() -> None:
+    values = {"kubernetesApi": {"enabled": True, "podLabels": r"team|app\.kubernetes\.io/name"}}
+    env = {e["name"]: e.get("value") for e in _pod_spec(render(values))["containers"][0]["env"]}
+    assert env["KDE_KUBERNETES_API"] == "true"
+    assert env["KDE_KUBERNETES_POD_LABELS"] == r"team|app\.kubernetes\.io/name"
 
 
 def test_drift_is_caught() -> None:

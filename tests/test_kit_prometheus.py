@@ -33,6 +33,7 @@ from exporter.metrics import SPECS, Scope
 from exporter.simulate.scenario import bundled_names
 from exporter.sources import registry
 from tests import kit
+from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, free_port, need
 
 pytestmark = pytest.mark.peer
@@ -41,6 +42,7 @@ SCENARIOS = [s for s in ("demo", "mixed", "numa") if s in bundled_names()]
 RATE_INTERVAL = "4s"
 """What Grafana makes of $__rate_interval at a 1 s scrape interval (4 x scrape interval)."""
 RANGE = "1m"
+RANGE_SECONDS = "60"
 """$__range: the test's data spans less than this."""
 MIXED_ONLY = (
     "hw.network.io",
@@ -130,15 +132,35 @@ def _wait_ready(proc: subprocess.Popen[bytes], target: str, log: Path) -> None:
     raise RuntimeError(f"exporter at {target} never became ready: {log.read_text()[-3000:]}")
 
 
+def _demo_api() -> FakeApiServer:
+    """The demo node's pods on a Kubernetes API server: a Deployment, a CronJob, bare pods."""
+    node = "demo-node-1"
+    api = FakeApiServer().start()
+    api.add_owner(owner_object("ReplicaSet", "trainer-5d", "rs-t", "ml-team",
+                               ("Deployment", "trainer", "d-t")))  # fmt: skip
+    api.add_owner(owner_object("Job", "batch-29", "job-b", "batch", ("CronJob", "batch", "cj-b")))
+    api.add_pod(pod("trainer-0", "ml-team", node=node, owner=("ReplicaSet", "trainer-5d", "rs-t")))
+    for name in ("batch-a", "batch-b", "short-job"):
+        api.add_pod(pod(name, "batch", node=node, owner=("Job", "batch-29", "job-b")))
+    api.add_pod(pod("notebook-alice", "research", node=node))
+    api.add_pod(pod("inference-small", "serving", node=node))
+    return api
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     need("prometheus", "prometheus")
     root = tmp_path_factory.mktemp("kit")
     procs: list[subprocess.Popen[bytes]] = []
     exporters: dict[str, str] = {}
+    api = _demo_api()
     try:
         for scenario in SCENARIOS:
-            proc, target = _start_exporter(["simulate", scenario], root / scenario)
+            extra = []
+            if scenario == "demo":  # the workload panels need --kubernetes.api
+                kubeconfig = api.kubeconfig(root / "kubeconfig")
+                extra = ["--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig)]
+            proc, target = _start_exporter(["simulate", scenario, *extra], root / scenario)
             procs.append(proc)
             _wait_ready(proc, target, root / scenario / "exporter.log")
             exporters[scenario] = target
@@ -167,6 +189,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         finally:
             prometheus.stop()
     finally:
+        api.stop()
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -183,6 +206,7 @@ _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)$"
 
 
 def _builtins(expr: str) -> str:
+    expr = expr.replace("$__range_s", RANGE_SECONDS)
     return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", RANGE)
 
 
@@ -307,7 +331,14 @@ def test_health_alert_expressions_select_the_broken_targets(cluster: Cluster) ->
     node = kit.prometheus_label("k8s.node.name")
     assert {s["metric"][node] for s in unreachable} == {"no-kubelet-node"}
 
-    for healthy in ("KubeDeviceExporterAbsent", "KubeDeviceExporterCycleStalled"):
+    # The demo exporter watches a reachable API server: its pod watch is up, so no alert.
+    (api,) = cluster.prometheus.wait_for("kube_device_exporter_kubernetes_up == 1")
+    assert api["metric"][node] == "demo-node-1"
+    for healthy in (
+        "KubeDeviceExporterAbsent",
+        "KubeDeviceExporterCycleStalled",
+        "KubeDeviceExporterKubernetesApiUnavailable",
+    ):
         assert cluster.prometheus.query(_alert_expr(healthy)) == [], healthy
 
 

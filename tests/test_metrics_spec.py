@@ -56,6 +56,8 @@ def test_names_are_unique_and_valid() -> None:
         assert (spec.kind is Kind.COUNTER) == spec.prom_name.endswith("_total"), spec.name
         if spec.scope is Scope.EXPORTER:
             assert spec.name.startswith("kube_device_exporter."), spec.name
+        elif spec.scope is Scope.POD:
+            assert spec.name.startswith("k8s.pod."), spec.name
         else:
             assert spec.name.startswith("hw."), spec.name
 

@@ -1,0 +1,24 @@
+"""Pod UIDs, workloads and labels from the Kubernetes API (`--kubernetes.api`, off by default).
+
+client.py speaks the API (metadata only, every request counted), watcher.py keeps this node's
+pods current in the background, workloads.py turns a pod and its owner chain into the
+attributes of `k8s.pod.workload.info`. The poller only reads the watcher's cache.
+"""
+
+from __future__ import annotations
+
+from exporter.config import Config
+from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.watcher import PodWatcher
+from exporter.kubeapi.workloads import LabelFilter
+
+REQUEST_TIMEOUT_SECONDS = 10.0
+"""Connect and read deadline of a list page or an owner read (a watch has no read deadline;
+its end is bounded by timeoutSeconds plus a grace period)."""
+
+
+def build_watcher(config: Config) -> PodWatcher:
+    def connect() -> KubeApi:
+        return KubeApi(http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS))
+
+    return PodWatcher(connect, config.node_name, LabelFilter(config.pod_label_patterns))

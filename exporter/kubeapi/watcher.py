@@ -1,0 +1,296 @@
+"""The pods of this node, kept current by one list and a watch (`--kubernetes.api`).
+
+A background task, never part of a cycle: the poller reads the latest cache with
+`pod_infos()`, which makes no request. The protocol is client-go's Reflector:
+
+- list once (`fieldSelector=spec.nodeName=<node>`), then watch from the list's
+  resourceVersion with bookmarks, so a watch the server ends (its `timeoutSeconds`, 5 to 10
+  minutes, randomized like client-go's) resumes from the newest version without a list;
+- `410 Gone` (the version fell out of the watch cache) re-lists and replaces the cache;
+- any other failure backs off (1 s doubling to 60 s; 5 minutes after 401/403, which only an
+  operator fixes) and is logged once per state change; the cache is kept meanwhile and the
+  exporter goes on exporting what PodResources gives.
+
+Owners: a pod's controller is in its own metadata; the workload above a ReplicaSet or Job
+(Deployment, CronJob) needs that owner's metadata, read once per owner UID and re-read
+after `owner_ttl` while a pod still refers to it. Steady state is one watch request per
+watch timeout plus the owner re-reads: see docs/kubernetes-api.md for the measured numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx2 as httpx
+
+from exporter.kubeapi.client import (
+    OWNER_RESOURCES,
+    ApiError,
+    KubeApi,
+    NotConfigured,
+    OwnerRef,
+    PodMeta,
+)
+from exporter.kubeapi.workloads import LabelFilter, pod_info
+from exporter.log import StateLog
+from exporter.model import KubeApiHealth, PodInfo
+
+log = logging.getLogger("exporter.kubeapi")
+
+WATCH_TIMEOUT_SECONDS = (300, 600)
+"""client-go's reflector: minWatchTimeout 5 min, times 1 to 2 at random."""
+WATCH_GRACE_SECONDS = 60.0
+"""A watch the server did not end this long after its timeout is a dead connection."""
+BACKOFF_SECONDS = (1.0, 60.0)
+DENIED_BACKOFF_SECONDS = 300.0
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends sooner with no event is a failure (client-go's "very short watch"): a
+proxy cutting every watch at once must not turn into a loop of requests."""
+OWNER_TTL_SECONDS = 3600.0
+OWNER_RETRY_SECONDS = 60.0
+
+
+class ShortWatch(Exception):
+    """The server ended a watch at once, without an event."""
+
+
+@dataclass(slots=True)
+class _Owner:
+    parent: OwnerRef | None
+    expires: float
+
+
+class PodWatcher:
+    def __init__(
+        self,
+        connect: Callable[[], KubeApi],
+        node: str,
+        labels: LabelFilter | None = None,
+        *,
+        watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
+        watch_grace: float = WATCH_GRACE_SECONDS,
+        short_watch: float = SHORT_WATCH_SECONDS,
+        backoff: tuple[float, float] = BACKOFF_SECONDS,
+        denied_backoff: float = DENIED_BACKOFF_SECONDS,
+        owner_ttl: float = OWNER_TTL_SECONDS,
+        owner_retry: float = OWNER_RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._connect = connect
+        self.node = node
+        self.labels = labels or LabelFilter()
+        self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
+        self.short_watch = short_watch
+        self.backoff = backoff
+        self.denied_backoff = denied_backoff
+        self.owner_ttl = owner_ttl
+        self.owner_retry = owner_retry
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.api: KubeApi | None = None
+        self.pods: dict[str, PodMeta] = {}
+        """uid -> metadata of every pod on this node."""
+        self.owners: dict[str, _Owner] = {}
+        """owner uid (ReplicaSet, Job) -> its controller, as last read."""
+        self._infos: dict[str, tuple[PodMeta, OwnerRef | None, PodInfo]] = {}
+        self._owner_wanted = asyncio.Event()
+        self._up = False
+        self._states = StateLog(log)
+        self.synced = asyncio.Event()
+        """Set once the first list has answered."""
+
+    # --- read by the poller (the event loop, no request) ---------------------------------
+
+    def pod_infos(self, holders: Iterable[tuple[str, str]]) -> tuple[PodInfo, ...]:
+        """Info of the pods in `holders` ((namespace, name)) that the cache knows."""
+        wanted = set(holders)
+        by_name: dict[tuple[str, str], PodInfo] = {}
+        for uid, pod in list(self.pods.items()):  # a copy: callers may be off the loop
+            if (pod.namespace, pod.name) in wanted:
+                by_name[(pod.namespace, pod.name)] = self._info(uid, pod)
+        return tuple(by_name[key] for key in sorted(by_name))
+
+    def health(self) -> KubeApiHealth:
+        requests = dict(self.api.requests) if self.api is not None else {}
+        return KubeApiHealth(self._up, len(self.pods), requests)
+
+    def _info(self, uid: str, pod: PodMeta) -> PodInfo:
+        owner = self.owners.get(pod.owner.uid) if pod.owner else None
+        parent = owner.parent if owner else None
+        cached = self._infos.get(uid)
+        if cached is not None and cached[0] is pod and cached[1] == parent:
+            return cached[2]
+        info = pod_info(pod, parent, self.labels)
+        self._infos[uid] = (pod, parent, info)
+        return info
+
+    # --- the background tasks ------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        owners = asyncio.create_task(self._resolve_owners(stop))
+        try:
+            await self._watch_forever(stop)
+        finally:
+            owners.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await owners
+            if self.api is not None:
+                await self.api.close()
+
+    async def _watch_forever(self, stop: asyncio.Event) -> None:
+        version = ""
+        failures = 0
+        gone = 0  # 410s in a row: a watch cache that cannot serve the list's version backs off
+        while not stop.is_set():
+            try:
+                if self.api is None:
+                    self.api = self._connect()
+                if not version:
+                    version = await self._list(self.api)
+                version = await self._watch(self.api, version, stop)
+                failures = gone = 0
+            except ApiError as exc:
+                self._up = False
+                if exc.code == 410:
+                    log.info("pod watch expired (410 Gone: %s); listing again", exc)
+                    version = ""
+                    gone += 1
+                    if gone > 1:
+                        await _sleep(stop, self._delay(gone - 1, denied=False))
+                    continue
+                failures += 1
+                denied = exc.code in (401, 403)
+                self._states.failed(
+                    f"api/{exc.code}",
+                    f"Kubernetes API answers {exc}"
+                    + ("; check the ServiceAccount's RBAC" if denied else "")
+                    + "; pod UIDs, owners and labels are missing until it answers, devices are "
+                    "exported as PodResources gives them",
+                )
+                await _sleep(stop, self._delay(failures, denied))
+            except ShortWatch as exc:
+                failures += 1
+                log.debug("%s", exc)
+                await _sleep(stop, self._delay(failures, denied=False))
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
+                self._up = False
+                failures += 1
+                denied = isinstance(exc, NotConfigured)  # only an operator fixes that
+                self._states.failed(
+                    f"api/{type(exc).__name__}",
+                    f"Kubernetes API unavailable ({type(exc).__name__}: {exc}); pod UIDs, "
+                    "owners and labels are missing until it answers, devices are exported as "
+                    "PodResources gives them",
+                )
+                await _sleep(stop, self._delay(failures, denied))
+
+    def _delay(self, failures: int, denied: bool) -> float:
+        low, high = self.backoff
+        delay = self.denied_backoff if denied else min(high, low * 2 ** (failures - 1))
+        return delay * self._rng.uniform(0.8, 1.0)
+
+    async def _list(self, api: KubeApi) -> str:
+        pods, version = await api.list_pods(self.node)
+        self.pods = {pod.uid: pod for pod in pods}
+        self._infos = {uid: v for uid, v in self._infos.items() if uid in self.pods}
+        self._want_owners(pods)
+        self._synced()
+        return version
+
+    async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> str:
+        """Apply events until the server ends the watch; the version to resume from."""
+        timeout = self._rng.randint(*self.watch_timeout)
+        started, events = self._clock(), 0
+        async with asyncio.timeout(timeout + self.watch_grace):
+            async for event in api.watch_pods(self.node, version, timeout):
+                if stop.is_set():
+                    break
+                events += 1
+                self._synced()
+                version = event.resource_version or version
+                if event.pod is None:  # BOOKMARK: only the version moves
+                    continue
+                if event.type == "DELETED":
+                    self.pods.pop(event.pod.uid, None)
+                    self._infos.pop(event.pod.uid, None)
+                else:
+                    self.pods[event.pod.uid] = event.pod
+                    self._want_owners((event.pod,))
+        if events == 0 and self._clock() - started < self.short_watch:
+            raise ShortWatch(f"the pod watch ended after {self._clock() - started:.3f}s, no event")
+        return version
+
+    def _synced(self) -> None:
+        if not self._up:
+            self._states.ok_all("api/", "Kubernetes API answering again")
+            if not self.synced.is_set():
+                log.info("watching the %d pods of node %s", len(self.pods), self.node)
+        self._up = True
+        self.synced.set()
+
+    # --- owners ----------------------------------------------------------------------
+
+    def _want_owners(self, pods: Iterable[PodMeta]) -> None:
+        for pod in pods:
+            if pod.owner and pod.owner.kind in OWNER_RESOURCES and pod.owner.uid not in self.owners:
+                self._owner_wanted.set()
+                return
+
+    async def _resolve_owners(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._owner_wanted.wait(), timeout=self.owner_retry)
+            self._owner_wanted.clear()
+            if self.api is not None:
+                await self._read_due_owners(self.api)
+
+    async def _read_due_owners(self, api: KubeApi) -> None:
+        now = self._clock()
+        referenced = {
+            pod.owner.uid: (pod.namespace, pod.owner)
+            for pod in list(self.pods.values())
+            if pod.owner and pod.owner.kind in OWNER_RESOURCES
+        }
+        for uid in [uid for uid in self.owners if uid not in referenced]:
+            del self.owners[uid]
+        for uid, (namespace, ref) in referenced.items():
+            known = self.owners.get(uid)
+            if known is not None and known.expires > now:
+                continue
+            try:
+                parent = await api.controller_of(namespace, ref.kind, ref.name)
+            except ApiError as exc:
+                if exc.code != 404:  # 404: the owner is gone; its pods are going too
+                    self._states.failed(
+                        f"owner/{exc.code}",
+                        f"cannot read {ref.kind} owners ({exc}): workloads above them "
+                        "(Deployments, CronJobs) stay unnamed; check the ServiceAccount's RBAC",
+                    )
+                parent = known.parent if known else None
+            except (httpx.HTTPError, OSError, ValueError) as exc:
+                log.debug("reading %s %s/%s failed: %s", ref.kind, namespace, ref.name, exc)
+                continue  # retried after owner_retry
+            else:
+                self._states.ok_all("owner/", "owners readable again")
+            ttl = self.owner_ttl * self._rng.uniform(0.9, 1.1)
+            self.owners[uid] = _Owner(parent, self._clock() + ttl)
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

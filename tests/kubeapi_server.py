@@ -1,0 +1,340 @@
+"""A Kubernetes API server for pods, ReplicaSets and Jobs, over HTTP on loopback.
+
+It speaks the protocol the exporter relies on, as the real kube-apiserver does it
+(k8s.io/apiserver: pkg/endpoints/handlers/get.go ListResource, watch.go serveWatch,
+pkg/storage/cacher):
+
+- list: `fieldSelector=spec.nodeName=X` filters, `limit`/`continue` pages, the list's
+  `metadata.resourceVersion` is the store's current one;
+- `Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1` (and
+  `as=PartialObjectMetadata` for watch and get) return metadata-only objects;
+- watch: every change after `resourceVersion` that matches the selector, then new ones as
+  they happen; a DELETED event carries the object's last state with a new version;
+  `allowWatchBookmarks=true` gets BOOKMARK events (an object with only
+  `metadata.resourceVersion`); the server ends the watch after `timeoutSeconds` (or earlier:
+  `close_watches()`, like an apiserver restart);
+- a resourceVersion older than the retained history (`compact()`) gets HTTP 200 and one
+  ERROR event with a 410 `Status` ("too old resource version"), then the end of the stream;
+- a wrong bearer token is 401, `forbid()` makes every call 403 with a `Status` body.
+
+Runs its own event loop in a thread, so sync tests (a subprocess exporter) and async
+tests use it alike. `requests` records (verb, resource) of every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tests.peers import free_port
+
+TOKEN = "test-token"
+
+
+def pod(
+    name: str,
+    namespace: str = "default",
+    *,
+    node: str = "node-a",
+    uid: str | None = None,
+    labels: dict[str, str] | None = None,
+    owner: tuple[str, str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod; `owner` is the controller's (kind, name, uid)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{namespace}-{name}",
+        "labels": labels or {},
+    }
+    if owner:
+        meta["ownerReferences"] = [_ref(*owner)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x" * 2000}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def owner_object(
+    kind: str,
+    name: str,
+    uid: str,
+    namespace: str = "default",
+    controller: tuple[str, str, str] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if controller:
+        meta["ownerReferences"] = [_ref(*controller)]
+    api = {"ReplicaSet": "apps/v1", "Job": "batch/v1"}[kind]
+    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": {}}
+
+
+def _ref(kind: str, name: str, uid: str) -> dict[str, Any]:
+    api = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
+           "DaemonSet": "apps/v1", "Job": "batch/v1", "CronJob": "batch/v1"}.get(kind, "example.com/v1")  # fmt: skip
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": True,
+            "blockOwnerDeletion": True}  # fmt: skip
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": reason, "code": code}  # fmt: skip
+
+
+def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"]}  # fmt: skip
+
+
+class FakeApiServer:
+    def __init__(self, bookmark_every: float = 60.0, max_watch_seconds: float = 1800.0) -> None:
+        self.bookmark_every = bookmark_every
+        self.max_watch_seconds = max_watch_seconds
+        """The server's own cap on a watch (kube-apiserver: --min-request-timeout, 1800 s,
+        randomized up to twice that); 0 is a proxy that cuts every watch at once."""
+        self.always_gone = False
+        """Every watch answers 410, whatever its version (a watch cache that cannot serve)."""
+        self.owners_forbidden = False
+        self.version = 100
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """(resource, namespace, name) -> ReplicaSet or Job."""
+        self.history: list[tuple[int, str, dict[str, Any]]] = []
+        self.oldest = 0
+        """Versions below this are compacted away: watching from them is 410 Gone."""
+        self.forbidden = False
+        self.requests: list[tuple[str, str]] = []
+        self.metadata_only_requests = 0
+        self.watch_versions: list[int] = []
+        """The resourceVersion each watch started from."""
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._changed: asyncio.Condition | None = None
+        self._closing = 0
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: Path, token: str = TOKEN) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        }))  # fmt: skip
+        return path
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        self._thread.start()
+        self._call(self._start)
+        return self
+
+    def stop(self) -> None:
+        self._call(self._stop)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _start(self) -> None:
+        self._changed = asyncio.Condition()
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}", self._owner)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _stop(self) -> None:
+        self._closing += 1
+        await self._notify()
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout=10)
+
+    # --- what tests do to the cluster --------------------------------------------------
+
+    def add_pod(self, obj: dict[str, Any]) -> None:
+        self._call(lambda: self._change("ADDED", obj))
+
+    def update_pod(self, obj: dict[str, Any]) -> None:
+        self._call(lambda: self._change("MODIFIED", obj))
+
+    def delete_pod(self, obj: dict[str, Any]) -> None:
+        self._call(lambda: self._change("DELETED", obj))
+
+    def add_owner(self, obj: dict[str, Any]) -> None:
+        resource = {"ReplicaSet": "replicasets", "Job": "jobs"}[obj["kind"]]
+        meta = obj["metadata"]
+        self.owners[(resource, meta["namespace"], meta["name"])] = obj
+
+    def delete_unseen(self, obj: dict[str, Any]) -> None:
+        """Delete a pod, then compact and end every watch before any watcher hears of it:
+        a client resuming from its version gets 410 Gone and must re-list to notice."""
+
+        async def gone() -> None:
+            await self._change("DELETED", obj)
+            self.version += 1
+            self.oldest = self.version
+            self.history.clear()
+            self._closing += 1
+            await self._notify()
+
+        self._call(gone)
+
+    def forbid(self, forbidden: bool = True) -> None:
+        self.forbidden = forbidden
+
+    def close_watches(self) -> None:
+        async def close() -> None:
+            self._closing += 1
+            await self._notify()
+
+        self._call(close)
+
+    def count(self, verb: str, resource: str = "pods") -> int:
+        return self.requests.count((verb, resource))
+
+    async def _change(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        uid = obj["metadata"]["uid"]
+        if kind == "DELETED":
+            self.pods.pop(uid, None)
+        else:
+            self.pods[uid] = obj
+        self.history.append((self.version, kind, obj))
+        await self._notify()
+
+    async def _notify(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- handlers -----------------------------------------------------------------------
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        if self.forbidden:
+            return web.json_response(
+                _status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:'
+                        'kube-device-exporter:kube-device-exporter" cannot list resource "pods"'),
+                status=403,
+            )  # fmt: skip
+        return None
+
+    async def _pods(self, request: web.Request) -> web.StreamResponse:
+        watch = request.query.get("watch") == "true"
+        self.requests.append(("watch" if watch else "list", "pods"))
+        closing = self._closing  # a close_watches() from now on ends this watch
+        if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
+            self.metadata_only_requests += 1
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        selector = request.query.get("fieldSelector", "")
+        node = (
+            selector.removeprefix("spec.nodeName=")
+            if selector.startswith("spec.nodeName=")
+            else None
+        )
+        metadata_only = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
+        shape = _metadata_only if metadata_only else (lambda o: o)
+
+        def matches(obj: dict[str, Any]) -> bool:
+            return node is None or obj["spec"]["nodeName"] == node
+
+        if watch:
+            return await self._watch(request, matches, shape, closing)
+        items = [shape(o) for _, o in sorted(self.pods.items()) if matches(o)]
+        start = int(request.query.get("continue") or 0)
+        limit = int(request.query.get("limit") or 0) or len(items) or 1
+        page = items[start : start + limit]
+        more = start + limit < len(items)
+        meta = {
+            "resourceVersion": str(self.version),
+            **({"continue": str(start + limit)} if more else {}),
+        }
+        kind = "PartialObjectMetadataList" if metadata_only else "PodList"
+        return web.json_response(
+            {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page}
+        )
+
+    async def _watch(
+        self, request: web.Request, matches: Callable[[dict[str, Any]], bool],
+        shape: Callable[[dict[str, Any]], dict[str, Any]], closing: int,
+    ) -> web.StreamResponse:  # fmt: skip
+        assert self._changed is not None
+        since = int(request.query.get("resourceVersion") or self.version)
+        timeout = min(float(request.query.get("timeoutSeconds") or 1800), self.max_watch_seconds)
+        bookmarks = request.query.get("allowWatchBookmarks") == "true"
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+
+        async def send(kind: str, obj: dict[str, Any]) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        self.watch_versions.append(since)
+        if since < self.oldest or self.always_gone:
+            await send(
+                "ERROR",
+                _status(410, "Expired", f"too old resource version: {since} ({self.oldest})"),
+            )
+            return response
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_bookmark = loop.time() + self.bookmark_every
+        while True:
+            for version, kind, obj in [h for h in self.history if h[0] > since]:
+                since = version
+                if matches(obj):
+                    await send(kind, shape(obj))
+            now = loop.time()
+            if now >= deadline or self._closing != closing:
+                return response
+            if bookmarks and now >= next_bookmark:
+                await send("BOOKMARK", {"kind": "Pod", "apiVersion": "v1",
+                                        "metadata": {"resourceVersion": str(self.version)}})  # fmt: skip
+                since = max(since, self.version)
+                next_bookmark = now + self.bookmark_every
+            wait = min(deadline, next_bookmark if bookmarks else deadline) - now
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wait))
+
+    async def _owner(self, request: web.Request) -> web.Response:
+        resource = request.match_info["resource"]
+        self.requests.append(("get", resource))
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        if self.owners_forbidden:
+            message = f'{resource}.apps is forbidden: cannot get resource "{resource}"'
+            return web.json_response(_status(403, "Forbidden", message), status=403)
+        key = (resource, request.match_info["ns"], request.match_info["name"])
+        if key not in self.owners:
+            return web.json_response(
+                _status(404, "NotFound", f"{resource} {key[2]} not found"), status=404
+            )
+        obj = self.owners[key]
+        if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
+            return web.json_response(_metadata_only(obj))
+        return web.json_response(obj)
