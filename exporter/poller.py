@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.attribution.resolver import ProcessResolver
+from exporter.attribution.usage import container_usage
 from exporter.join import ResourceMatcher, join
 from exporter.log import StateLog
 from exporter.model import (
+    ContainerUsage,
     PodResourcesHealth,
     PodResourcesState,
     Sample,
@@ -54,6 +57,8 @@ class Poller:
         stale_after: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        resolver: ProcessResolver | None = None,
+        process_series: bool = False,
     ) -> None:
         self.node = node
         self.client = client
@@ -66,6 +71,9 @@ class Poller:
         self._clock = clock
         self._wall_clock = wall_clock
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
+        self.resolver = resolver
+        self.process_series = process_series
+        """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
         self._cycles = 0
@@ -81,6 +89,15 @@ class Poller:
         state, results = await asyncio.gather(self._poll_kubelet(), self._collect_all())
         healths = [health for _, health in results]
         joined = join([r for r, _ in results if r is not None], state, self.matcher)
+        processes = tuple(p for r, _ in results if r is not None for p in r.processes)
+        owners = None
+        if self.resolver is not None:
+            resolver = self.resolver
+            owners = await asyncio.to_thread(resolver.resolve, [p.pid for p in processes])
+        containers: tuple[ContainerUsage, ...] = ()
+        if owners is not None:
+            devices = [d.reading.device for d in joined.devices]
+            containers = container_usage(processes, owners, joined.allocations, devices)
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []
@@ -92,7 +109,10 @@ class Poller:
             devices=joined.devices,
             allocations=joined.allocations,
             allocatable=joined.allocatable,
-            processes=tuple(p for r, _ in results if r is not None for p in r.processes),
+            processes=processes if self.process_series else (),
+            owners=owners or {},
+            containers=containers,
+            attribution=owners is not None,
             sources=tuple(healths),
             podresources=self.client.health() if self.client else PodResourcesHealth(),
             cycle_duration_seconds=self._clock() - started,
