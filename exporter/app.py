@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from exporter import log as logsetup
+from exporter.attribution.resolver import ProcessResolver
 from exporter.config import Config
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
@@ -96,6 +97,8 @@ class Exporter:
             interval=config.collect_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
+            resolver=ProcessResolver(config.procfs, config.container_logs),
+            process_series=config.process_series,
         )
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None

@@ -333,8 +333,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "hw.gpu.process.utilization",
         G,
         "1",
-        "Fraction of time a host process kept the GPU busy (opt-in: "
-        "--attribution.process-series).",
+        "Fraction of time a host process kept the GPU busy (opt-in: --attribution.process-series).",
         scope=Scope.WORKLOAD,
         attributes=("process.pid",),
     ),

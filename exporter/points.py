@@ -147,7 +147,8 @@ def _workload_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
                 yield Point(SPECS[name], attrs, value)
     for proc in snapshot.processes:
         pairs = identity(proc.device_id, snapshot.owners.get(proc.pid))
-        attrs = tuple((k, v) for k, v in pairs if v) + (("process.pid", str(proc.pid)), *node)
+        pairs.append(("process.pid", str(proc.pid)))
+        attrs = tuple((k, v) for k, v in pairs if v) + node
         for name, value in (
             ("hw.gpu.process.memory.usage", proc.memory_bytes),
             ("hw.gpu.process.utilization", proc.utilization),

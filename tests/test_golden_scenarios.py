@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from exporter.app import build_sources
+from exporter.attribution.resolver import ProcessResolver
 from exporter.cli import parse_config
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
@@ -56,7 +57,12 @@ async def test_golden_metrics(
         clock.now = T1
         node.advance()
         await _xids_delivered(sources, scenario.sections.get("nvidia", {}))
-        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1)
+        resolver = None
+        if scenario.has_processes:
+            resolver = ProcessResolver(config.procfs, config.container_logs)
+        snapshot = await one_cycle(
+            scenario, tmp_path / "kubelet.sock", sources, t=T1, resolver=resolver
+        )
     finally:
         for source in sources.values():
             source.close()

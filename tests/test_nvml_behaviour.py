@@ -18,7 +18,7 @@ import pytest
 from exporter.model import SourceResult
 from exporter.sources import RestartRequired
 from exporter.sources.nvml import NvmlUnavailable
-from exporter.sources.nvml.behaviour import MEASURED, BY_KEY, TABLE
+from exporter.sources.nvml.behaviour import BY_KEY, MEASURED, TABLE
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]

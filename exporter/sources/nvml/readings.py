@@ -241,7 +241,9 @@ class Reader:
             gpm.read(self.calls, mig.gpm, samples, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi)
         return samples
 
-    def processes(self, handle: Any, gpu: Gpu | None) -> list[tuple[int, float | None, float | None]]:
+    def processes(
+        self, handle: Any, gpu: Gpu | None
+    ) -> list[tuple[int, float | None, float | None]]:
         """(host PID, memory bytes, SM utilization) of the processes on a GPU or MIG handle.
 
         Memory from the compute and graphics process lists, which list only processes of
