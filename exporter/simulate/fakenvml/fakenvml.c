@@ -988,6 +988,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device
     return leave(NVML_SUCCESS);
 }
 
+/* MPS clients: the stand-in models no MPS control daemon, so none (a real MPS setup was
+ * not available to measure what the three lists show together). */
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos) {
+    DEVICE_CALL(device);
+    CHECK_PTR(infoCount);
+    (void)infos;
+    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
+    *infoCount = 0;
+    return leave(NVML_SUCCESS);
+}
+
 /* Process utilization (behaviour.py: process-utilization-samples). Measured on an H100
  * (driver 580.159.04, `python -m bench.nvml_probe --load`): one sample per busy process
  * per call, the newest, whether lastSeenTimeStamp is 0 or a second old; NOT_FOUND when

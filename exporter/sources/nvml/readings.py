@@ -246,20 +246,22 @@ class Reader:
     ) -> list[tuple[int, float | None, float | None]]:
         """(host PID, memory bytes, SM utilization) of the processes on a GPU or MIG handle.
 
-        Memory from the compute and graphics process lists, which list only processes of
-        the caller's PID namespace (behaviour `processes-pid-namespace`: a pod without
-        hostPID sees none); utilization, for a whole GPU (`gpu`) and never under MIG, from
-        the driver's samples, which carry host PIDs whatever the caller's namespace. A
-        PID only sampled has no memory reading (None, not 0)."""
+        Memory from the compute, graphics and MPS-client lists (nvml.h: "processes with a
+        Multi-Process Service (MPS) compute context"), which show only processes of the
+        caller's PID namespace (docs/nvml.md, measured: a pod without hostPID sees none);
+        utilization, for a whole GPU (`gpu`) and never under MIG, from the driver's
+        samples, which carry host PIDs whatever the caller's namespace. A PID only sampled
+        has no memory reading (None, not 0)."""
         memory: dict[int, float | None] = {}
         for fn in (
             pynvml.nvmlDeviceGetComputeRunningProcesses,
             pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+            pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
         ):
             for proc in self.calls.get(fn, handle, handle=True) or []:
                 pid = int(proc.pid)
                 used = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
-                # A process in both lists has one allocation, not two.
+                # A process in several lists has one allocation, not two.
                 memory[pid] = _largest(memory.get(pid), used)
         busy: dict[int, float] | None = None
         if gpu is not None:
