@@ -174,25 +174,33 @@ def test_mig_slices_with_mixed_profiles(nvidia_node: Callable[[str], NvidiaNode]
     assert value(small, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)
     # the MIG-enabled parent has no utilization counter, but GPM gives its activity
     assert value(parent, "hw.gpu.utilization", hw__gpu__task="general") is not None
-    # The demo is the DaemonSet as shipped (its own PID namespace): the driver lists no
-    # process, and MIG slices have no utilization samples, so no process is seen on them.
-    assert not [p for p in result.processes if p.device_id.startswith("MIG-")]
-
-
-def test_mig_processes_belong_to_their_slice_under_host_pid(
-    nvidia_node: Callable[[str], NvidiaNode],
-) -> None:
-    loaded = load_scenario("demo")
-    assert loaded.path is not None
-    doc = yaml.safe_load(loaded.path.read_text())
-    doc["nvidia"]["pid_namespace"] = "host"
-    node = nvidia_node(yaml.safe_dump(doc))
-    result = node.collect_at(node.source(), 30.0)
+    # processes belong to their slice, with memory and no utilization (not under MIG)
     procs = {p.pid: p for p in result.processes}
     assert procs[5101].device_id == MIG.format(1)
     assert procs[5201].device_id == MIG.format(4)
     assert procs[5201].memory_bytes == 22 * 2**30
-    assert procs[5201].utilization is None  # not under MIG
+    assert procs[5201].utilization is None
+
+
+def test_mig_processes_are_not_seen_from_an_own_pid_namespace(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """Without hostPID the lists are empty and MIG has no utilization samples: nothing."""
+    loaded = load_scenario("demo")
+    assert loaded.path is not None
+    doc = yaml.safe_load(loaded.path.read_text())
+    doc["nvidia"]["pid_namespace"] = "own"
+    node = nvidia_node(yaml.safe_dump(doc))
+    result = node.collect_at(node.source(), 30.0)
+    assert not [p for p in result.processes if p.device_id.startswith("MIG-")]
+    # whole GPUs still have their busy processes, by utilization only
+    assert {p.pid: p.memory_bytes for p in result.processes} == {
+        4242: None,
+        900: None,
+        6001: None,
+        6002: None,
+        7001: None,
+    }
 
 
 def test_not_supported_fields_have_no_series(nvidia_node: Callable[[str], NvidiaNode]) -> None:
