@@ -256,3 +256,30 @@ def test_log_names_hostile(name: str) -> None:
         assert (
             name == f"{parsed.pod}_{parsed.namespace}_{parsed.container}-{parsed.container_id}.log"
         )
+
+
+_LAYOUTS = st.builds(
+    lambda cgroup, driver, runtime, cgroupns: (cgroup, driver, runtime, cgroupns),
+    st.sampled_from(["v1", "v2"]),
+    st.sampled_from(["systemd", "cgroupfs"]),
+    st.sampled_from(["containerd", "crio", "docker"]),
+    st.booleans(),
+)
+
+
+@given(
+    st.uuids(),
+    st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
+    _LAYOUTS,
+    st.sampled_from(["burstable", "besteffort"]),
+)
+def test_every_layout_the_simulator_writes_reads_back(
+    uid: object, cid: str, layout: tuple[str, str, str, bool], qos: str
+) -> None:
+    """What the simulated node writes (exporter/simulate/procfs.py, one claim per runtime
+    and driver) is what the parser reads, in every combination."""
+    from exporter.simulate.procfs import Layout, cgroup_file
+
+    cgroup, driver, runtime, cgroupns = layout
+    text = cgroup_file(Layout(cgroup, driver, runtime, cgroupns), str(uid), cid, qos)
+    assert parse_cgroup_file(text) == CgroupIdentity(str(uid), cid)
