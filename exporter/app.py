@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from exporter import log as logsetup
+from exporter.attribution.resolver import ProcessResolver
 from exporter.config import Config
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
@@ -114,6 +115,8 @@ class Exporter:
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs),
             pods=self.kubeapi,
+            resolver=ProcessResolver(config.procfs, config.container_logs),
+            process_series=config.process_series,
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None

@@ -210,6 +210,24 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
     ("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point"),
     ("collection", "--path.procfs", "procfs", Path, "/proc", "procfs mount point"),
     (
+        "collection",
+        "--path.container-logs",
+        "container_logs",
+        Path,
+        "/var/log/containers",
+        "the kubelet's container-log symlinks: their names map container IDs to pods "
+        "(process attribution; only the names are read)",
+    ),
+    (
+        "collection",
+        "--attribution.process-series",
+        "process_series",
+        boolean,
+        "false",
+        "also export one series per process (hw_gpu_process_*, bare host PIDs: one series per "
+        "process, high cardinality)",
+    ),
+    (
         "otlp",
         "--otlp.endpoint",
         "otlp_endpoint",
@@ -255,6 +273,7 @@ _METAVARS = {
     "node_name": "NAME",
     "sysfs": "PATH",
     "procfs": "PATH",
+    "container_logs": "PATH",
     "web_config_file": "FILE",
     "kubeconfig": "FILE",
     "pod_label_patterns": "REGEX",
@@ -459,6 +478,8 @@ def parse_config(
         node_name=node_name or socket.gethostname(),
         sysfs=get("sysfs", Path("/sys")),
         procfs=get("procfs", Path("/proc")),
+        container_logs=get("container_logs", Path("/var/log/containers")),
+        process_series=get("process_series", False),
         log_level=get("log_level", "info"),
         log_format=get("log_format", "text"),
         collectors=frozenset(collectors),

@@ -32,6 +32,8 @@ class Config:
     node_name: str = ""
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
+    container_logs: Path = Path("/var/log/containers")
+    process_series: bool = False
     log_level: str = "info"
     log_format: str = "text"
     collectors: frozenset[str] = frozenset()

@@ -37,6 +37,8 @@ class Scope(StrEnum):
     """From the Kubernetes API (`--kubernetes.api`): one info series per device-holding pod."""
     EXPORTER = "exporter"
     """The exporter's own health."""
+    WORKLOAD = "workload"
+    """From process attribution: one series per (device, container), or per process."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,6 @@ ATTRIBUTES: dict[str, str] = {
     "k8s.container.name": "Container holding the device.",
     "k8s.node.name": "The node (`--node-name`); a resource attribute in OTLP.",
     # pod metadata from the Kubernetes API (k8s.pod.workload.info, --kubernetes.api)
-    "k8s.pod.uid": "The pod's UID.",
     "k8s.replicaset.name": "ReplicaSet controlling the pod.",
     "k8s.deployment.name": "Deployment controlling the pod's ReplicaSet.",
     "k8s.statefulset.name": "StatefulSet controlling the pod.",
@@ -164,6 +165,11 @@ ATTRIBUTES: dict[str, str] = {
     "hw.network.rdma.counter": "Name of an RDMA `hw_counters` file.",
     "hw.network.link": "NVLink link number.",
     "process.pid": "Host PID of a process using the device.",
+    "k8s.pod.uid": "The pod's UID: from the Kubernetes API on `k8s_pod_workload_info`; from the "
+    "process's cgroup on the per-container series.",
+    "hw.allocation.requested": "`true` when the container holds the device (or its parent or "
+    "one of its slices) per PodResources, `false` when it uses a device it did not request; "
+    "absent on the series of processes of no pod.",
     # allocation series
     "hw.allocation.kind": "`device_plugin` or `dra`.",
     "hw.allocation.resource": "Extended resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`"
@@ -310,19 +316,49 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1 when a row remap is pending (needs a GPU reset).",
     ),
     MetricSpec("hw.gpu.memory.row_remap.failed", G, "", "1 when a row remap has failed."),
-    # per process
+    # per container and per process (process attribution)
+    MetricSpec(
+        "hw.gpu.container.memory.usage",
+        U,
+        "By",
+        "Device memory used by a container's processes on this device, summed; the series "
+        "without pod labels holds the processes of no pod (host processes, or not resolvable "
+        "yet). NVIDIA: needs hostPID (docs/attribution.md).",
+        scope=Scope.WORKLOAD,
+        attributes=("k8s.pod.uid", "hw.allocation.requested"),
+    ),
+    MetricSpec(
+        "hw.gpu.container.utilization",
+        G,
+        "1",
+        "Sum over a container's processes of the fraction of time each kept the device busy "
+        "(NVIDIA: SM utilization samples, not under MIG; AMD/Intel: each process's busiest "
+        "DRM engine class).",
+        scope=Scope.WORKLOAD,
+        attributes=("k8s.pod.uid", "hw.allocation.requested"),
+    ),
+    MetricSpec(
+        "hw.gpu.container.processes",
+        U,
+        "{process}",
+        "Processes of a container using the device (of no pod: the series without pod labels).",
+        scope=Scope.WORKLOAD,
+        attributes=("k8s.pod.uid", "hw.allocation.requested"),
+    ),
     MetricSpec(
         "hw.gpu.process.memory.usage",
         U,
         "By",
-        "Device memory used by a host process.",
+        "Device memory used by a host process (opt-in: --attribution.process-series).",
+        scope=Scope.WORKLOAD,
         attributes=("process.pid",),
     ),
     MetricSpec(
         "hw.gpu.process.utilization",
         G,
         "1",
-        "Fraction of time a host process kept the GPU busy.",
+        "Fraction of time a host process kept the GPU busy (opt-in: --attribution.process-series).",
+        scope=Scope.WORKLOAD,
         attributes=("process.pid",),
     ),
     # network
@@ -569,6 +605,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
     MetricSpec(
+        "kube_device_exporter.attribution.enabled",
+        G,
+        "",
+        "1 when processes were attributed to containers this cycle (the host's /proc and the "
+        "container-log directory readable); 0 when attribution is off (the log says why).",
+        scope=_E,
+    ),
+    MetricSpec(
         "kube_device_exporter.cycle.last_success_timestamp",
         G,
         "s",
@@ -723,6 +767,7 @@ def markdown() -> str:
         Scope.DEVICE: "Device metrics",
         Scope.ALLOCATION: "Allocation metrics (from PodResources)",
         Scope.POD: "Pod metrics (from the Kubernetes API, `--kubernetes.api`)",
+        Scope.WORKLOAD: "Workload metrics (from process attribution, docs/attribution.md)",
         Scope.EXPORTER: "Exporter self-metrics",
     }
     for scope, title in titles.items():

@@ -59,8 +59,14 @@ class ProcessUsage:
 
     device_id: str
     pid: int
+    """In the host's PID namespace (what KFD, the host's /proc and NVML's utilization
+    samples show)."""
     memory_bytes: float | None = None
+    """None when the reader cannot say (NVML hides the memory of processes outside the
+    caller's PID namespace), never 0."""
     utilization: float | None = None
+    """Fraction of time the process kept the device busy (NVIDIA: SM samples; DRM: its
+    busiest engine class)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +174,37 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class Owner:
+    """The container a host process runs in: pod UID and container ID from its cgroup,
+    the names from the kubelet's `/var/log/containers` entry of that container ID."""
+
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str = ""
+    container_id: str = ""
+
+    @property
+    def holder(self) -> Holder:
+        return Holder(self.namespace, self.pod, self.container)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """What one container's processes use of one device, summed; `owner` None is the one
+    bucket of processes of no pod (host processes, or not resolvable yet)."""
+
+    device_id: str
+    owner: Owner | None
+    processes: int
+    memory_bytes: float | None = None
+    """None when no process of the group had a memory reading."""
+    utilization: float | None = None
+    requested: bool = False
+    """The container holds this device (or its parent or a slice of it) per PodResources."""
+
+
+@dataclass(frozen=True, slots=True)
 class JoinedDevice:
     reading: DeviceReading
     holder: Holder | None = None
@@ -271,3 +308,9 @@ class Snapshot:
     """Device-holding pods as the Kubernetes API knows them (empty without --kubernetes.api)."""
     kubeapi: KubeApiHealth | None = None
     """None without --kubernetes.api."""
+    owners: Mapping[int, Owner] = field(default_factory=dict)
+    """Host PID -> its container, for the processes in `processes`."""
+    container_usage: tuple[ContainerUsage, ...] = ()
+    """Per (device, container) sums of the processes in `processes`."""
+    attribution: bool = False
+    """Whether process attribution ran this cycle (host /proc and container logs readable)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from exporter import __version__
 from exporter.metrics import NODE_ATTRIBUTE, SPECS, MetricSpec
-from exporter.model import Attributes, JoinedDevice, Snapshot
+from exporter.model import Attributes, Device, JoinedDevice, Owner, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,8 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     for point in _allocation_points(snapshot, node):
         by_metric[point.spec.name].append(point)
     for point in _pod_points(snapshot, node):
+        by_metric[point.spec.name].append(point)
+    for point in _workload_points(snapshot, node):
         by_metric[point.spec.name].append(point)
     for point in _exporter_points(snapshot, node):
         by_metric[point.spec.name].append(point)
@@ -163,6 +165,54 @@ def _pod_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     yield Point(SPECS["kube_device_exporter.kubernetes.pods"], node, float(api.pods))
 
 
+def _workload_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    """Per (device, container) sums, and per-process series when kept (opt-in)."""
+    devices = {d.reading.device.id: d.reading.device for d in snapshot.devices}
+
+    def identity(device_id: str, owner: Owner | None) -> list[tuple[str, str]]:
+        device: Device | None = devices.get(device_id)
+        pairs = [
+            ("hw.id", device_id),
+            ("hw.type", device.type if device else ""),
+            ("hw.vendor", device.vendor if device else ""),
+            ("hw.model", device.model if device else ""),
+            ("hw.parent", device.parent if device else ""),
+        ]
+        if owner is not None:
+            pairs += [
+                ("k8s.namespace.name", owner.namespace),
+                ("k8s.pod.name", owner.pod),
+                ("k8s.container.name", owner.container),
+            ]
+        return pairs
+
+    for usage in snapshot.container_usage:
+        pairs = identity(usage.device_id, usage.owner)
+        if usage.owner is not None:
+            pairs += [
+                ("k8s.pod.uid", usage.owner.pod_uid),
+                ("hw.allocation.requested", "true" if usage.requested else "false"),
+            ]
+        attrs = tuple((k, v) for k, v in pairs if v) + node
+        for name, value in (
+            ("hw.gpu.container.memory.usage", usage.memory_bytes),
+            ("hw.gpu.container.utilization", usage.utilization),
+            ("hw.gpu.container.processes", float(usage.processes)),
+        ):
+            if value is not None:
+                yield Point(SPECS[name], attrs, value)
+    for proc in snapshot.processes:
+        pairs = identity(proc.device_id, snapshot.owners.get(proc.pid))
+        pairs.append(("process.pid", str(proc.pid)))
+        attrs = tuple((k, v) for k, v in pairs if v) + node
+        for name, value in (
+            ("hw.gpu.process.memory.usage", proc.memory_bytes),
+            ("hw.gpu.process.utilization", proc.utilization),
+        ):
+            if value is not None:
+                yield Point(SPECS[name], attrs, value)
+
+
 def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     def point(name: str, value: float, *attrs: tuple[str, str]) -> Point:
         return Point(SPECS[name], (*attrs, *node), value)
@@ -205,6 +255,7 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     )
     yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
     yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
+    yield point("kube_device_exporter.attribution.enabled", float(snapshot.attribution))
     yield point(
         "kube_device_exporter.cycle.last_success_timestamp", snapshot.last_success_timestamp
     )

@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from exporter.attribution.resolver import ProcessResolver
+from exporter.attribution.usage import container_usage
 from exporter.join import ResourceMatcher, join
 from exporter.log import StateLog
 from exporter.model import (
+    ContainerUsage,
     KubeApiHealth,
     PodInfo,
     PodResourcesHealth,
@@ -69,6 +72,8 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         pods: PodsView | None = None,
+        resolver: ProcessResolver | None = None,
+        process_series: bool = False,
     ) -> None:
         self.node = node
         self.pods = pods
@@ -86,6 +91,9 @@ class Poller:
         """hw.id -> the resource the kubelet listed it under: a device that leaves the
         allocatable list (its plugin marked it unhealthy) keeps its resource."""
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
+        self.resolver = resolver
+        self.process_series = process_series
+        """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
         self._cycles = 0
@@ -111,6 +119,15 @@ class Poller:
         self._resources.update(
             (d.reading.device.id, d.resource) for d in joined.devices if d.resource
         )
+        processes = tuple(p for r, _ in results if r is not None for p in r.processes)
+        owners = None
+        if self.resolver is not None:
+            resolver = self.resolver
+            owners = await asyncio.to_thread(resolver.resolve, [p.pid for p in processes])
+        usage: tuple[ContainerUsage, ...] = ()
+        if owners is not None:
+            devices = [d.reading.device for d in joined.devices]
+            usage = container_usage(processes, owners, joined.allocations, devices)
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []
@@ -122,7 +139,10 @@ class Poller:
             devices=joined.devices,
             allocations=joined.allocations,
             allocatable=joined.allocatable,
-            processes=tuple(p for r, _ in results if r is not None for p in r.processes),
+            processes=processes if self.process_series else (),
+            owners=owners or {},
+            container_usage=usage,
+            attribution=owners is not None,
             sources=tuple(healths),
             podresources=self.client.health() if self.client else PodResourcesHealth(),
             cycle_duration_seconds=self._clock() - started,

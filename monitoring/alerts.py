@@ -513,6 +513,41 @@ def _idle_alerts() -> list[Alert]:
     ]
 
 
+def _unrequested_alerts() -> list[Alert]:
+    who = "k8s.namespace.name, k8s.pod.name, k8s.container.name"
+    base = (
+        f'{GPU}, k8s.namespace.name="research", k8s.pod.name="dev-shell",'
+        ' k8s.container.name="shell"'
+    )
+    unrequested = f'hw.gpu.container.processes{{{base}, hw.allocation.requested="false"}}'
+    requested = f'hw.gpu.container.processes{{{base}, hw.allocation.requested="true"}}'
+    fired = {
+        **GPU_LABELS,
+        "k8s.namespace.name": "research",
+        "k8s.pod.name": "dev-shell",
+        "k8s.container.name": "shell",
+    }
+    return [
+        Alert(
+            "KubeDeviceUsedWithoutRequest",
+            f"max by ({DEVICE}, {who})"
+            ' (hw.gpu.container.processes{hw.allocation.requested="false"}) > 0',
+            "10m",
+            "warning",
+            "{k8s.namespace.name}/{k8s.pod.name} uses {hw.id} without holding it",
+            "Processes of container {k8s.container.name} in {k8s.namespace.name}/"
+            "{k8s.pod.name} use {hw.model} {hw.id} on {k8s.node.name}, which the kubelet did "
+            "not give it (nor its parent or a slice of it): it takes time and memory from the "
+            "pods that hold the device, and the scheduler does not know.",
+            (
+                Case("for 15m", {unrequested: "1+0x20"}, "15m", (fired,)),
+                Case("the holder itself", {requested: "1+0x20"}, "15m"),
+                Case("a few minutes only", {unrequested: "1+0x4 _x16"}, "15m"),
+            ),
+        ),
+    ]
+
+
 def _exporter_alerts() -> list[Alert]:
     up = f'up{{job="{JOB}", instance="10.0.0.1:9405"}}'
     return [
@@ -779,6 +814,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_device_state_alerts(),
         *_idle_alerts(),
         *_kubelet_view_alerts(),
+        *_unrequested_alerts(),
     ],
     "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts()],
 }

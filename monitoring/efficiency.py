@@ -1,4 +1,8 @@
-"""Allocation efficiency: devices that are allocated but idle, and for how long."""
+"""Allocation efficiency: devices that are allocated but idle, and for how long.
+
+A shared device counts for each holder by that holder's own processes' utilization where
+process attribution gives it (`hw.gpu.container.utilization`), else by the whole device's.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from monitoring.queries import (
     HOLDER,
     KEY,
     NODE,
+    attributed,
     holders,
     idle_allocated,
     idle_now_allocated,
@@ -49,6 +54,15 @@ step at Prometheus's evaluation interval (`[$lookback:]`)."""
 def _join(device_expr: str, by: str = HOLDER_LABELS) -> str:
     """A per-device value, copied to each holder of the device (holders filtered)."""
     return f"({device_expr}) * on({KEY}) group_right() {holders(HOLDER, by)}"
+
+
+def _holders_share(by: str) -> str:
+    """Each holder's utilization of its devices: on a shared device, its own processes'
+    (process attribution); otherwise, and where attribution is off, the device's."""
+    return (
+        f"({attributed('hw.gpu.container.utilization', HOLDER, by)})"
+        f" or ({_join(utilization(NODE), by)})"
+    )
 
 
 def build() -> dash.Dashboard:
@@ -135,18 +149,33 @@ def _idle() -> list[PanelBuilder]:
             ],
             span=12,
         ),
+        table_panel(
+            "Shared devices: each holder's share",
+            "Per holder of a shared device: its processes' utilization and device memory "
+            "(process attribution; NVIDIA memory needs hostPID, docs/attribution.md).",
+            [
+                ("Utilization", attributed("hw.gpu.container.utilization", HOLDER, SHARE_BY)),
+                ("Memory", attributed("hw.gpu.container.memory.usage", HOLDER, SHARE_BY)),
+            ],
+            units={"Utilization": "percentunit", "Memory": "bytes"},
+            span=12,
+        ),
     ]
+
+
+SHARE_BY = "k8s.namespace.name, k8s.pod.name, k8s.container.name"
 
 
 def _use() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Utilization of allocated devices, by namespace",
-            "Mean general utilization of the devices each namespace holds (a shared device "
-            "counts for each namespace holding it).",
+            "Mean general utilization of the devices each namespace holds; on a shared "
+            "device, the namespace's own processes' share (process attribution), else the "
+            "whole device's.",
             [
                 Q(
-                    f"avg by (k8s.namespace.name) ({_join(utilization(NODE), NAMESPACE)})",
+                    f"avg by (k8s.namespace.name) ({_holders_share(NAMESPACE)})",
                     "{{k8s_namespace_name}}",
                 )
             ],
@@ -167,4 +196,18 @@ def _use() -> list[PanelBuilder]:
             maximum=1,
             span=12,
         ),
+        table_panel(
+            "Shared devices: each holder's share",
+            "Per holder of a shared device: its processes' utilization and device memory "
+            "(process attribution; NVIDIA memory needs hostPID, docs/attribution.md).",
+            [
+                ("Utilization", attributed("hw.gpu.container.utilization", HOLDER, SHARE_BY)),
+                ("Memory", attributed("hw.gpu.container.memory.usage", HOLDER, SHARE_BY)),
+            ],
+            units={"Utilization": "percentunit", "Memory": "bytes"},
+            span=12,
+        ),
     ]
+
+
+SHARE_BY = "k8s.namespace.name, k8s.pod.name, k8s.container.name"

@@ -86,3 +86,14 @@ def or_zero(expr: str, like: str) -> str:
     """`expr`, or 0 for every series of `like` that `expr` lacks: a device with no XIDs shows
     0 instead of vanishing from the table."""
     return f"({expr}) or (0 * ({like}))"
+
+
+SHARED_KEYS = f'max by ({KEY}) (hw.allocation.info{{{RESOLVED}, hw.allocation.shared="true"}})'
+"""Devices held by more than one container (time-slicing, MPS, shared pools)."""
+
+
+def attributed(metric: str, filters: str, by: str) -> str:
+    """What the holders' own processes use of each shared device (`hw.gpu.container.*`,
+    process attribution), summed by `KEY` plus `by`; empty where attribution is off."""
+    mine = sel(metric, filters, 'hw.allocation.requested="true"')
+    return f"(sum by ({KEY}, {by}) ({mine}) and on({KEY}) {SHARED_KEYS})"

@@ -154,6 +154,23 @@ RUNBOOKS: dict[str, Runbook] = {
             "for good.",
         ),
     ),
+    "KubeDeviceUsedWithoutRequest": Runbook(
+        "A container runs processes on a device the kubelet did not allocate to it "
+        "(docs/attribution.md): usually an image or pod that sets `NVIDIA_VISIBLE_DEVICES=all`"
+        " (or mounts `/dev/dri`, or runs privileged) and so bypasses the device plugin. It "
+        "competes with the pods that hold the device, unseen by the scheduler and quotas.",
+        (
+            "Find the pod (namespace and pod in the alert) and its owner; `kubectl get pod "
+            "-o yaml` shows the environment, privileged flag and host-path mounts.",
+            "The *Workloads* dashboard shows what it uses on the device (per-pod memory and "
+            "utilization), next to the pods that hold it.",
+            "Stop it for good on NVIDIA nodes: the container toolkit's "
+            "`accept-nvidia-visible-devices-envvar-when-unprivileged = false` with the device "
+            "plugin's `deviceListStrategy: volume-mounts` (GPU Operator defaults on recent "
+            "releases); elsewhere, an admission policy against privileged pods and `/dev` "
+            "host paths.",
+        ),
+    ),
     "KubeDeviceExporterDown": Runbook(
         "Prometheus cannot scrape one exporter pod: that node's device metrics are missing.",
         (

@@ -6,8 +6,8 @@ series join it on the pod, so GPU hours, utilization and idle devices add up per
 
 Per-pod figures come from device series held by exactly one container (they carry the
 holder's labels). A shared device (time-slicing, MPS, shared RDMA pools) has no single
-holder: its figures are whole-device ones, listed in their own row with its holders, until
-per-process attribution splits them.
+holder: its own row splits it per container from process attribution
+(`hw.gpu.container.*`, docs/attribution.md), whole-device figures beside it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from monitoring.grafana import (
     bar_panel,
     stat_panel,
     table_panel,
-    text_panel,
     timeseries_panel,
 )
 from monitoring.layout import new_dashboard, rows, variables
-from monitoring.queries import GENERAL, HELD, HOLDER, KEY, RESOLVED, sel
+from monitoring.queries import GENERAL, HELD, HOLDER, KEY, RESOLVED, SHARED_KEYS, sel
 
 UID = "kde-workloads"
 POD = "k8s.namespace.name, k8s.pod.name"
@@ -48,7 +47,7 @@ def build() -> dash.Dashboard:
             ("Who uses what", _who()),
             ("Top consumers", _top()),
             ("Per pod (devices held by one container)", _per_pod()),
-            ("Shared devices", _shared()),
+            ("Shared devices, per container", _shared()),
             ("NUMA placement", _numa()),
             ("By workload (--kubernetes.api)", _by_workload()),
         ),
@@ -210,7 +209,7 @@ def _shared() -> list[PanelBuilder]:
         table_panel(
             "Shared devices and their holders",
             "Devices held by more than one container, with whole-device utilization and "
-            "memory: a shared device's use is not split between its holders yet.",
+            "memory (the per-container split is in the panels beside).",
             [
                 ("Holders", f"count by ({KEY}, hw.model) ({SHARED})"),
                 (
@@ -225,14 +224,36 @@ def _shared() -> list[PanelBuilder]:
             units={"Utilization": "percentunit", "Memory used": "bytes"},
             span=16,
         ),
-        text_panel(
-            "Per-process attribution",
-            "Shared devices (time-slicing, MPS, shared RDMA pools) have no single holder, so "
-            "their series carry no pod labels and the per-pod panels above leave them out. "
-            "Per-process attribution (`hw_gpu_process_*` series joined to pods) will split "
-            "their utilization and memory between holders here.",
+        table_panel(
+            "Used without a request",
+            "Containers whose processes use a device the kubelet did not give them (nor its "
+            "parent or a slice of it); alert KubeDeviceUsedWithoutRequest.",
+            [
+                (
+                    "Processes",
+                    f"max by ({KEY}, hw.model, {CONTAINER})"
+                    f" ({sel('hw.gpu.container.processes', HOLDER, UNREQUESTED)})",
+                )
+            ],
             span=8,
-            height=8,
+        ),
+        timeseries_panel(
+            "Utilization per container on shared devices",
+            "Each container's processes' share of a shared device (stacked: the shares add up "
+            "to what the driver attributes to processes); the series without a pod is host "
+            "processes and processes not resolved yet. Needs process attribution "
+            "(docs/attribution.md).",
+            [Q(_per_container("hw.gpu.container.utilization"), SHARE_LEGEND)],
+            unit="percentunit",
+            stacked=True,
+        ),
+        timeseries_panel(
+            "Device memory per container on shared devices",
+            "Device memory of each container's processes on a shared device (NVIDIA: needs "
+            "hostPID, docs/attribution.md).",
+            [Q(_per_container("hw.gpu.container.memory.usage"), SHARE_LEGEND)],
+            unit="bytes",
+            stacked=True,
         ),
         table_panel(
             "Holders of shared devices",
@@ -346,3 +367,13 @@ def _by_workload() -> list[PanelBuilder]:
             span=8,
         ),
     ]
+
+
+UNREQUESTED = 'hw.allocation.requested="false"'
+SHARE_LEGEND = "{{hw_id}} {{k8s_namespace_name}}/{{k8s_pod_name}}/{{k8s_container_name}}"
+
+
+def _per_container(metric: str) -> str:
+    """A `hw.gpu.container.*` metric of shared devices per container (filters: node, and
+    namespace/pod, which keep the no-pod series while they are `.*`)."""
+    return f"sum by ({KEY}, {CONTAINER}) ({sel(metric, HOLDER)}) and on({KEY}) {SHARED_KEYS}"

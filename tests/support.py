@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.attribution.resolver import ProcessResolver
 from exporter.join import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
@@ -53,6 +54,8 @@ async def one_cycle(
     t: float = 0.0,
     patterns: tuple[str, ...] | None = None,
     sysfs: Path | None = None,
+    resolver: ProcessResolver | None = None,
+    process_series: bool = False,
 ) -> Snapshot:
     """Serve `scenario` at time `t`, run one exporter cycle with frozen clocks, return it.
 
@@ -71,6 +74,8 @@ async def one_cycle(
         cpu_nodes=CpuNodeMap(sysfs) if sysfs else None,
         clock=lambda: 0.0,
         wall_clock=lambda: FIXED_WALL_TIME,
+        resolver=resolver,
+        process_series=process_series,
     )
     try:
         return await poller.run_once()

@@ -25,8 +25,14 @@ def make_tree(tmp_path: Path, text_or_name: str) -> SysfsPart:
     return SysfsPart(scenario(text_or_name), tmp_path)
 
 
-def context(part: SysfsPart, clock: Clock, **options: str) -> SourceContext:
-    return SourceContext(sysfs=part.root, options=options, clock=clock)
+def context(
+    part: SysfsPart, clock: Clock, procfs: Path | None = None, **options: str
+) -> SourceContext:
+    """`procfs` defaults to an empty directory: no test reads this machine's processes."""
+    if procfs is None:
+        procfs = part.root.parent / "proc"
+        procfs.mkdir(exist_ok=True)
+    return SourceContext(sysfs=part.root, procfs=procfs, options=options, clock=clock)
 
 
 @contextlib.contextmanager

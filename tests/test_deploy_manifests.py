@@ -186,6 +186,7 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
     config = parse_config([], env=values | {"NODE_NAME": "n1"})
     assert config.node_name == "n1"
     assert str(config.sysfs) == "/host/sys" and str(config.procfs) == "/host/proc"
+    assert str(config.container_logs) == "/host/var/log/containers"
     assert config.kubelet_socket == DEFAULT_SOCKET
     assert env_name("--path.sysfs") in env and env_name("--kubelet-socket") in env
 

@@ -23,6 +23,7 @@ __all__ = ["fakenvml", "nvidia_node"]
 TWO_GPUS = """
 nvidia:
   driver_version: "580.95.05"
+  pid_namespace: host       # a hostPID pod: the process lists show the host's processes
   gpus:
     - uuid: GPU-00000000-0000-4000-8000-000000000000
       pci_bus_id: "0000:9a:00.0"

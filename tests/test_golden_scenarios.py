@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from exporter.app import build_sources
+from exporter.attribution.resolver import ProcessResolver
 from exporter.cli import parse_config
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
@@ -57,7 +58,12 @@ async def test_golden_metrics(
         node.advance()
         await _xids_delivered(sources, scenario.sections.get("nvidia", {}))
         sysfs = config.sysfs if "sysfs" in scenario.sections else None
-        snapshot = await one_cycle(scenario, tmp_path / "kubelet.sock", sources, t=T1, sysfs=sysfs)
+        resolver = None
+        if scenario.has_processes:
+            resolver = ProcessResolver(config.procfs, config.container_logs)
+        snapshot = await one_cycle(
+            scenario, tmp_path / "kubelet.sock", sources, t=T1, sysfs=sysfs, resolver=resolver
+        )
     finally:
         for source in sources.values():
             source.close()

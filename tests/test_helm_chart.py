@@ -52,6 +52,7 @@ EVERYTHING = {
     "podMonitor": {"enabled": True, "metricRelabelings": [{"action": "labeldrop", "regex": "x"}]},
     "prometheusRule": {"enabled": True, "runbookBaseURL": "https://wiki.example.com/runbooks"},
     "dashboards": {"enabled": True, "namespace": "grafana"},
+    "hostPID": True,
 }
 """Every value away from its default."""
 
@@ -126,6 +127,7 @@ def test_non_default_values_reach_the_objects() -> None:
     assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "gpu-monitoring"
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
     assert pod["nodeSelector"] == {"node-role.kubernetes.io/gpu": ""} and "affinity" not in pod
+    assert pod["hostPID"] is True
     assert pod["tolerations"] == EVERYTHING["tolerations"]
     assert container["resources"] == EVERYTHING["resources"]
     assert ds["spec"]["template"]["metadata"]["annotations"] == EVERYTHING["podAnnotations"]
@@ -229,6 +231,7 @@ SAME_CHOICES = {
              "otlp", ()),
     "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
                        ("kubernetes-api",)),
+    "hostPID": ({"hostPID": True}, "kube-prometheus-stack", ("host-pid",)),
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import pytest
 from exporter.model import SourceResult
 from exporter.sources import RestartRequired
 from exporter.sources.nvml import NvmlUnavailable
-from exporter.sources.nvml.behaviour import BY_KEY, TABLE
+from exporter.sources.nvml.behaviour import BY_KEY, MEASURED, TABLE
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]
@@ -66,6 +66,7 @@ def state(result: SourceResult, device_id: str) -> str:
 
 TWO = f"""
 nvidia:
+  pid_namespace: host
   gpus:
     - uuid: {GPU.format(0)}
       processes: [{{pid: 10, memory: 1GiB, utilization: 0.4}}, {{pid: 11, memory: 2GiB,
@@ -164,6 +165,7 @@ def test_after_a_driver_upgrade_the_source_asks_for_a_restart(
 MIG_GPU = f"""
 nvidia:
   privileged: false
+  pid_namespace: host
   gpus:
     - uuid: {GPU.format(0)}
       mig:
@@ -274,3 +276,30 @@ def test_docs_nvml_md_is_generated_from_the_table() -> None:
 
     path = Path(__file__).resolve().parent.parent / "docs" / "nvml.md"
     assert path.read_text() == markdown(), "run `make docs`"
+
+
+def test_own_pid_namespace_lists_nothing_but_samples_keep_host_pids(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """Measured on an H100 (behaviour.py MEASURED, bench/pidns_probe.sh): a pod without
+    hostPID gets no process from the lists, and utilization samples with host PIDs."""
+    assert "pid_namespace" in MEASURED
+    node = nvidia_node(TWO.replace("pid_namespace: host", "pid_namespace: own"))
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle) == []
+        assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
+        node.at(5.0)
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert [(s.pid, s.smUtil) for s in samples] == [(10, 40)]
+    finally:
+        pynvml.nvmlShutdown()
+    source = node.source(**{"slow-interval": "1ms"})
+    result = node.collect_at(source, 5.0)
+    # the sampled process, with its host PID, utilization and no memory (not 0); the
+    # idle one is not seen at all
+    assert [(p.pid, p.memory_bytes, p.utilization) for p in result.processes] == [
+        (10, None, pytest.approx(0.4))
+    ]
+    assert result.field_errors == 0

@@ -174,16 +174,39 @@ def test_mig_slices_with_mixed_profiles(nvidia_node: Callable[[str], NvidiaNode]
     assert value(small, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)
     # the MIG-enabled parent has no utilization counter, but GPM gives its activity
     assert value(parent, "hw.gpu.utilization", hw__gpu__task="general") is not None
-    # processes belong to their slice
-    procs = {(p.device_id, p.pid) for p in result.processes}
-    assert (MIG.format(1), 5101) in procs
-    assert (MIG.format(4), 5201) in procs
-    assert value(big, "hw.gpu.process.memory.usage", process__pid="5201") == 22 * 2**30
+    # processes belong to their slice, with memory and no utilization (not under MIG)
+    procs = {p.pid: p for p in result.processes}
+    assert procs[5101].device_id == MIG.format(1)
+    assert procs[5201].device_id == MIG.format(4)
+    assert procs[5201].memory_bytes == 22 * 2**30
+    assert procs[5201].utilization is None
+
+
+def test_mig_processes_are_not_seen_from_an_own_pid_namespace(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """Without hostPID the lists are empty and MIG has no utilization samples: nothing."""
+    loaded = load_scenario("demo")
+    assert loaded.path is not None
+    doc = yaml.safe_load(loaded.path.read_text())
+    doc["nvidia"]["pid_namespace"] = "own"
+    node = nvidia_node(yaml.safe_dump(doc))
+    result = node.collect_at(node.source(), 30.0)
+    assert not [p for p in result.processes if p.device_id.startswith("MIG-")]
+    # whole GPUs still have their busy processes, by utilization only
+    assert {p.pid: p.memory_bytes for p in result.processes} == {
+        4242: None,
+        900: None,
+        6001: None,
+        6002: None,
+        7001: None,
+    }
 
 
 def test_not_supported_fields_have_no_series(nvidia_node: Callable[[str], NvidiaNode]) -> None:
     node = nvidia_node("""
 nvidia:
+  pid_namespace: host
   gpus:
     - uuid: GPU-00000000-0000-4000-8000-000000000000
       unsupported: [power, memory_temperature, ecc, nvlink, process_utilization]
@@ -200,8 +223,12 @@ nvidia:
     assert value(bare, "hw.temperature", hw__sensor_location="gpu") is not None
     assert value(bare, "hw.errors", error__type="ecc_corrected") is None
     assert not [s for s in bare.samples if s.metric == "hw.gpu.nvlink.io"]
-    assert value(bare, "hw.gpu.process.memory.usage", process__pid="5") == 2**30
-    assert value(bare, "hw.gpu.process.utilization", process__pid="5") is None
+    ((pid, memory, utilization),) = [
+        (p.pid, p.memory_bytes, p.utilization)
+        for p in result.processes
+        if p.device_id == bare.device.id
+    ]
+    assert (pid, memory, utilization) == (5, 2**30, None)
     assert value(full, "hw.power") is not None
     assert result.field_errors == 0  # NOT_SUPPORTED is not an error
     during = reading(node.collect_at(source, 30.0), full.device.id)
@@ -387,6 +414,7 @@ def test_processes_option_turns_per_process_reads_off(
         s for r in result.readings for s in r.samples if s.metric.startswith("hw.gpu.process")
     ]
     assert node.calls("nvmlDeviceGetComputeRunningProcesses_v3") == 0
+    assert node.calls("nvmlDeviceGetProcessUtilization") == 0
 
 
 def test_close_stops_the_event_thread(nvidia_node: Callable[[str], NvidiaNode]) -> None:

@@ -17,8 +17,13 @@ from typing import Protocol
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import Scenario
 
-PART_MODULES = {"nvidia": "exporter.simulate.nvml", "sysfs": "exporter.simulate.sysfs"}
-"""Scenario section -> module with `make_part(scenario, workdir) -> NodePart`."""
+PART_MODULES = {
+    "nvidia": "exporter.simulate.nvml",
+    "sysfs": "exporter.simulate.sysfs",
+    "procfs": "exporter.simulate.procfs",
+}
+"""Scenario section -> module with `make_part(scenario, workdir) -> NodePart`; the procfs
+part also runs when any container has `pids:`."""
 
 
 class NodePart(Protocol):
@@ -49,7 +54,7 @@ class SimulatedNode:
         self.kubelet = SimulatedKubelet(scenario, self.socket_path, clock=self.clock)
         self.parts: list[NodePart] = []
         for section, module in PART_MODULES.items():
-            if section in scenario.sections:
+            if section in scenario.sections or (section == "procfs" and scenario.has_processes):
                 make_part = importlib.import_module(module).make_part
                 self.parts.append(make_part(scenario, workdir))
         self.advance()

@@ -258,6 +258,10 @@ class NvidiaSpec:
     faults: tuple[Fault, ...] = ()
     privileged: bool = True
     """False: NVML answers NO_PERMISSION where nvml.h says a call needs privileges."""
+    pid_namespace: str = "own"
+    """The exporter's PID namespace as the driver sees it. `own` (the DaemonSet as shipped,
+    no hostPID): the process lists are empty, utilization samples keep host PIDs, as
+    measured on a real driver (behaviour.py, MEASURED). `host`: hostPID, everything listed."""
 
     def device_index(self) -> dict[str, tuple[int, int, int]]:
         """Every UUID -> (gpu index, gi, ci); full GPUs have no instance ids."""
@@ -322,11 +326,14 @@ def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
     top = doc.fields(
         section,
         "nvidia",
-        {"driver_version", "gpu_defaults", "gpus", "xid", "faults", "privileged"},
+        {"driver_version", "gpu_defaults", "gpus", "xid", "faults", "privileged", "pid_namespace"},
     )
     privileged = top.get("privileged", True)
     if not isinstance(privileged, bool):
         raise doc.fail("nvidia.privileged", f"expected true or false, got {privileged!r}")
+    pid_namespace = top.get("pid_namespace", "own")
+    if pid_namespace not in ("own", "host"):
+        raise doc.fail("nvidia.pid_namespace", f"expected own or host, got {pid_namespace!r}")
     defaults = dict(GPU_DEFAULTS)
     defaults.update(doc.fields(top.get("gpu_defaults") or {}, "nvidia.gpu_defaults", GPU_KEYS))
     gpus = tuple(
@@ -347,7 +354,12 @@ def parse_nvidia(section: Any, scenario: str = "scenario") -> NvidiaSpec:
         for i, f in enumerate(doc.items(top.get("faults"), "nvidia.faults"))
     )
     return NvidiaSpec(
-        spec.driver_version, gpus, tuple(sorted(xids, key=lambda x: x.at)), faults, privileged
+        spec.driver_version,
+        gpus,
+        tuple(sorted(xids, key=lambda x: x.at)),
+        faults,
+        privileged,
+        pid_namespace,
     )
 
 
@@ -568,6 +580,7 @@ def render(spec: NvidiaSpec, t: float, epoch_us: int) -> str:
         f"driver {version}",
         f"loaded {int(loaded)}",
         f"privileged {int(spec.privileged)}",
+        f"pid_namespace {spec.pid_namespace}",
         f"generation {generation}",
     ]
     lines += [f"slow {f.function} {f.ms}" for f in spec.faults if f.kind == "slow" and f.active(t)]

@@ -25,8 +25,9 @@ from exporter.model import (
     Pod,
 )
 
-DEVICE_SECTIONS = ("nvidia", "sysfs")
-"""Top-level sections owned by the simulated device parts."""
+DEVICE_SECTIONS = ("nvidia", "sysfs", "procfs")
+"""Top-level sections owned by the simulated node parts (`procfs`: the host's /proc and
+the kubelet's /var/log/containers, exporter/simulate/procfs.py)."""
 
 
 class ScenarioError(ValueError):
@@ -52,6 +53,8 @@ class TimedPod:
     pod: Pod
     start: float = 0.0
     end: float | None = None
+    pids: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(container name, host PIDs of its processes): what the host's /proc shows."""
 
     def alive(self, t: float) -> bool:
         return self.start <= t and (self.end is None or t < self.end)
@@ -102,6 +105,10 @@ class Scenario:
             if ids:
                 out.append(replace(devs, device_ids=ids))
         return tuple(out)
+
+    @property
+    def has_processes(self) -> bool:
+        return "procfs" in self.sections or any(p.pids for p in self.pods)
 
 
 def bundled_names() -> list[str]:
@@ -255,11 +262,21 @@ def _unhealthy(where: _Where, doc: Any, key: str) -> Unhealthy:
     )
 
 
+def _pids(where: _Where, doc: Any, key: str) -> tuple[int, ...]:
+    if isinstance(doc, str) or doc is None:
+        return ()
+    pids = where.seq(doc, "pids")
+    for i, pid in enumerate(pids):
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**22:
+            raise where.fail(f"{key}.pids[{i}]", f"expected a PID (1..4194303), got {pid!r}")
+    return tuple(pids)
+
+
 def _container(where: _Where, doc: Any, key: str) -> Container:
     if isinstance(doc, str):
         return Container(doc)
     doc = where.mapping(doc, key)
-    where.keys(doc, key, {"name", "devices", "cpu_ids", "memory", "claims"})
+    where.keys(doc, key, {"name", "devices", "cpu_ids", "memory", "claims", "pids"})
     memory = []
     for i, m in enumerate(where.seq(doc, "memory")):
         m = where.mapping(m, f"{key}.memory[{i}]")
@@ -306,15 +323,19 @@ def _timed_pod(where: _Where, doc: Any, key: str) -> TimedPod:
     where.keys(doc, key, {"name", "namespace", "start", "end", "containers"})
     if "name" not in doc:
         raise where.fail(key, "needs 'name'")
-    containers = tuple(
-        _container(where, c, f"{key}.containers[{i}]")
-        for i, c in enumerate(where.seq(doc, "containers"))
+    specs = where.seq(doc, "containers")
+    containers = tuple(_container(where, c, f"{key}.containers[{i}]") for i, c in enumerate(specs))
+    pids = tuple(
+        (c.name, found)
+        for i, (c, spec) in enumerate(zip(containers, specs, strict=True))
+        if (found := _pids(where, spec, f"{key}.containers[{i}]"))
     )
     end = doc.get("end")
     return TimedPod(
         Pod(str(doc["name"]), str(doc.get("namespace", "default")), containers),
         start=where.number(doc, "start", key, 0.0),
         end=None if end is None else where.number(doc, "end", key, 0.0),
+        pids=pids,
     )
 
 
@@ -328,12 +349,14 @@ def _pod_set(where: _Where, doc: Any, key: str) -> list[TimedPod]:
         | {"name": doc.get("prefix", "pod")},
         key,
     )
+    if template.pids:
+        raise where.fail(key, "a pod set's containers cannot have pids (each PID is one process)")
     count = int(where.number(doc, "count", key, 1))
     return [
         TimedPod(
             Pod(f"{template.pod.name}-{i}", template.pod.namespace, template.pod.containers),
             template.start,
             template.end,
-        )
+        )  # a pod set's pods have no processes: PIDs are one process's, not a template's
         for i in range(count)
     ]

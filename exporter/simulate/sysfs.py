@@ -226,6 +226,9 @@ def _kfd(tree: Tree, nodes: list[dict[str, int]]) -> None:
             f"cpu_cores_count 0\nsimd_count 304\nlocation_id {node['location']}\n"
             f"drm_render_minor {node['render']}\ndomain 0",
         )
+        # gpu_id: what KFD's per-process files (`proc/<pid>/vram_<gpu_id>`) are named by; a
+        # real one is a hash of the device's properties (kfd_topology.c), any number here.
+        tree.put(f"{rel}/gpu_id", 40000 + 97 * i)
         tree.put(f"{rel}/mem_banks/0/properties", f"heap_type 1\nsize_in_bytes {node['size']}")
         tree.put(f"{rel}/mem_banks/0/used_memory", node["used"])
 

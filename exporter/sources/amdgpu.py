@@ -9,11 +9,15 @@ node is a KFD node whose `location_id`/`domain` is the GPU's PCI address.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from exporter.model import Device, DeviceReading, Sample
-from exporter.sources import add, register
+from exporter import values
+from exporter.model import Device, DeviceReading, ProcessUsage, Sample
+from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.sources.drmfdinfo import DrmProcesses, read_text
 from exporter.sources.sysfs import (
     PERCENT,
     U64,
@@ -42,6 +46,7 @@ RAS_ERROR_TYPES = {"ue": "ecc_uncorrected", "ce": "ecc_corrected", "de": "ecc_de
 """`ras/<block>_err_count` line keys -> `error.type`."""
 
 KFD_NODES = "class/kfd/kfd/topology/nodes"
+KFD_PROCESSES = "class/kfd/kfd/proc"
 PARTITIONS = "devices/platform"
 
 
@@ -49,13 +54,85 @@ class AmdgpuSource(SysfsSource):
     name = "amdgpu"
     looks_for = "class/drm cards bound to amdgpu"
 
+    def __init__(self, ctx: SourceContext) -> None:
+        from exporter.values import boolean
+
+        super().__init__(ctx)
+        self.with_processes = boolean(ctx.options.get("processes", "true"))
+        self.drm = DrmProcesses(ctx.procfs, ("amdgpu",), ctx.clock or time.monotonic, ctx.logger)
+        self._kfd_devices: dict[str, str] = {}
+        """KFD gpu_id -> the device it is (a partition's own node, else the GPU)."""
+        self._partition_minors: dict[int, str] = {}
+        """Render minor -> the partition (`amdgpu_xcp_<N>`) it belongs to."""
+
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         gpus: dict[str, Device] = {}
         for card, pci in self.drm_cards(reader, ("amdgpu",)):
             reading = self._gpu(reader, f"class/drm/{card}/device", pci)
             gpus[pci.address] = reading.device
             yield reading
-        yield from self._partitions(reader, gpus)
+        nodes = _kfd_nodes_by_render_minor(reader)
+        partitions = list(self._partitions(reader, gpus, nodes))
+        yield from partitions
+        partition_ids = {p.device.id for p in partitions}
+        self._kfd_devices = {}
+        for minor, node in nodes.items():
+            owner = self._partition_minors.get(minor)
+            device_id = owner if owner in partition_ids else None
+            if device_id is None and node.pci_address in gpus:
+                device_id = gpus[node.pci_address].id
+            if device_id is not None and node.gpu_id:
+                self._kfd_devices[node.gpu_id] = device_id
+
+    def processes(
+        self, reader: Reader, readings: Sequence[DeviceReading]
+    ) -> Iterator[ProcessUsage]:
+        """KFD's per-process VRAM (ROCm compute: `/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`,
+        host PIDs, world-readable) and DRM fdinfo (memory and engine time of every DRM
+        client). A process KFD lists takes its memory from KFD only: its DRM file's VM
+        holds the same buffers, and the two are never added."""
+        if not self.with_processes:
+            return
+        kfd = self._kfd_memory()
+        gpus = {
+            dict(r.device.attributes).get("hw.pci.bus_id", ""): r.device.id
+            for r in readings
+            if not r.device.parent
+        }
+        kfd_pids = {pid for pid, _ in kfd}
+        for (pid, device_id), vram in sorted(kfd.items()):
+            yield ProcessUsage(device_id, pid, float(vram))
+        for usage in self.drm.read(gpus):
+            if usage.pid in kfd_pids:
+                if usage.utilization is not None:
+                    yield ProcessUsage(usage.device_id, usage.pid, None, usage.utilization)
+                continue
+            yield usage
+
+    def _kfd_memory(self) -> dict[tuple[int, str], int]:
+        """(pid, device) -> VRAM bytes. Read without the Reader's error accounting: a
+        process that exits between the listing and the read is not a broken driver."""
+        root = self.ctx.sysfs / KFD_PROCESSES
+        try:
+            pids = [int(e) for e in os.listdir(root) if e.isdigit()]
+        except OSError:
+            return {}
+        out: dict[tuple[int, str], int] = {}
+        for pid in pids:
+            try:
+                entries = os.listdir(root / str(pid))
+            except OSError:
+                continue
+            for entry in entries:
+                gpu_id = entry.removeprefix("vram_")
+                device_id = self._kfd_devices.get(gpu_id)
+                if entry == gpu_id or device_id is None:
+                    continue
+                text = (read_text(root / str(pid) / entry) or "").strip()
+                if text.isdigit():
+                    key = (pid, device_id)
+                    out[key] = out.get(key, 0) + int(text)
+        return out
 
     def _gpu(self, reader: Reader, dev: str, pci: PciIdentity) -> DeviceReading:
         device = self.stable(reader, f"gpu/{pci.address}", lambda: self._identity(reader, dev, pci))
@@ -106,19 +183,24 @@ class AmdgpuSource(SysfsSource):
                     ("hw.error.block", block),
                 )
 
-    def _partitions(self, reader: Reader, gpus: dict[str, Device]) -> Iterator[DeviceReading]:
-        nodes = _kfd_nodes_by_render_minor(reader)
+    def _partitions(
+        self, reader: Reader, gpus: dict[str, Device], nodes: dict[int, _KfdNode]
+    ) -> Iterator[DeviceReading]:
+        self._partition_minors = {}
         for entry in reader.listdir(PARTITIONS):
             if not entry.startswith("amdgpu_xcp_"):
                 continue
-            node = next(
+            minor = next(
                 (
-                    nodes[minor]
+                    m
                     for d in reader.listdir(f"{PARTITIONS}/{entry}/drm")
-                    if (minor := numbered(d, "renderD")) is not None and minor in nodes
+                    if (m := numbered(d, "renderD")) is not None and m in nodes
                 ),
                 None,
             )
+            node = None if minor is None else nodes[minor]
+            if minor is not None:
+                self._partition_minors[minor] = entry
             # A render node KFD does not list is not a usable partition (as the plugin does).
             if node is None or node.pci_address not in gpus:
                 continue
@@ -145,6 +227,8 @@ class AmdgpuSource(SysfsSource):
 class _KfdNode:
     rel: str
     pci_address: str
+    gpu_id: str = ""
+    """`topology/nodes/<n>/gpu_id`: what KFD's per-process files are named by."""
 
 
 def _kfd_nodes_by_render_minor(reader: Reader) -> dict[int, _KfdNode]:
@@ -158,7 +242,8 @@ def _kfd_nodes_by_render_minor(reader: Reader) -> dict[int, _KfdNode]:
         # location_id is the PCI bus/device/function as bus<<8 | device<<3 | function.
         bus, slot, fn = location >> 8, (location >> 3) & 0x1F, location & 0x7
         address = f"{props.get('domain', 0):04x}:{bus:02x}:{slot:02x}.{fn}"
-        nodes[minor] = _KfdNode(rel, address)
+        gpu_id = (reader.text(f"{rel}/gpu_id") or "").strip()
+        nodes[minor] = _KfdNode(rel, address, gpu_id if gpu_id.isdigit() else "")
     return nodes
 
 
@@ -173,7 +258,18 @@ def _properties(text: str) -> dict[str, int]:
     return props
 
 
-register("amdgpu", help="AMD GPUs and MI300 partitions from amdgpu sysfs and hwmon")(AmdgpuSource)
+register(
+    "amdgpu",
+    help="AMD GPUs and MI300 partitions from amdgpu sysfs and hwmon",
+    options=(
+        SourceOption(
+            "processes",
+            "per-process VRAM (KFD) and DRM fdinfo memory and engine time",
+            "true",
+            values.boolean,
+        ),
+    ),
+)(AmdgpuSource)
 
 
 def _ratio(percent: int | None) -> float | None:

@@ -12,11 +12,14 @@ left out, as their idleness says nothing about compute.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from exporter.model import Device, DeviceReading, Sample
-from exporter.sources import add, register
+from exporter import values
+from exporter.model import Device, DeviceReading, ProcessUsage, Sample
+from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.sources.drmfdinfo import DrmProcesses
 from exporter.sources.sysfs import (
     MEGAHERTZ,
     PciIdentity,
@@ -45,6 +48,21 @@ DEVICE_HWMON = {"i915", "xe"}
 class IntelSource(SysfsSource):
     name = "intel"
     looks_for = "class/drm cards bound to i915 or xe"
+
+    def __init__(self, ctx: SourceContext) -> None:
+        from exporter.values import boolean
+
+        super().__init__(ctx)
+        self.with_processes = boolean(ctx.options.get("processes", "true"))
+        self.drm = DrmProcesses(ctx.procfs, ("i915", "xe"), ctx.clock or time.monotonic, ctx.logger)
+
+    def processes(
+        self, reader: Reader, readings: Sequence[DeviceReading]
+    ) -> Iterator[ProcessUsage]:
+        """Per-process device memory and engine time from DRM fdinfo (i915 and xe have no
+        other per-process source); a GPU's `hw.id` is its PCI address, as `drm-pdev`."""
+        if self.with_processes:
+            yield from self.drm.read({r.device.id: r.device.id for r in readings})
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         for card, pci in self.drm_cards(reader, ("i915", "xe")):
@@ -97,7 +115,18 @@ class IntelSource(SysfsSource):
         return device_reading(device, samples)
 
 
-register("intel", help="Intel GPUs (i915, xe) from sysfs and hwmon")(IntelSource)
+register(
+    "intel",
+    help="Intel GPUs (i915, xe) from sysfs and hwmon",
+    options=(
+        SourceOption(
+            "processes",
+            "per-process memory and engine time from DRM fdinfo",
+            "true",
+            values.boolean,
+        ),
+    ),
+)(IntelSource)
 
 
 def _gts_i915(reader: Reader, card: str) -> list[tuple[str, str, str]]:

@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 
 from exporter.join import normalize_device_id, pci_address
 from exporter.log import StateLog
-from exporter.model import Attributes, Device, DeviceReading, Sample, SourceResult
+from exporter.model import Attributes, Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import SourceContext, add
 from exporter.sources.counters import MonotonicCounters
 
@@ -431,10 +431,19 @@ class SysfsSource:
         if absent and absent != self._absent_said:
             self.ctx.logger.info("no %s devices here: %s", self.name, absent)
         self._absent_said = absent
-        return SourceResult(self.name, tuple(readings), field_errors=errors, absent=absent)
+        processes = tuple(self.processes(reader, readings)) if readings else ()
+        return SourceResult(
+            self.name, tuple(readings), processes, field_errors=errors, absent=absent
+        )
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         raise NotImplementedError
+
+    def processes(
+        self, reader: Reader, readings: Sequence[DeviceReading]
+    ) -> Iterator[ProcessUsage]:
+        """Processes using this source's devices (host PIDs); none unless overridden."""
+        return iter(())
 
     def stable(self, reader: Reader, key: str, read: Callable[[], T]) -> T:
         """`read()` once per key and keep it, if it read without errors: an identity file

@@ -15,6 +15,10 @@
  *   driver <version>  loaded <0|1>   generation <driver reloads so far>
  *   privileged <0|1>                 0: answer NO_PERMISSION where nvml.h says a call
  *                                    needs privileges (see exporter/sources/nvml/behaviour.py)
+ *   pid_namespace <host|own>         own: the caller is in its own PID namespace (a pod
+ *                                    without hostPID): the process lists show none of the
+ *                                    host's processes, utilization samples keep host PIDs
+ *                                    (measured on a real driver: behaviour.py, MEASURED)
  *   slow <function|*> <ms>           delay before a call, outside the lock
  *   missing <function>               the call answers NVML_ERROR_FUNCTION_NOT_FOUND (an
  *                                    older driver; pynvml raises as for a missing symbol)
@@ -93,6 +97,7 @@ typedef struct {
     char driver[80];
     int loaded;
     int privileged;
+    int host_pid_namespace;
     unsigned generation;
     int ngpus;
     gpu_t gpus[MAX_GPUS];
@@ -200,6 +205,7 @@ static state_t *parse(FILE *f) {
     gpu_t *gpu = NULL;
     if (s == NULL) return NULL;
     s->privileged = 1;
+    s->host_pid_namespace = 1;
     while (fgets(line, sizeof line, f)) {
         char key[64] = "", *val;
         line[strcspn(line, "\n")] = 0;
@@ -248,6 +254,8 @@ static state_t *parse(FILE *f) {
             s->loaded = atoi(val);
         } else if (strcmp(key, "privileged") == 0) {
             s->privileged = atoi(val);
+        } else if (strcmp(key, "pid_namespace") == 0) {
+            s->host_pid_namespace = strcmp(val, "own") != 0;
         } else if (strcmp(key, "generation") == 0) {
             s->generation = (unsigned)strtoul(val, NULL, 10);
         }
@@ -947,13 +955,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
         if (get_uint(o, "mig_mode", &mode) == NVML_SUCCESS && mode == 1)
             return leave(NVML_ERROR_NO_PERMISSION); /* aggregate MIG info needs privileges */
     }
-    for (int i = 0; i < g->nprocs; i++) n += proc_matches(device, o, &g->procs[i]);
+    /* The driver hides processes the caller's PID namespace cannot see. */
+    if (cur->host_pid_namespace)
+        for (int i = 0; i < g->nprocs; i++) n += proc_matches(device, o, &g->procs[i]);
     if (infos == NULL || *infoCount < n) {
         *infoCount = n;
         return leave(n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE);
     }
     n = 0;
-    for (int i = 0; i < g->nprocs; i++) {
+    for (int i = 0; i < g->nprocs && cur->host_pid_namespace; i++) {
         const proc_t *p = &g->procs[i];
         if (!proc_matches(device, o, p)) continue;
         infos[n].pid = p->pid;
@@ -963,6 +973,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
         n++;
     }
     *infoCount = n;
+    return leave(NVML_SUCCESS);
+}
+
+/* Graphics processes: the simulated GPUs are data-center parts running CUDA only, so the
+ * list is empty (the call itself exists on every driver the exporter supports). */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos) {
+    DEVICE_CALL(device);
+    CHECK_PTR(infoCount);
+    (void)infos;
+    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
+    *infoCount = 0;
+    return leave(NVML_SUCCESS);
+}
+
+/* MPS clients: the stand-in models no MPS control daemon, so none (a real MPS setup was
+ * not available to measure what the three lists show together). */
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos) {
+    DEVICE_CALL(device);
+    CHECK_PTR(infoCount);
+    (void)infos;
+    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
+    *infoCount = 0;
     return leave(NVML_SUCCESS);
 }
 

@@ -247,6 +247,16 @@ process of the host's namespace (the driver hides PIDs the caller cannot see), w
 `nvmlDeviceGetProcessUtilization` still returns the host's PID (416 for a load the host
 saw as 416). So per-process GPU memory needs `hostPID`; per-process utilization comes with
 host PIDs, which only the host's `/proc` (`--path.procfs`) can resolve to containers.
+`nvml.h` says nothing of PID namespaces, so this is a measured row, not a quoted one:
+
+- **Source**: the process lists give memory per PID; the utilization samples (whole GPUs,
+  every `slow-interval`) give utilization per host PID, also for PIDs the lists do not
+  show, whose memory is then unknown (no series), never 0. Under MIG neither memory
+  (lists empty) nor utilization (not supported) is seen without `hostPID`.
+- **Stand-in**: `nvidia.pid_namespace: own` (the default, as the DaemonSet ships) makes
+  `nvmlDeviceGetComputeRunningProcesses_v3` and `..GraphicsRunningProcesses_v3` list
+  nothing while `nvmlDeviceGetProcessUtilization` keeps host PIDs; `host` (a `hostPID`
+  pod) lists every process.
 
 Per-process utilization under a CUDA load: one sample per busy process per call, the newest,
 whether `lastSeenTimeStamp` is 0 or a second old; `NOT_FOUND` with no process. An index past

@@ -242,28 +242,38 @@ class Reader:
         return samples
 
     def processes(
-        self, handle: Any, samples: list[Sample], gpu: Gpu | None
+        self, handle: Any, gpu: Gpu | None
     ) -> list[tuple[int, float | None, float | None]]:
-        """(pid, memory bytes, SM utilization) of the compute processes on a GPU or MIG
-        handle; utilization only for a whole GPU (`gpu`), never under MIG."""
-        running = (
-            self.calls.get(pynvml.nvmlDeviceGetComputeRunningProcesses, handle, handle=True) or []
-        )
+        """(host PID, memory bytes, SM utilization) of the processes on a GPU or MIG handle.
+
+        Memory from the compute, graphics and MPS-client lists (nvml.h: "processes with a
+        Multi-Process Service (MPS) compute context"), which show only processes of the
+        caller's PID namespace (docs/nvml.md, measured: a pod without hostPID sees none);
+        utilization, for a whole GPU (`gpu`) and never under MIG, from the driver's
+        samples, which carry host PIDs whatever the caller's namespace. A PID only sampled
+        has no memory reading (None, not 0)."""
+        memory: dict[int, float | None] = {}
+        for fn in (
+            pynvml.nvmlDeviceGetComputeRunningProcesses,
+            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+            pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
+        ):
+            for proc in self.calls.get(fn, handle, handle=True) or []:
+                pid = int(proc.pid)
+                used = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
+                # A process in several lists has one allocation, not two.
+                memory[pid] = _largest(memory.get(pid), used)
         busy: dict[int, float] | None = None
-        if gpu is not None and running:
+        if gpu is not None:
             if gpu.slow_now or gpu.device.id not in self._busy:
                 self._busy[gpu.device.id] = self.process_utilization(gpu)
             busy = self._busy[gpu.device.id]
         found = []
-        for proc in running:
-            pid = int(proc.pid)
-            memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
-            # When the driver returned samples, a process without one was idle in those
-            # periods (behaviour `process-utilization-samples`): 0, not unknown.
+        for pid in sorted(memory.keys() | (busy or {}).keys()):
+            # When the driver returned samples, a listed process without one was idle in
+            # those periods (behaviour `process-utilization-samples`): 0, not unknown.
             utilization = None if busy is None else busy.get(pid, 0.0)
-            add(samples, "hw.gpu.process.memory.usage", memory, ("process.pid", str(pid)))
-            add(samples, "hw.gpu.process.utilization", utilization, ("process.pid", str(pid)))
-            found.append((pid, memory, utilization))
+            found.append((pid, memory.get(pid), utilization))
         return found
 
     def process_utilization(self, gpu: Gpu) -> dict[int, float] | None:
@@ -283,6 +293,12 @@ class Reader:
             per_pid.setdefault(int(s.pid), []).append(int(s.smUtil))
             gpu.process_seen_us = max(gpu.process_seen_us, int(s.timeStamp))
         return {pid: sum(pcts) / len(pcts) / 100 for pid, pcts in per_pid.items()}
+
+
+def _largest(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return max(a, b)
 
 
 def status(state: str) -> tuple[Sample, ...]:

@@ -297,13 +297,13 @@ class NvmlSource:
             for mig in gpu.migs:
                 mig_samples = reader.mig_samples(gpu, mig)
                 if self.processes:
-                    for pid, memory, util in reader.processes(mig.handle, mig_samples, None):
+                    for pid, memory, util in reader.processes(mig.handle, None):
                         processes.append(ProcessUsage(mig.device.id, pid, memory, util))
                 mig_samples += status("ok")
                 mig_samples += self._xid_samples(mig.device.id)
                 migs.append(DeviceReading(mig.device, tuple(mig_samples)))
             if self.processes and not gpu.mig_mode:
-                for pid, memory, util in reader.processes(gpu.handle, samples, gpu):
+                for pid, memory, util in reader.processes(gpu.handle, gpu):
                     processes.append(ProcessUsage(gpu.device.id, pid, memory, util))
         except GpuLost:
             self.calls.stale = True  # rediscover: the GPU may be back, or gone for good
