@@ -4,316 +4,38 @@ Run in the exporter's pod (`kubectl exec ... -- kube-device-exporter doctor`), w
 same flags and variables. It asks the kubelet once (List + GetAllocatableResources), runs
 each enabled source's collect() once, looks at the host /proc and /sys, and compares what
 the node advertises with what the sources see. One line per check; each problem gets its
-likely cause and the fix. Exit 1 when something is wrong, above all when the kubelet
-advertises devices no source can see.
-
-The checks are pure functions of what was found, so the landing page shows the same lines
-from the last cycle's snapshot (`snapshot_findings`).
+likely cause and the fix (exporter/checks.py, which the landing page shares). Exit 1 when
+something is wrong, above all when the kubelet advertises devices no source can see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-from exporter.config import Config
-from exporter.join import ResourceMatcher, join
-from exporter.model import (
-    ContainerDevices,
-    DeviceReading,
-    PodResourcesState,
-    Snapshot,
-    SourceResult,
+from exporter import log as logsetup
+from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
+from exporter.checks import (
+    Finding,
+    check_kubelet,
+    check_procfs,
+    check_source,
+    check_sysfs,
+    check_unattributed,
+    check_unseen,
+    failed,
+    render,
 )
+from exporter.config import Config
+from exporter.join import ResourceMatcher
+from exporter.model import DeviceReading, PodResourcesState, SourceResult
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sources import Source
-from exporter.sources.resources import SOURCE_FIXES, source_for
-
-OK, ABSENT, PROBLEM = "ok", "absent", "problem"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    status: str
-    """ok, absent (no such hardware here: fine unless the node advertises it) or problem."""
-    subject: str
-    found: str
-    cause: str = ""
-    fix: str = ""
-
-    def lines(self, width: int = 24) -> list[str]:
-        out = [f"{self.status.upper():<8} {self.subject:<{width}} {self.found}"]
-        if self.cause:
-            out.append(f"{'':<8} {'':<{width}} likely cause: {self.cause}")
-        if self.fix:
-            out.append(f"{'':<8} {'':<{width}} fix: {self.fix}")
-        return out
-
-
-def render(findings: Sequence[Finding]) -> str:
-    width = max((len(f.subject) for f in findings), default=0)
-    return "\n".join(line for f in findings for line in f.lines(width))
-
-
-# --- the checks: pure ------------------------------------------------------------------------
-
-
-def unseen_by_resource(
-    allocatable: Iterable[ContainerDevices],
-    readings: Iterable[DeviceReading],
-    matcher: ResourceMatcher,
-) -> dict[str, int]:
-    """Resource name -> how many devices the kubelet can allocate that no source sees
-    (only those with some). The join's own count (`JoinResult.unseen`), so the doctor, the
-    landing page and `kube_device_exporter_devices_unseen` always agree."""
-    state = PodResourcesState(allocatable=tuple(allocatable), allocatable_known=True)
-    result = join([SourceResult("doctor", tuple(readings))], state, matcher)
-    return {resource: count for resource, count in result.unseen if count}
-
-
-def check_source(name: str, *, error: str, absent: str, devices: int) -> Finding:
-    subject = f"source {name}"
-    if error:
-        cause, fix = _source_error_hint(name, error)
-        return Finding(PROBLEM, subject, f"failed: {error}", cause, fix)
-    if absent:
-        return Finding(ABSENT, subject, f"no hardware: {absent}")
-    if devices == 0:
-        return Finding(ABSENT, subject, "no devices")
-    return Finding(OK, subject, f"{devices} device{'s' if devices != 1 else ''}")
-
-
-def _source_error_hint(name: str, error: str) -> tuple[str, str]:
-    text = error.lower()
-    if "permission" in text:
-        return (
-            "the container may not open the device files",
-            "for NVIDIA use the nvidia runtime class (it adds /dev/nvidia*); otherwise run the "
-            "container privileged or as root",
-        )
-    if "library not found" in text or "libnvidia-ml" in text:
-        return ("libnvidia-ml.so.1 is not in this container", SOURCE_FIXES["nvml"])
-    if "driver not loaded" in text:
-        return (
-            "the nvidia kernel module is not loaded on this node",
-            "install or load the NVIDIA driver on the node (nvidia-smi on the host must work)",
-        )
-    if "timed out" in text or "still running" in text:
-        return (
-            "a driver call hangs (a GPU fallen off the bus, a driver reset)",
-            "look for Xid errors in the node's kernel log (dmesg); raise --collect-timeout only "
-            "if the source is merely slow",
-        )
-    return ("", f"rerun with --log.level debug; {SOURCE_FIXES.get(name, '')}".rstrip("; "))
-
-
-def check_kubelet(
-    socket: Path, state: PodResourcesState | None, error: PodResourcesError | None
-) -> list[Finding]:
-    subject = "kubelet"
-    if error is not None:
-        cause, fix = _kubelet_hint(socket, error)
-        return [Finding(PROBLEM, subject, f"{socket}: {error}", cause, fix)]
-    assert state is not None
-    pods = sum(1 for p in state.pods if any(c.devices or c.dynamic_resources for c in p.containers))
-    found = (
-        f"{socket}: PodResources {state.api_version}, {len(state.pods)} pods "
-        f"({pods} holding devices)"
-    )
-    findings = [Finding(OK, subject, found)]
-    if not state.allocatable_known:
-        findings.append(
-            Finding(
-                ABSENT,
-                "kubelet allocatable",
-                "GetAllocatableResources not answered: devices the node advertises cannot be "
-                "checked",
-                "a kubelet older than 1.23, or KubeletPodResourcesGetAllocatable turned off",
-            )
-        )
-    return findings
-
-
-def _kubelet_hint(socket: Path, error: PodResourcesError) -> tuple[str, str]:
-    text = str(error).lower()
-    if error.code == "NO_SOCKET" and "permission" not in text:
-        return (
-            "the kubelet's pod-resources directory is not mounted in this pod, or this "
-            "kubelet keeps it elsewhere (microk8s: /var/snap/microk8s/common/var/lib/kubelet, "
-            "k0s: /var/lib/k0s/kubelet)",
-            "mount the host directory /var/lib/kubelet/pod-resources (the directory, not the "
-            "socket) and point --kubelet-socket at the socket in it",
-        )
-    if "permission" in text or error.code == "PERMISSION_DENIED":
-        return (
-            f"{socket} belongs to root and this process may not connect to it",
-            "run the container as root (runAsUser: 0); on SELinux nodes (OpenShift) also "
-            "seLinuxOptions type spc_t",
-        )
-    if error.code == "UNIMPLEMENTED":
-        return ("this kubelet serves no PodResources API", "Kubernetes 1.20 or newer")
-    return (
-        "the kubelet does not answer on this socket (restarting, or a stale socket file)",
-        "check the kubelet on the node; mount the directory, not the file, so a new socket is seen",
-    )
-
-
-def check_unseen(
-    allocatable: Iterable[ContainerDevices],
-    readings: Iterable[DeviceReading],
-    matcher: ResourceMatcher,
-    sources: Mapping[str, Finding],
-) -> list[Finding]:
-    """One problem per resource the node advertises whose devices no source sees; `sources`
-    is each enabled source's finding (a missing one is disabled)."""
-    allocatable = list(allocatable)
-    return unseen_findings(
-        allocatable, unseen_by_resource(allocatable, readings, matcher), sources, matcher
-    )
-
-
-def unseen_findings(
-    allocatable: Sequence[ContainerDevices],
-    unseen: Mapping[str, int],
-    sources: Mapping[str, Finding],
-    matcher: ResourceMatcher,
-) -> list[Finding]:
-    """One finding per attributed resource: all seen, or a problem naming the likely cause."""
-    totals: dict[str, int] = {}
-    for devs in allocatable:
-        if matcher(devs.resource_name):
-            totals[devs.resource_name] = totals.get(devs.resource_name, 0) + len(devs.device_ids)
-    return [
-        _unseen_finding(name, unseen[name], total, sources)
-        if name in unseen
-        else Finding(OK, f"resource {name}", f"{total} allocatable, all seen")
-        for name, total in totals.items()
-    ]
-
-
-def _unseen_finding(
-    resource: str, count: int, total: int, sources: Mapping[str, Finding]
-) -> Finding:
-    found = f"{total} allocatable, {count} seen by no source"
-    source = source_for(resource)
-    if not source:
-        return Finding(
-            PROBLEM,
-            f"resource {resource}",
-            found,
-            "no bundled source reads this kind of device",
-            "narrow --kubernetes.resource-pattern to the resources this exporter reads",
-        )
-    state = sources.get(source)
-    if state is None:
-        return Finding(
-            PROBLEM,
-            f"resource {resource}",
-            found,
-            f"the {source} source is turned off",
-            f"turn it on: --collector.{source}",
-        )
-    if resource.startswith("rdma/") and state.status == OK:
-        return Finding(
-            PROBLEM,
-            f"resource {resource}",
-            found,
-            f"source {source} sees {state.found}, but none is in the pool {resource}",
-            "give --collector.rdma.pool-config the RDMA shared-device plugin's config "
-            "(config.json, or its ConfigMap as YAML) naming this pool",
-        )
-    if state.status == OK:
-        cause = f"source {source} sees {state.found}, but none answers to these IDs"
-    else:
-        cause = f"source {source}: {state.found}"
-    return Finding(PROBLEM, f"resource {resource}", found, cause, SOURCE_FIXES[source])
-
-
-def check_unattributed(
-    allocatable: Iterable[ContainerDevices], matcher: ResourceMatcher
-) -> list[Finding]:
-    """Device resources the node advertises that no --kubernetes.resource-pattern matches
-    (a typo, or a comma list in one quoted flag before it was split): their pods get no
-    labels, silently. Resources no bundled source reads are not ours to flag."""
-    names = sorted({d.resource_name for d in allocatable if not matcher(d.resource_name)})
-    return [
-        Finding(
-            PROBLEM,
-            f"resource {name}",
-            "advertised by the node but attributed by no --kubernetes.resource-pattern "
-            f"(now: {', '.join(matcher.patterns)})",
-            "the patterns replace the defaults, and match whole names",
-            f"add a pattern that matches it, e.g. {name.split('/')[0]}/*",
-        )
-        for name in names
-        if source_for(name)
-    ]
-
-
-def check_procfs(procfs: Path) -> Finding:
-    subject = f"host proc ({procfs})"
-    fix = "mount the host's /proc read-only (deploy/: at /host/proc) and set --path.procfs to it"
-    try:
-        pids = [e.name for e in procfs.iterdir() if e.name.isdigit()]
-    except OSError as exc:
-        return Finding(PROBLEM, subject, f"unreadable: {exc.strerror}", "not mounted here", fix)
-    if not pids:
-        return Finding(PROBLEM, subject, "no processes: not a procfs", "not mounted here", fix)
-    try:
-        init = (procfs / "1" / "comm").read_text().strip()
-    except OSError as exc:
-        init = f"unreadable ({exc.strerror})"
-    return Finding(OK, subject, f"{len(pids)} processes, PID 1 is {init}")
-
-
-def check_sysfs(problems: Sequence[str]) -> list[Finding]:
-    """The start-up warnings about --path.sysfs (procfs has its own, deeper check)."""
-    return [Finding(PROBLEM, "host sys", p) for p in problems if p.startswith("--path.sysfs")]
-
-
-def failed(findings: Iterable[Finding]) -> bool:
-    return any(f.status == PROBLEM for f in findings)
-
-
-def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Finding]:
-    """The same checks from one cycle's snapshot (the landing page)."""
-    readings = [d.reading for d in snapshot.devices]
-    counts: dict[str, int] = {}
-    for r in readings:
-        counts[r.device.source] = counts.get(r.device.source, 0) + 1
-    sources = {
-        h.name: check_source(h.name, error=h.error, absent=h.absent, devices=counts.get(h.name, 0))
-        for h in snapshot.sources
-    }
-    kubelet = (
-        Finding(OK, "kubelet", f"PodResources {snapshot.podresources.api_version} answering")
-        if snapshot.podresources.connected
-        else Finding(
-            PROBLEM,
-            "kubelet",
-            "not answering",
-            "see `kube-device-exporter doctor` in this pod for the cause",
-        )
-    )
-    return [
-        kubelet,
-        *sources.values(),
-        *unseen_findings(
-            snapshot.allocatable, {r: n for r, n in snapshot.unseen if n}, sources, matcher
-        ),
-    ]
-
 
 # --- the command ------------------------------------------------------------------------------
 
 
 def run_doctor(config: Config) -> int:
-    from exporter import log as logsetup
-    from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
-
     # Sources log what they cannot read; below warning it would drown the findings.
     logsetup.setup("debug" if config.log_level == "debug" else "warning", config.log_format)
     findings = check_sysfs(host_path_problems(config))

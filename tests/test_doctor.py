@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.doctor import (
+from exporter.checks import (
     ABSENT,
     OK,
     PROBLEM,

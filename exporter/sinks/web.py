@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter import __version__
-from exporter.doctor import snapshot_findings
+from exporter.checks import snapshot_findings
 from exporter.join import ResourceMatcher
 from exporter.model import JoinedDevice, Snapshot
 from exporter.points import device_attributes

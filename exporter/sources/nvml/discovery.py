@@ -14,8 +14,8 @@ import pynvml
 
 from exporter.join import normalize_device_id, pci_address
 from exporter.model import Device
-from exporter.sources.nvml import gpm as gpm_
 from exporter.sources.nvml.calls import Calls, text
+from exporter.sources.nvml.gpm import Gpm, allocate
 
 SOURCE = "nvml"
 
@@ -26,7 +26,7 @@ class Mig:
     device: Device
     gi: int
     ci: int
-    gpm: gpm_.Gpm | None = None
+    gpm: Gpm | None = None
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class Gpu:
     device: Device
     mig_mode: bool
     migs: list[Mig] = field(default_factory=list)
-    gpm: gpm_.Gpm | None = None
+    gpm: Gpm | None = None
     process_seen_us: int = 0
     slow_read_at: float = -math.inf
     """When the slow values (see readings.FIELDS) were last read."""
@@ -65,7 +65,7 @@ class Discovery:
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
-        self.gpm_pool: dict[str, gpm_.Gpm] = {}
+        self.gpm_pool: dict[str, Gpm] = {}
         self.forbidden: set[int] = set()
         """Indices whose handle answered NO_PERMISSION (not in this container)."""
 
@@ -157,7 +157,7 @@ class Discovery:
             found.append(Mig(handle, device, gi, ci, self.take_gpm(uuid) if gpm else None))
         return found
 
-    def take_gpm(self, device_id: str) -> gpm_.Gpm | None:
+    def take_gpm(self, device_id: str) -> Gpm | None:
         """The device's GPM buffers from before a rediscovery, or new ones."""
         kept = self.gpm_pool.pop(device_id, None)
-        return kept if kept is not None else gpm_.allocate(self.calls)
+        return kept if kept is not None else allocate(self.calls)

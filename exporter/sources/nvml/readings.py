@@ -34,10 +34,10 @@ from pynvml import (
 from exporter.model import Sample
 from exporter.sources import add
 from exporter.sources.counters import MonotonicCounters
-from exporter.sources.nvml import gpm
 from exporter.sources.nvml.behaviour import NOT_HERE
 from exporter.sources.nvml.calls import Calls, GpuLost
 from exporter.sources.nvml.discovery import Gpu, Mig
+from exporter.sources.nvml.gpm import read as gpm_read
 
 STATES = ("ok", "degraded", "failed")
 
@@ -137,7 +137,7 @@ class Reader:
                 add(samples, "hw.gpu.utilization", util.gpu / 100, ("hw.gpu.task", "general"))
                 add(samples, "hw.gpu.memory.bandwidth.utilization", util.memory / 100)
         elif gpu.gpm is not None:
-            gpm.read(self.calls, gpu.gpm, samples, pynvml.nvmlGpmSampleGet, h)
+            gpm_read(self.calls, gpu.gpm, samples, pynvml.nvmlGpmSampleGet, h)
         for task, fn in (
             ("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
             ("decoder", pynvml.nvmlDeviceGetDecoderUtilization),
@@ -238,7 +238,7 @@ class Reader:
         samples: list[Sample] = []
         self.memory_samples(mig.handle, samples)
         if mig.gpm is not None:
-            gpm.read(self.calls, mig.gpm, samples, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi)
+            gpm_read(self.calls, mig.gpm, samples, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi)
         return samples
 
     def processes(

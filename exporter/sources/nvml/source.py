@@ -20,10 +20,10 @@ import pynvml
 
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import RestartRequired, SourceContext, SourceOption, register
-from exporter.sources.nvml import gpm
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
 from exporter.sources.nvml.calls import Calls, DriverGone, GpuLost, NvmlUnavailable, text
 from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig_mode
+from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
 from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
 from exporter.values import boolean, duration
@@ -195,7 +195,7 @@ class NvmlSource:
 
     def _shutdown(self) -> None:
         self._stop_watcher()
-        gpm.release((d.gpm for d in devices(self._gpus or [])), self.log)
+        release_gpm((d.gpm for d in devices(self._gpus or [])), self.log)
         self._gpus = None
         if self._initialized:
             self._initialized = False
@@ -224,7 +224,7 @@ class NvmlSource:
                     self.log.warning("GPU %d is lost (GPU_IS_LOST) and was never seen", index)
             if gpu is not None:
                 gpus.append(gpu)
-        gpm.release(self.discovery.gpm_pool.values(), self.log)
+        release_gpm(self.discovery.gpm_pool.values(), self.log)
         self.discovery.gpm_pool = {}
         self._remember(self._known, gpus)
         self._known = gpus
