@@ -5,6 +5,7 @@ Every handler returns bytes prepared once per cycle; none touches a device or th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from importlib import resources
@@ -82,14 +83,36 @@ def _summary(snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
+class _Cycle:
+    """One snapshot and its JSON, built on the first request for it."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._body: bytes | None = None
+
+    def body(self) -> bytes:
+        if self._body is None:  # two racing requests build the same bytes; no lock needed
+            self._body = json.dumps(_summary(self.snapshot), separators=(",", ":")).encode()
+        return self._body
+
+
 class DevicesView:
-    """Holds the landing page's JSON, rebuilt once per cycle (a sink)."""
+    """Holds the landing page's JSON for the latest cycle (a sink); built when asked."""
 
     def __init__(self) -> None:
-        self.body: bytes | None = None
+        self._cycle: _Cycle | None = None
 
     def update(self, snapshot: Snapshot) -> None:
-        self.body = json.dumps(_summary(snapshot), separators=(",", ":")).encode()
+        self._cycle = _Cycle(snapshot)
+
+    @property
+    def ready(self) -> bool:
+        return self._cycle is not None
+
+    @property
+    def body(self) -> bytes | None:
+        cycle = self._cycle
+        return None if cycle is None else cycle.body()
 
 
 DEVICES: web.AppKey[DevicesView] = web.AppKey("devices")
@@ -104,9 +127,11 @@ async def metrics(request: web.Request) -> web.Response:
     if rendered is None:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
-    body, content_type = rendered.body(
-        openmetrics=_wants_openmetrics(request.headers.get("Accept", "")), gzipped=gzipped
-    )
+    om = _wants_openmetrics(request.headers.get("Accept", ""))
+    if rendered.cached(openmetrics=om, gzipped=gzipped):
+        body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
+    else:  # the first request of a cycle formats (and compresses) off the event loop
+        body, content_type = await asyncio.to_thread(rendered.body, openmetrics=om, gzipped=gzipped)
     response = web.Response(body=body, headers={"Content-Type": content_type})
     if gzipped:
         response.headers["Content-Encoding"] = "gzip"
@@ -118,7 +143,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[PROMETHEUS].rendered is None and request.app[DEVICES].body is None:
+    if request.app[PROMETHEUS].rendered is None and not request.app[DEVICES].ready:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     return web.Response(text="ready\n")
 
