@@ -432,7 +432,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.podresources.up",
         G,
         "",
-        "1 when the last List succeeded.",
+        "1 when the last List succeeded and the kubelet answered within the cycle's budget "
+        "(0 while a slow kubelet's pod state is carried over).",
         scope=_E,
         attributes=("api_version",),
     ),
@@ -444,7 +445,12 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
     ),
     MetricSpec(
-        "kube_device_exporter.cycle.duration", G, "s", "How long the last cycle took.", scope=_E
+        "kube_device_exporter.cycle.duration",
+        G,
+        "s",
+        "How long the last completed cycle took, from its start to the sinks holding the new "
+        "snapshot (the first cycle reports itself up to the join).",
+        scope=_E,
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
     MetricSpec(

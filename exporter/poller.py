@@ -8,10 +8,11 @@ answer for `stale_after` seconds (pod labels must not flap on one rate-limited c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.join import ResourceMatcher, join
 from exporter.log import StateLog
@@ -70,19 +71,39 @@ class Poller:
         self._cycles = 0
         self._last_success = 0.0
         self._states = StateLog(log)
+        self._kubelet_task: asyncio.Future[PodResourcesState | None] | None = None
+        self._last_duration: float | None = None
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
 
     async def run_once(self) -> Snapshot:
         started = self._clock()
-        state, results = await asyncio.gather(self._poll_kubelet(), self._collect_all())
-        healths = [health for _, health in results]
+        kubelet = self._start_kubelet_poll()
+        results = await self._collect_all()
+        state, answered = await self._kubelet_state(kubelet, started)
+        snapshot = await asyncio.to_thread(self._publish, started, state, answered, results)
+        self.snapshot = snapshot
+        self.ready.set()
+        return snapshot
+
+    def _publish(
+        self,
+        started: float,
+        state: PodResourcesState | None,
+        answered: bool,
+        results: list[tuple[SourceResult | None, SourceHealth]],
+    ) -> Snapshot:
+        """Join, build the snapshot and hand it to the sinks: in a worker thread, so the
+        event loop keeps serving while a big node's pods are joined and laid out."""
         joined = join([r for r, _ in results if r is not None], state, self.matcher)
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []
         for provider in self.self_metrics:
             self_samples += provider.self_samples()
+        health = self.client.health() if self.client else PodResourcesHealth()
+        if not answered:
+            health = replace(health, connected=False)
         snapshot = Snapshot(
             timestamp=self._last_success,
             node=self.node,
@@ -90,17 +111,18 @@ class Poller:
             allocations=joined.allocations,
             allocatable=joined.allocatable,
             processes=tuple(p for r, _ in results if r is not None for p in r.processes),
-            sources=tuple(healths),
-            podresources=self.client.health() if self.client else PodResourcesHealth(),
-            cycle_duration_seconds=self._clock() - started,
+            sources=tuple(health for _, health in results),
+            podresources=health,
+            cycle_duration_seconds=(
+                self._clock() - started if self._last_duration is None else self._last_duration
+            ),
             cycles_total=self._cycles,
             last_success_timestamp=self._last_success,
             self_samples=tuple(self_samples),
         )
         for sink in self.sinks:
-            await asyncio.to_thread(sink.update, snapshot)
-        self.snapshot = snapshot
-        self.ready.set()
+            sink.update(snapshot)
+        self._last_duration = self._clock() - started
         return snapshot
 
     async def run_forever(self, stop: asyncio.Event) -> None:
@@ -117,12 +139,44 @@ class Poller:
                 continue
 
     async def close(self) -> None:
+        if self._kubelet_task is not None and not self._kubelet_task.done():
+            self._kubelet_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._kubelet_task
         for slot in self._slots:
             await asyncio.to_thread(slot.source.close)
         if self.client is not None:
             await self.client.close()
 
     # --- kubelet --------------------------------------------------------------------
+
+    def _start_kubelet_poll(self) -> asyncio.Future[PodResourcesState | None]:
+        """This cycle's kubelet call, or the last cycle's if it is still in flight."""
+        task = self._kubelet_task
+        if task is None or task.done():
+            task = self._kubelet_task = asyncio.ensure_future(self._poll_kubelet())
+        return task
+
+    async def _kubelet_state(
+        self, task: asyncio.Future[PodResourcesState | None], started: float
+    ) -> tuple[PodResourcesState | None, bool]:
+        """The kubelet's answer if it comes within the budget; else the last good state,
+        so a slow kubelet delays pod labels, never the device readings."""
+        budget = min(self.source_timeout, self.interval / 2)
+        try:
+            state = await asyncio.wait_for(
+                asyncio.shield(task), max(0.0, started + budget - self._clock())
+            )
+        except TimeoutError:
+            self._states.failed("kubelet/SLOW", f"PodResources slower than {budget:g}s")
+            return self._current_state(), False
+        return state, True
+
+    def _current_state(self) -> PodResourcesState | None:
+        if self._state is not None and self._clock() - self._state_at > self.stale_after:
+            log.warning("dropping PodResources data older than %.0fs", self.stale_after)
+            self._state = None
+        return self._state
 
     async def _poll_kubelet(self) -> PodResourcesState | None:
         if self.client is None:
@@ -134,10 +188,7 @@ class Poller:
                 self._states.failed(
                     f"kubelet/{exc.code}", f"PodResources unavailable ({exc}); retrying every cycle"
                 )
-            if self._state is not None and self._clock() - self._state_at > self.stale_after:
-                log.warning("dropping PodResources data older than %.0fs", self.stale_after)
-                self._state = None
-            return self._state
+            return self._current_state()
         self._states.ok_all("kubelet/", f"PodResources {state.api_version} answering")
         self._state, self._state_at = state, self._clock()
         return state

@@ -13,7 +13,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
 from exporter.cli import parse_config
-from exporter.model import Device, DeviceReading, Sample, SourceResult
+from exporter.model import (
+    Container,
+    ContainerDevices,
+    Device,
+    DeviceReading,
+    Holder,
+    Pod,
+    PodResourcesHealth,
+    PodResourcesState,
+    Sample,
+    SourceResult,
+)
+from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.peers import chromium
@@ -266,3 +278,50 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
     assert len(messages) == 2, messages
     assert "does not exist" in messages[0] and "retrying every cycle" in messages[0]
     assert messages[1] == "PodResources v1 answering"
+
+
+class SlowKubelet:
+    """A PodResources client whose first answer is prompt and every later one hangs."""
+
+    def __init__(self, state: PodResourcesState) -> None:
+        self.state = state
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def poll(self) -> PodResourcesState:
+        self.calls += 1
+        if self.calls > 1:
+            await self.release.wait()
+        return self.state
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(api_version="v1", connected=True)
+
+    async def close(self) -> None:
+        self.release.set()
+
+
+async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
+    pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
+    kubelet = SlowKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
+    poller = Poller(
+        node="n1",
+        sources={"fake": StaticSource(gpu_result())},
+        client=kubelet,  # type: ignore[arg-type]
+        interval=0.2,
+        source_timeout=5.0,
+    )
+    try:
+        first = await poller.run_once()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        later = [await poller.run_once() for _ in range(3)]
+        elapsed = loop.time() - started
+    finally:
+        await poller.close()
+    assert first.podresources.connected
+    assert kubelet.calls == 2  # the hung call is waited on, never piled up
+    assert elapsed < 1.0  # three cycles within the budget (0.1 s each), not the 5 s deadline
+    for snap in later:
+        assert not snap.podresources.connected  # marked stale ...
+        assert snap.devices[0].holder == Holder("ns", "p", "c")  # ... last good pod state kept

@@ -14,6 +14,8 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import time
 from collections import Counter
@@ -27,7 +29,6 @@ import grpc.aio
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
-from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from exporter.model import (
     ClaimResource,
     Container,
@@ -87,6 +88,8 @@ class PodResourcesClient:
         self._durations: dict[str, float] = {}
         self._connected = False
         self._last_success = 0.0
+        self._list_cache: tuple[str, bytes, tuple[Pod, ...]] | None = None
+        self.list_parses = 0
 
     # --- public -------------------------------------------------------------------
 
@@ -156,18 +159,26 @@ class PodResourcesClient:
         )
 
     async def _list_v1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
-        stub = v1_grpc.PodResourcesListerStub(channel)
-        response: v1_pb2.ListPodResourcesResponse = await self._call(
-            "List", stub.List, v1_pb2.ListPodResourcesRequest()
-        )
-        return tuple(pod_from_proto(p) for p in response.pod_resources)
+        return await self._list(channel, "v1", v1_pb2.ListPodResourcesResponse)
 
     async def _list_v1alpha1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
-        stub = v1alpha1_grpc.PodResourcesListerStub(channel)
-        response: v1alpha1_pb2.ListPodResourcesResponse = await self._call(
-            "List", stub.List, v1alpha1_pb2.ListPodResourcesRequest()
+        return await self._list(channel, "v1alpha1", v1alpha1_pb2.ListPodResourcesResponse)
+
+    async def _list(self, channel: grpc.aio.Channel, api: str, response_type: Any) -> tuple[Pod, ...]:
+        """`List` as raw bytes: parsed (in a worker thread) only when they changed, since
+        the answer is the same cycle after cycle until a pod comes or goes."""
+        rpc = channel.unary_unary(
+            f"/{api}.PodResourcesLister/List",
+            request_serializer=_serialize,
+            response_deserializer=None,  # keep the bytes
         )
-        return tuple(pod_from_proto(p) for p in response.pod_resources)
+        raw: bytes = await self._call("List", rpc, b"")
+        if self._list_cache is not None and self._list_cache[:2] == (api, raw):
+            return self._list_cache[2]
+        pods = await asyncio.to_thread(_parse_list, response_type, raw)
+        self._list_cache = (api, raw, pods)
+        self.list_parses += 1
+        return pods
 
     async def _refresh_allocatable(self, channel: grpc.aio.Channel, now: float) -> None:
         if self._allocatable_at is not None:
@@ -264,18 +275,30 @@ def devices_from_proto(msg: Any) -> ContainerDevices:
     return ContainerDevices(msg.resource_name, tuple(msg.device_ids), _numa(topology))
 
 
-def _fields(msg: Any) -> set[str]:
-    return {f.name for f in msg.DESCRIPTOR.fields}
+def _serialize(request: bytes) -> bytes:
+    return request  # an empty ListPodResourcesRequest is zero bytes in both versions
+
+
+def _parse_list(response_type: Any, raw: bytes) -> tuple[Pod, ...]:
+    response = response_type.FromString(raw)
+    return tuple(pod_from_proto(p) for p in response.pod_resources)
+
+
+@functools.cache
+def _fields(descriptor: Any) -> frozenset[str]:
+    """Field names of a message type, looked up once per type (not once per container)."""
+    return frozenset(f.name for f in descriptor.fields)
 
 
 def pod_from_proto(msg: Any) -> Pod:
     """A v1 or v1alpha1 PodResources message -> Pod (v1alpha1 has only devices)."""
     containers = []
     for c in msg.containers:
-        names = _fields(c)
+        names = _fields(c.DESCRIPTOR)
+        has_topology = "topology" in _fields(c.devices[0].DESCRIPTOR) if c.devices else False
         devices = tuple(
             ContainerDevices(
-                d.resource_name, tuple(d.device_ids), _numa(getattr(d, "topology", None))
+                d.resource_name, tuple(d.device_ids), _numa(d.topology if has_topology else None)
             )
             for d in c.devices
         )
