@@ -104,7 +104,8 @@ NODE_ATTRIBUTE = "k8s.node.name"
 HOLDER_ATTRIBUTES = ("k8s.namespace.name", "k8s.pod.name", "k8s.container.name")
 
 ATTRIBUTES: dict[str, str] = {
-    # identity of the device (on every device series)
+    # identity of the device: hw.id, type, vendor, model, parent on every device series;
+    # the vendor identity below them only on hw.info
     "hw.id": "Stable device id: NVIDIA GPU/MIG UUID, AMD unique_id or PCI address, "
     "Intel PCI address, `<ibdev>/<port>` for InfiniBand ports, PCI address for NIC VFs.",
     "hw.type": "OpenTelemetry hardware type: `gpu` or `network`.",
@@ -176,7 +177,7 @@ DEVICE_ATTRIBUTES = (
     "hw.model",
     "hw.parent",
 )
-"""Attributes every device series carries (sources add vendor ones from ATTRIBUTES)."""
+"""Attributes every device series carries (the vendor ones sources add are on hw.info)."""
 
 
 # --- the table ------------------------------------------------------------------------
@@ -517,10 +518,15 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
 ## Label semantics
 
 - **Every device series is emitted once per device**, never copied per pod. It carries the
-  device's identity (`hw_id`, `hw_type`, `hw_vendor`, `hw_model`, `hw_parent` and the vendor
-  attributes below) and `k8s_namespace_name`, `k8s_pod_name`, `k8s_container_name` of its
+  keys to filter, group and join by (`hw_id`, `hw_type`, `hw_vendor`, `hw_model`,
+  `hw_parent`) and `k8s_namespace_name`, `k8s_pod_name`, `k8s_container_name` of its
   holder **when exactly one container holds it**; when nobody holds it, or several containers
   share it (time-slicing, MPS, RDMA shared pools), those labels are absent (empty in PromQL).
+- **The rest of a device's identity is on `hw_info` only** (driver version, serial, PCI bus
+  id, index, minor, MIG profile and instance ids, partition, interface name and port), as
+  `kube_pod_info` and `node_uname_info` do: a driver upgrade does not rename every series,
+  and the output is about a third smaller. Join it where needed:
+  `hw_gpu_utilization_ratio * on(hw_id) group_left(hw_pci_bus_id) hw_info`.
 - **`hw_allocation_info` has one series per (device, holder)**, straight from PodResources,
   with the resource name, the raw device ID, the replica and `hw_allocation_shared`. Join any
   device series to pods with it, e.g. per-pod memory of shared GPUs:

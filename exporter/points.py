@@ -25,7 +25,19 @@ class Point:
 
 
 def device_attributes(joined: JoinedDevice) -> Attributes:
-    """Identity plus holder attributes of a device, empty values left out."""
+    """Every identity attribute and the holder (`hw.info`, the landing page)."""
+    return _attributes(joined, joined.reading.device.attributes)
+
+
+def series_attributes(joined: JoinedDevice) -> Attributes:
+    """What every value series of a device carries: the keys dashboards filter and group
+    by (`hw.id`, type, vendor, model, parent) and the holder. The vendor identity (driver
+    version, serial, PCI bus id, index, minor, MIG ids...) lives once on `hw.info`: a
+    third fewer bytes, and a driver upgrade does not rename every series."""
+    return _attributes(joined, ())
+
+
+def _attributes(joined: JoinedDevice, extra: Attributes) -> Attributes:
     device = joined.reading.device
     pairs: list[tuple[str, str]] = [
         ("hw.id", device.id),
@@ -33,7 +45,7 @@ def device_attributes(joined: JoinedDevice) -> Attributes:
         ("hw.vendor", device.vendor),
         ("hw.model", device.model),
         ("hw.parent", device.parent),
-        *device.attributes,
+        *extra,
     ]
     if joined.holder is not None:
         pairs += [
@@ -49,8 +61,8 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     node: Attributes = ((NODE_ATTRIBUTE, snapshot.node),) if with_node and snapshot.node else ()
     by_metric: dict[str, list[Point]] = {name: [] for name in SPECS}
     for joined in snapshot.devices:
-        base = device_attributes(joined)
-        by_metric["hw.info"].append(Point(SPECS["hw.info"], base + node, 1.0))
+        by_metric["hw.info"].append(Point(SPECS["hw.info"], device_attributes(joined) + node, 1.0))
+        base = series_attributes(joined)
         for sample in joined.reading.samples:
             by_metric[sample.metric].append(
                 Point(SPECS[sample.metric], base + sample.attributes + node, sample.value)

@@ -118,7 +118,9 @@ async def test_simulated_node_end_to_end(
         memory = {p.attributes["hw.id"]: p for p in by_metric(pts, "hw.gpu.memory.usage")}
         assert (memory[GPU0].monotonic, memory[GPU0].value) == (False, 40e9)
         assert memory[MIG102].attributes["k8s.pod.name"] == "short-job"
-        assert memory[MIG102].attributes["hw.gpu.mig.profile"] == "1g.10gb"
+        assert "hw.gpu.mig.profile" not in memory[MIG102].attributes  # identity: on hw.info
+        info = {p.attributes["hw.id"]: p for p in by_metric(pts, "hw.info")}
+        assert info[MIG102].attributes["hw.gpu.mig.profile"] == "1g.10gb"
         holders = {p.attributes["k8s.pod.name"] for p in by_metric(pts, "hw.allocation.info")}
         assert {"trainer-0", "short-job", "notebook-alice", "batch-a"} <= holders
         [cycles] = by_metric(pts, "kube_device_exporter.cycles")
