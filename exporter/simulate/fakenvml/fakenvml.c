@@ -32,7 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "nvml.h"
@@ -244,9 +247,52 @@ static state_t *parse(FILE *f) {
     return s;
 }
 
+/* Change notification for the state file's directory (inotify, as a real driver's state
+ * needs no polling): calls check it with one non-blocking read() instead of a stat() each,
+ * and nvmlEventSetWait blocks in poll() on its own watch rather than waking every few ms.
+ * Without inotify (-1) every call stats the file, as before. Called with `mu` held. */
+static int calls_watch = -1;
+static char watched_path[sizeof state_path];
+
+static int watch_state_dir(int flags) {
+    char dir[sizeof state_path];
+    snprintf(dir, sizeof dir, "%s", state_path);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) slash[1] = 0;
+    else *slash = 0;
+    int fd = inotify_init1(IN_CLOEXEC | flags);
+    if (fd < 0) return -1;
+    if (inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE |
+                                       IN_DELETE | IN_ATTRIB | IN_MODIFY) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* 1 when the directory may have changed since the last call (events drained). */
+static int drain(int fd) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int any = 0;
+    while (read(fd, buf, sizeof buf) > 0) any = 1;
+    return any;
+}
+
+static int state_may_have_changed(void) {
+    if (strcmp(watched_path, state_path) != 0) {
+        if (calls_watch >= 0) close(calls_watch);
+        calls_watch = watch_state_dir(IN_NONBLOCK);
+        snprintf(watched_path, sizeof watched_path, "%s", state_path);
+        return 1;
+    }
+    return calls_watch < 0 || drain(calls_watch);
+}
+
 /* Re-read the state file when it was replaced. Called with `mu` held. */
 static void reload(void) {
     struct stat st;
+    if (cur != NULL && !state_may_have_changed()) return;
     if (state_path[0] == 0 || stat(state_path, &st) != 0) {
         free(cur);
         cur = NULL;
@@ -985,12 +1031,19 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static nvmlReturn_t wait_leave(int watch, nvmlReturn_t r) {
+    if (watch >= 0) close(watch);
+    return leave(r);
+}
+
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     double deadline = now_ms() + timeoutms;
     ENTER();
+    /* Watch before looking, so a state written in between still wakes us. */
+    int watch = watch_state_dir(IN_NONBLOCK);
     for (;;) {
-        if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
-        if (set == NULL || data == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        if (!live()) return wait_leave(watch, NVML_ERROR_UNINITIALIZED);
+        if (set == NULL || data == NULL) return wait_leave(watch, NVML_ERROR_INVALID_ARGUMENT);
         const xid_t *next = NULL;
         for (int i = 0; i < cur->nxids; i++) {
             const xid_t *x = &cur->xids[i];
@@ -1004,14 +1057,19 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
                 data->eventData = next->xid;
                 data->gpuInstanceId = next->gi;
                 data->computeInstanceId = next->ci;
-                return leave(NVML_SUCCESS);
+                return wait_leave(watch, NVML_SUCCESS);
             }
             continue;
         }
         double left = deadline - now_ms();
-        if (left <= 0) return leave(NVML_ERROR_TIMEOUT);
+        if (left <= 0) return wait_leave(watch, NVML_ERROR_TIMEOUT);
         pthread_mutex_unlock(&mu);
-        sleep_ms(left < 5 ? (unsigned)ceil(left) : 5);
+        if (watch >= 0) {
+            struct pollfd pfd = {watch, POLLIN, 0};
+            if (poll(&pfd, 1, (int)ceil(left)) > 0) drain(watch);
+        } else {
+            sleep_ms(left < 5 ? (unsigned)ceil(left) : 5);
+        }
         pthread_mutex_lock(&mu);
         reload();
     }
