@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from exporter.join import ResourceMatcher, join
+from exporter.join import JoinResult, ResourceMatcher, join
 from exporter.log import StateLog
 from exporter.model import (
+    JoinedDevice,
     PodResourcesHealth,
     PodResourcesState,
     Sample,
@@ -73,6 +74,8 @@ class Poller:
         self._states = StateLog(log)
         self._kubelet_task: asyncio.Future[PodResourcesState | None] | None = None
         self._last_duration: float | None = None
+        self._join_cache: tuple[object, JoinResult] | None = None
+        self.joins = 0
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
 
@@ -95,7 +98,7 @@ class Poller:
     ) -> Snapshot:
         """Join, build the snapshot and hand it to the sinks: in a worker thread, so the
         event loop keeps serving while a big node's pods are joined and laid out."""
-        joined = join([r for r, _ in results if r is not None], state, self.matcher)
+        joined = self._join([r for r, _ in results if r is not None], state)
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []
@@ -124,6 +127,24 @@ class Poller:
             sink.update(snapshot)
         self._last_duration = self._clock() - started
         return snapshot
+
+    def _join(self, results: list[SourceResult], state: PodResourcesState | None) -> JoinResult:
+        """The join, redone only when the pods or the set of devices changed; otherwise
+        last cycle's assignment is kept and only the readings are new."""
+        readings = [r for result in results for r in result.readings]
+        key = (state, tuple(r.device for r in readings))
+        cached = self._join_cache
+        if cached is not None and cached[0] == key:
+            last = cached[1]
+            devices = tuple(
+                JoinedDevice(r, j.holder, j.holders, j.allocatable)
+                for r, j in zip(readings, last.devices, strict=True)
+            )
+            return JoinResult(devices, last.allocations, last.allocatable)
+        joined = join(results, state, self.matcher)
+        self._join_cache = (key, joined)
+        self.joins += 1
+        return joined
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

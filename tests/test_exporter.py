@@ -325,3 +325,31 @@ async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
     for snap in later:
         assert not snap.podresources.connected  # marked stale ...
         assert snap.devices[0].holder == Holder("ns", "p", "c")  # ... last good pod state kept
+
+
+class FixedKubelet(SlowKubelet):
+    """Answers promptly, with whatever `state` is now."""
+
+    async def poll(self) -> PodResourcesState:
+        self.calls += 1
+        return self.state
+
+
+async def test_the_join_is_redone_only_when_pods_or_devices_change() -> None:
+    pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
+    kubelet = FixedKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
+    source = StaticSource(gpu_result(0.25))
+    poller = Poller(node="n1", sources={"fake": source}, client=kubelet)  # type: ignore[arg-type]
+    try:
+        first = await poller.run_once()
+        source.result = gpu_result(0.75)  # new readings, same devices and pods
+        second = await poller.run_once()
+        kubelet.state = PodResourcesState(api_version="v1")  # the pod is gone
+        third = await poller.run_once()
+    finally:
+        await poller.close()
+    assert poller.joins == 2
+    assert first.devices[0].holder == second.devices[0].holder == Holder("ns", "p", "c")
+    assert second.devices[0].reading.samples[0].value == 0.75
+    assert second.allocations == first.allocations
+    assert third.devices[0].holder is None and not third.allocations

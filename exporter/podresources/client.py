@@ -89,6 +89,7 @@ class PodResourcesClient:
         self._connected = False
         self._last_success = 0.0
         self._list_cache: tuple[str, bytes, tuple[Pod, ...]] | None = None
+        self._list_rpcs: dict[str, Any] = {}  # per channel
         self.list_parses = 0
 
     # --- public -------------------------------------------------------------------
@@ -164,14 +165,18 @@ class PodResourcesClient:
     async def _list_v1alpha1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
         return await self._list(channel, "v1alpha1", v1alpha1_pb2.ListPodResourcesResponse)
 
-    async def _list(self, channel: grpc.aio.Channel, api: str, response_type: Any) -> tuple[Pod, ...]:
+    async def _list(
+        self, channel: grpc.aio.Channel, api: str, response_type: Any
+    ) -> tuple[Pod, ...]:
         """`List` as raw bytes: parsed (in a worker thread) only when they changed, since
         the answer is the same cycle after cycle until a pod comes or goes."""
-        rpc = channel.unary_unary(
-            f"/{api}.PodResourcesLister/List",
-            request_serializer=_serialize,
-            response_deserializer=None,  # keep the bytes
-        )
+        rpc = self._list_rpcs.get(api)
+        if rpc is None:
+            rpc = self._list_rpcs[api] = channel.unary_unary(
+                f"/{api}.PodResourcesLister/List",
+                request_serializer=_serialize,
+                response_deserializer=None,  # keep the bytes
+            )
         raw: bytes = await self._call("List", rpc, b"")
         if self._list_cache is not None and self._list_cache[:2] == (api, raw):
             return self._list_cache[2]
@@ -254,6 +259,7 @@ class PodResourcesClient:
 
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None
+        self._list_rpcs.clear()
         if channel is not None:
             await channel.close(grace=None)
 

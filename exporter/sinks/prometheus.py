@@ -150,7 +150,7 @@ class Rendered:
         if key in self._bodies:
             return self._bodies[key]
         if self._formatted is None:
-            self._formatted = [floatToGoString(v) for v in self.values]
+            self._formatted = [floatToGoString(v) for v in self.values]  # type: ignore[no-untyped-call]
         prefixes = self.layout.openmetrics if om else self.layout.text
         parts = [f"{p}{v}\n" for p, v in zip(prefixes, self._formatted, strict=True)]
         if self._process is not None:

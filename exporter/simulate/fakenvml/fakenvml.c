@@ -41,7 +41,7 @@
 #include "nvml.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_GPUS 32
+#define MAX_GPUS 64
 #define MAX_MIGS 8
 #define MAX_KEYS 96
 #define MAX_PROCS 64
