@@ -123,6 +123,7 @@ typedef struct {
 struct nvmlEventSet_st {
     unsigned long long cursor;
     unsigned long long types[MAX_GPUS];
+    int watch; /* inotify on the state's directory, for the whole life of the set; -1: none */
 };
 
 struct nvmlGpmSample_st {
@@ -1016,6 +1017,7 @@ EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     CHECK_PTR(set);
     s = calloc(1, sizeof *s);
     if (s == NULL) return leave(NVML_ERROR_MEMORY);
+    s->watch = watch_state_dir(IN_NONBLOCK);
     /* Only events that happen after the set exists are delivered. */
     for (int i = 0; i < cur->nxids; i++)
         if (cur->xids[i].seq > s->cursor) s->cursor = cur->xids[i].seq;
@@ -1044,19 +1046,16 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static nvmlReturn_t wait_leave(int watch, nvmlReturn_t r) {
-    if (watch >= 0) close(watch);
-    return leave(r);
-}
-
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     double deadline = now_ms() + timeoutms;
+    /* Forget changes seen before this call (ENTER's reload reads them), so that only a
+     * state written from here on wakes the poll. */
+    int watch = set != NULL ? set->watch : -1;
+    if (watch >= 0) drain(watch);
     ENTER();
-    /* Watch before looking, so a state written in between still wakes us. */
-    int watch = watch_state_dir(IN_NONBLOCK);
     for (;;) {
-        if (!live()) return wait_leave(watch, NVML_ERROR_UNINITIALIZED);
-        if (set == NULL || data == NULL) return wait_leave(watch, NVML_ERROR_INVALID_ARGUMENT);
+        if (!live()) return leave(NVML_ERROR_UNINITIALIZED);
+        if (set == NULL || data == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
         const xid_t *next = NULL;
         for (int i = 0; i < cur->nxids; i++) {
             const xid_t *x = &cur->xids[i];
@@ -1070,12 +1069,12 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
                 data->eventData = next->xid;
                 data->gpuInstanceId = next->gi;
                 data->computeInstanceId = next->ci;
-                return wait_leave(watch, NVML_SUCCESS);
+                return leave(NVML_SUCCESS);
             }
             continue;
         }
         double left = deadline - now_ms();
-        if (left <= 0) return wait_leave(watch, NVML_ERROR_TIMEOUT);
+        if (left <= 0) return leave(NVML_ERROR_TIMEOUT);
         pthread_mutex_unlock(&mu);
         if (watch >= 0) {
             struct pollfd pfd = {watch, POLLIN, 0};
@@ -1090,6 +1089,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 
 EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     ENTER();
+    if (set != NULL && set->watch >= 0) close(set->watch);
     free(set);
     return leave(NVML_SUCCESS);
 }
