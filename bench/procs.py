@@ -93,14 +93,25 @@ class NodeProcess:
 
 
 class ExporterProcess:
-    def __init__(self, node: NodeProcess, interval: str, *extra: str) -> None:
+    def __init__(
+        self, node: NodeProcess, interval: str, *extra: str, env: Mapping[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.process = Process(
-            [sys.executable, "-m", "exporter", *node.args, "--collect-interval", interval,
-             "--web.listen-address", f"127.0.0.1:{self.port}", *extra],
-            node.env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                *node.args,
+                "--collect-interval",
+                interval,
+                "--web.listen-address",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
+            {**node.env, **(env or {})},
+        )
         self.pid = self.process.pid
         self.ready_after = 0.0
 

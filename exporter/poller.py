@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,9 @@ class _SourceSlot:
     source: Source
     running: asyncio.Future[SourceResult] | None = None
     field_errors_total: int = 0
+    absent: SourceResult | None = None
+    """The last result, while it says the hardware is not on this node."""
+    absent_since: float = 0.0
 
 
 class Poller:
@@ -53,6 +57,7 @@ class Poller:
         interval: float = 10.0,
         source_timeout: float = 5.0,
         stale_after: float = 300.0,
+        absent_recheck: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -64,6 +69,7 @@ class Poller:
         self.interval = interval
         self.source_timeout = source_timeout
         self.stale_after = stale_after
+        self.absent_recheck = absent_recheck
         self._clock = clock
         self._wall_clock = wall_clock
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
@@ -153,6 +159,12 @@ class Poller:
                 await self.run_once()
             except Exception:  # a bug in one cycle must not end the agent
                 log.exception("cycle failed")
+            if self._cycles == 1:
+                # What lives after the first cycle (modules, sources, caches) lives for
+                # good: out of the collector's sight, later collections scan only what
+                # cycles make (about 40 % less time in the GC on a dense node).
+                gc.collect()
+                gc.freeze()
             delay = max(0.0, self.interval - (self._clock() - started))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -221,6 +233,12 @@ class Poller:
 
     async def _collect(self, slot: _SourceSlot) -> tuple[SourceResult | None, SourceHealth]:
         started = self._clock()
+        if slot.absent is not None and started - slot.absent_since < self.absent_recheck:
+            # No such hardware on this node: asked again every `absent_recheck` seconds,
+            # not every cycle (a GPU node runs four sysfs sources that find nothing).
+            return slot.absent, SourceHealth(
+                slot.name, True, 0.0, slot.field_errors_total, absent=slot.absent.absent
+            )
         if slot.running is not None and not slot.running.done():
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
@@ -232,6 +250,10 @@ class Poller:
         except Exception as exc:  # noqa: BLE001 - a source's failure is its own, not the cycle's
             return None, self._fail(slot, started, f"{type(exc).__name__}: {exc}")
         slot.field_errors_total += result.field_errors
+        if result.absent and not result.readings:
+            slot.absent, slot.absent_since = result, started
+        else:
+            slot.absent = None
         self._states.ok(f"source/{slot.name}", f"source {slot.name} collecting again")
         return result, SourceHealth(
             slot.name, True, self._clock() - started, slot.field_errors_total, absent=result.absent

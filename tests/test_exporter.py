@@ -29,7 +29,7 @@ from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.peers import chromium
-from tests.support import StaticSource, metrics_text, one_cycle
+from tests.support import Clock, StaticSource, metrics_text, one_cycle
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -353,3 +353,38 @@ async def test_the_join_is_redone_only_when_pods_or_devices_change() -> None:
     assert second.devices[0].reading.samples[0].value == 0.75
     assert second.allocations == first.allocations
     assert third.devices[0].holder is None and not third.allocations
+
+
+class Absent(StaticSource):
+    def __init__(self) -> None:
+        super().__init__(SourceResult("amdgpu", absent="no amdgpu driver loaded"))
+        self.calls = 0
+
+    def collect(self) -> SourceResult:
+        self.calls += 1
+        return self.result
+
+
+async def test_a_source_without_hardware_is_asked_again_only_every_absent_recheck() -> None:
+    clock = Clock()
+    absent = Absent()
+    poller = Poller(node="n1", sources={"amdgpu": absent}, client=None, clock=clock)
+    try:
+        first = await poller.run_once()
+        clock.now = 30.0
+        second = await poller.run_once()
+        clock.now = 61.0
+        await poller.run_once()
+        clock.now = 90.0
+        await poller.run_once()
+        clock.now = 122.0
+        absent.result = gpu_result()  # the driver was loaded meanwhile
+        await poller.run_once()
+        clock.now = 123.0
+        last = await poller.run_once()
+    finally:
+        await poller.close()
+    assert absent.calls == 4  # t = 0, 61, 122, 123
+    assert first.sources == second.sources
+    assert second.sources[0].success and second.sources[0].absent == "no amdgpu driver loaded"
+    assert len(last.devices) == 1
