@@ -483,7 +483,8 @@ def _exporter_alerts() -> list[Alert]:
         ),
         Alert(
             "KubeDeviceExporterCycleStalled",
-            "time() - max by (k8s.node.name) (kube_device_exporter.cycle.last_success_timestamp) > 300",
+            "time() - max by (k8s.node.name)"
+            " (kube_device_exporter.cycle.last_success_timestamp) > 300",
             "5m",
             "warning",
             "kube-device-exporter on {k8s.node.name} stopped collecting",
