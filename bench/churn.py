@@ -66,22 +66,25 @@ class Gpus:
 
 
 class ChurningKubelet:
-    """`pods` pods of one container, each holding one replica of one GPU; every cycle the
-    `churn` oldest are replaced by new ones (new names, new series)."""
+    """`pods` pods of one container, each holding a replica of `per_pod` GPUs; every cycle
+    the `churn` oldest are replaced by new ones (new names, new series)."""
 
     def __init__(self) -> None:
         self.pods = 0
         self.churn = 0
+        self.per_pod = 1
         self.next = 0
         self.live: list[Pod] = []
 
-    def resize(self, pods: int, churn: int) -> None:
-        self.pods, self.churn = pods, churn
+    def resize(self, pods: int, churn: int, per_pod: int = 1) -> None:
+        if per_pod != self.per_pod:
+            self.live.clear()
+        self.pods, self.churn, self.per_pod = pods, churn, per_pod
 
     def _pod(self) -> Pod:
         n = self.next
         self.next += 1
-        ids = (f"GPU-{n % GPUS:08d}::{n}",)
+        ids = tuple(f"GPU-{(n + k) % GPUS:08d}::{n}" for k in range(self.per_pod))
         container = Container("main", (ContainerDevices("nvidia.com/gpu", ids),))
         return Pod(f"job-{n}", f"team-{n % 17}", (container,))
 
@@ -130,7 +133,7 @@ async def run(cycles: int, big_pods: int) -> dict[str, float]:
         await cycle(i % 15 == 0)
     gc.collect()
     out["churned_rss"] = rss_bytes()
-    kubelet.resize(big_pods, 0)
+    kubelet.resize(big_pods, 0, per_pod=GPUS)  # every pod holds a replica of every GPU
     for i in range(30):
         await cycle(i % 15 == 0)
     out["big_rss"] = rss_bytes()

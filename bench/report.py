@@ -122,7 +122,7 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
         "| moment | RSS |\n|---|---|\n",
         f"| warm (200 pods, 50 cycles) | {c['warm_rss'] / MIB:.1f} MiB |\n",
         f"| after {int(c['cycles']):,} churn cycles | {c['churned_rss'] / MIB:.1f} MiB |\n",
-        f"| {args.big_pods:,} pods x 8 GPUs ({int(c['big_series']):,} series) | "
+        f"| {args.big_pods:,} pods each holding all 8 GPUs ({int(c['big_series']):,} series) | "
         f"{c['big_rss'] / MIB:.1f} MiB |\n",
         f"| back to 200 pods | {c['shrunk_rss'] / MIB:.1f} MiB |\n\n",
         "The kit's limit is 256Mi (deploy/base/daemonset.yaml). Supported node size: up to\n"

@@ -120,7 +120,7 @@ class Poller:
             allocations=joined.allocations,
             allocatable=joined.allocatable,
             processes=tuple(p for r, _ in results if r is not None for p in r.processes),
-            sources=tuple(health for _, health in results),
+            sources=tuple(source_health for _, source_health in results),
             podresources=health,
             cycle_duration_seconds=(
                 self._clock() - started if self._last_duration is None else self._last_duration
