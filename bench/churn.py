@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import sys
 from pathlib import Path
 
 from exporter.model import (
@@ -133,16 +134,19 @@ async def run(cycles: int, big_pods: int) -> dict[str, float]:
         await cycle(i % 15 == 0)
     gc.collect()
     out["churned_rss"] = rss_bytes()
-    kubelet.resize(big_pods, 0, per_pod=GPUS)  # every pod holds a replica of every GPU
-    for i in range(30):
-        await cycle(i % 15 == 0)
-    out["big_rss"] = rss_bytes()
-    out["big_series"] = float(prometheus.rendered.series if prometheus.rendered else 0)
-    kubelet.resize(200, 0)
-    for i in range(30):
-        await cycle(i % 15 == 0)
-    gc.collect()
-    out["shrunk_rss"] = rss_bytes()
+    out["warm_blocks"] = float(sys.getallocatedblocks())
+    for swing in ("", "_again"):  # twice: what stays after the first swing must not grow
+        kubelet.resize(big_pods, 0, per_pod=GPUS)  # every pod holds a replica of every GPU
+        for i in range(30):
+            await cycle(i % 15 == 0)
+        out[f"big_rss{swing}"] = rss_bytes()
+        out["big_series"] = float(prometheus.rendered.series if prometheus.rendered else 0)
+        kubelet.resize(200, 0)
+        for i in range(30):
+            await cycle(i % 15 == 0)
+        gc.collect()
+        out[f"shrunk_rss{swing}"] = rss_bytes()
+        out[f"shrunk_blocks{swing}"] = float(sys.getallocatedblocks())
     out["cycles"] = float(cycles)
     await poller.close()
     return out
