@@ -132,8 +132,9 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
         f"{c['shrunk_blocks_again']:,.0f} after each swing): nothing is kept for pods that are\n"
         "gone. What RSS keeps above the warm figure is the allocators' free pages (pymalloc\n"
         "arenas with a few live blocks left in them, glibc's heap): reused by the next growth,\n"
-        "so RSS stays under the big node's peak, but it is not handed back to the kernel. So\n"
-        "memory does *not* return to its baseline after a shrink; it stays bounded by the peak.\n\n",
+        "so RSS stays under the big node's peak, but it is not handed back to the kernel.\n"
+        "Memory does *not* return to its baseline after a shrink; it stays bounded by the\n"
+        "peak.\n\n",
         "**Supported node size**, against the kit's 256Mi limit (deploy/base/daemonset.yaml):\n"
         "up to 64 GPUs with 1,600 pods (the generated row above) and up to 1,000 pods holding\n"
         "8 GPUs each, at a 1 s interval, all under 100 MiB; a 64-GPU node at 1 s costs a few\n"
