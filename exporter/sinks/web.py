@@ -90,6 +90,10 @@ class _Cycle:
         self.snapshot = snapshot
         self._body: bytes | None = None
 
+    @property
+    def built(self) -> bool:
+        return self._body is not None
+
     def body(self) -> bytes:
         if self._body is None:  # two racing requests build the same bytes; no lock needed
             self._body = json.dumps(_summary(self.snapshot), separators=(",", ":")).encode()
@@ -108,6 +112,12 @@ class DevicesView:
     @property
     def ready(self) -> bool:
         return self._cycle is not None
+
+    @property
+    def cached(self) -> bool:
+        """True when `body` costs nothing: no cycle yet, or its JSON already built."""
+        cycle = self._cycle
+        return cycle is None or cycle.built
 
     @property
     def body(self) -> bytes | None:
@@ -153,7 +163,10 @@ async def landing(request: web.Request) -> web.Response:
 
 
 async def devices(request: web.Request) -> web.Response:
-    body = request.app[DEVICES].body
+    view = request.app[DEVICES]
+    # The first request of a cycle builds the JSON (a big node's takes milliseconds):
+    # in a worker thread, so other requests are not held up behind it.
+    body = view.body if view.cached else await asyncio.to_thread(lambda: view.body)
     if body is None:
         return web.json_response({"devices": [], "pending": True, "now": time.time()}, status=503)
     return web.Response(body=body, content_type="application/json")
