@@ -137,3 +137,18 @@ def test_the_sink_adds_process_metrics(om: bool) -> None:
     } <= names
     if om:
         assert body.count(b"# EOF") == 1 and body.endswith(b"\n# EOF\n")
+
+
+def test_the_sink_renders_only_when_asked_and_once_per_cycle() -> None:
+    sink = PrometheusSink(process_metrics=False)
+    assert not sink.ready and sink.rendered is None
+    for util in (0.1, 0.2, 0.3):  # three cycles nobody scraped
+        sink.update(snapshot(util=util))
+    assert sink.ready and not sink.cached
+    assert sink.renderer.layouts_built == 0
+    rendered = sink.rendered
+    assert rendered is not None and sink.cached
+    assert sink.rendered is rendered
+    assert b"} 0.3\n" in rendered.text  # the latest cycle's values
+    sink.update(snapshot(util=0.4))
+    assert not sink.cached

@@ -1,10 +1,11 @@
-"""The Prometheus sink: per cycle only what changed.
+"""The Prometheus sink: per cycle only what changed, and only when asked.
 
-A cycle's points are compared with the last cycle's series (names and label sets): while
-they are the same, the layout (every line up to its value, `# HELP`/`# TYPE` headers,
-label escaping) is reused and only values are written. Each format, and its gzip, is
-built on the first request after a cycle and kept until the next one, so a cycle that
-nobody scrapes costs no rendering at all, and twenty scrapers of one cycle cost one.
+The first request after a cycle renders it. Its points are compared with the series last
+rendered (names and label sets): while they are the same, the layout (every line up to
+its value, `# HELP`/`# TYPE` headers, label escaping) is reused and only values are
+written. Each format, and its gzip, is built on the first request for it and kept until
+the next cycle, so a cycle that nobody scrapes costs no rendering at all (at a 1 s
+interval and a 15 s scrape, 14 cycles in 15), and twenty scrapers of one cycle cost one.
 
 prometheus_client stays the reference: tests render the same families with it and check
 that our bytes parse to the same samples in both formats. Its process collector gives
@@ -238,11 +239,36 @@ def reference(snapshot: Snapshot) -> tuple[bytes, bytes]:
 
 
 class PrometheusSink:
-    """Holds the latest rendering; `update` runs in the poller's worker thread."""
+    """Holds the latest snapshot; renders it on the first request for it.
+
+    Prometheus scrapes every 15-60 s while a cycle may run every second: a cycle nobody
+    scrapes costs no rendering at all. `update` runs in the poller's worker thread;
+    `rendered` in whatever thread asks (the HTTP handler asks from a worker thread when
+    `cached` is false)."""
 
     def __init__(self, *, process_metrics: bool = True) -> None:
         self.renderer = Renderer(process=new_process_collector() if process_metrics else None)
-        self.rendered: Rendered | None = None
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._rendered: Rendered | None = None
 
     def update(self, snapshot: Snapshot) -> None:
-        self.rendered = self.renderer.render(snapshot)
+        with self._lock:
+            self._snapshot, self._rendered = snapshot, None
+
+    @property
+    def ready(self) -> bool:
+        return self._snapshot is not None
+
+    @property
+    def cached(self) -> bool:
+        """True when `rendered` costs nothing (no snapshot yet, or rendered already)."""
+        return self._snapshot is None or self._rendered is not None
+
+    @property
+    def rendered(self) -> Rendered | None:
+        """The latest snapshot rendered (once per snapshot); None before the first."""
+        with self._lock:
+            if self._rendered is None and self._snapshot is not None:
+                self._rendered = self.renderer.render(self._snapshot)
+            return self._rendered

@@ -133,7 +133,9 @@ def _wants_openmetrics(accept: str) -> bool:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    rendered = request.app[PROMETHEUS].rendered
+    sink = request.app[PROMETHEUS]
+    # The first request after a cycle renders it: off the event loop.
+    rendered = sink.rendered if sink.cached else await asyncio.to_thread(lambda: sink.rendered)
     if rendered is None:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
@@ -153,7 +155,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[PROMETHEUS].rendered is None and not request.app[DEVICES].ready:
+    if not request.app[PROMETHEUS].ready and not request.app[DEVICES].ready:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     return web.Response(text="ready\n")
 
