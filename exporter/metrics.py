@@ -541,6 +541,11 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
 - Label values are escaped by the Prometheus client, whatever the pod or container name.
 - Series of pods that are gone disappear in the next cycle: families are rebuilt from each
   snapshot, nothing is kept between cycles.
+- **`process_*`** (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+  `process_open_fds`, `process_max_fds`, `process_start_time_seconds`,
+  `process_virtual_memory_bytes`) are the exporter's own process, from prometheus_client's
+  process collector, read at scrape time, as every Prometheus exporter has them; on
+  `/metrics` only (an OTLP pipeline has the Collector's own host and process receivers).
 - A value a device does not support (NVML NOT_SUPPORTED, a missing sysfs file) has **no
   series**; it is never reported as 0.
 
