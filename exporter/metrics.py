@@ -450,7 +450,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "s",
         "How long the last completed cycle took, from its start to the sinks holding the new "
-        "snapshot (the first cycle reports itself up to the join).",
+        "snapshot (the first cycle reports itself up to the join). /metrics is rendered on "
+        "the first scrape after a cycle, not in it.",
         scope=_E,
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
