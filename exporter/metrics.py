@@ -108,7 +108,8 @@ NODE_ATTRIBUTE = "k8s.node.name"
 HOLDER_ATTRIBUTES = ("k8s.namespace.name", "k8s.pod.name", "k8s.container.name")
 
 ATTRIBUTES: dict[str, str] = {
-    # identity of the device (on every device series)
+    # identity of the device: hw.id, type, vendor, model, parent on every device series;
+    # the vendor identity below them only on hw.info
     "hw.id": "Stable device id: NVIDIA GPU/MIG UUID, AMD unique_id or PCI address, "
     "Intel PCI address, `<ibdev>/<port>` for InfiniBand ports, PCI address for NIC VFs.",
     "hw.type": "OpenTelemetry hardware type: `gpu` or `network`.",
@@ -206,7 +207,7 @@ DEVICE_ATTRIBUTES = (
     "hw.model",
     "hw.parent",
 )
-"""Attributes every device series carries (sources add vendor ones from ATTRIBUTES)."""
+"""Attributes every device series carries (the vendor ones sources add are on hw.info)."""
 
 
 # --- the table ------------------------------------------------------------------------
@@ -567,7 +568,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.podresources.up",
         G,
         "",
-        "1 when the last List succeeded.",
+        "1 when the last List succeeded and the kubelet answered within the cycle's budget "
+        "(0 while a slow kubelet's pod state is carried over).",
         scope=_E,
         attributes=("api_version",),
     ),
@@ -601,7 +603,13 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
     ),
     MetricSpec(
-        "kube_device_exporter.cycle.duration", G, "s", "How long the last cycle took.", scope=_E
+        "kube_device_exporter.cycle.duration",
+        G,
+        "s",
+        "How long the last completed cycle took, from its start to the sinks holding the new "
+        "snapshot (the first cycle reports itself up to the join). /metrics is rendered on "
+        "the first scrape after a cycle, not in it.",
+        scope=_E,
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
     MetricSpec(
@@ -723,10 +731,15 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
 ## Label semantics
 
 - **Every device series is emitted once per device**, never copied per pod. It carries the
-  device's identity (`hw_id`, `hw_type`, `hw_vendor`, `hw_model`, `hw_parent` and the vendor
-  attributes below) and `k8s_namespace_name`, `k8s_pod_name`, `k8s_container_name` of its
+  keys to filter, group and join by (`hw_id`, `hw_type`, `hw_vendor`, `hw_model`,
+  `hw_parent`) and `k8s_namespace_name`, `k8s_pod_name`, `k8s_container_name` of its
   holder **when exactly one container holds it**; when nobody holds it, or several containers
   share it (time-slicing, MPS, RDMA shared pools), those labels are absent (empty in PromQL).
+- **The rest of a device's identity is on `hw_info` only** (driver version, serial, PCI bus
+  id, index, minor, MIG profile and instance ids, partition, interface name and port), as
+  `kube_pod_info` and `node_uname_info` do: a driver upgrade does not rename every series,
+  and the output is about a third smaller. Join it where needed:
+  `hw_gpu_utilization_ratio * on(k8s_node_name, hw_id) group_left(hw_pci_bus_id) hw_info`.
 - **`hw_allocation_info` has one series per (device, holder)**, straight from PodResources,
   with the resource name, the raw device ID, the replica and `hw_allocation_shared`. Join any
   device series to pods with it, e.g. per-pod memory of shared GPUs:
@@ -748,6 +761,12 @@ was scraped from `/metrics` or pushed over OTLP through a Collector.
   GPU utilization by Deployment: `sum by (k8s_deployment_name) (hw_gpu_utilization_ratio *
   on(k8s_node_name, k8s_namespace_name, k8s_pod_name) group_left(k8s_deployment_name)
   k8s_pod_workload_info)`. See docs/kubernetes-api.md.
+
+- **`process_*`** (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+  `process_open_fds`, `process_max_fds`, `process_start_time_seconds`,
+  `process_virtual_memory_bytes`) are the exporter's own process, from prometheus_client's
+  process collector, read at scrape time, as every Prometheus exporter has them; on
+  `/metrics` only (an OTLP pipeline has the Collector's own host and process receivers).
 - A value a device does not support (NVML NOT_SUPPORTED, a missing sysfs file) has **no
   series**; it is never reported as 0.
 

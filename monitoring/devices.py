@@ -300,6 +300,11 @@ def _activity() -> list[PanelBuilder]:
     ]
 
 
+def _mig_only(metric: str) -> str:
+    """A value series of MIG slices only: the profile is on hw.info, not on every series."""
+    return f"{sel(metric, NODE)} and on({KEY}) {sel('hw.info', MIG)}"
+
+
 def _mig() -> list[PanelBuilder]:
     return [
         table_panel(
@@ -312,8 +317,8 @@ def _mig() -> list[PanelBuilder]:
                     f" hw.gpu.mig.gpu_instance_id, hw.gpu.mig.compute_instance_id,"
                     f" k8s.namespace.name, k8s.pod.name) ({sel('hw.info', MIG)})",
                 ),
-                ("Memory used", f"max by ({KEY}) ({sel('hw.gpu.memory.usage', MIG)})"),
-                ("Memory size", f"max by ({KEY}) ({sel('hw.gpu.memory.limit', MIG)})"),
+                ("Memory used", f"max by ({KEY}) ({_mig_only('hw.gpu.memory.usage')})"),
+                ("Memory size", f"max by ({KEY}) ({_mig_only('hw.gpu.memory.limit')})"),
             ],
             hide=("Slice",),
             units={"Memory used": "bytes", "Memory size": "bytes"},

@@ -267,7 +267,7 @@ async def test_without_container_logs_attribution_is_off_and_said_once(
     assert series(text, "kube_device_exporter_attribution_enabled")[NO_POD][1] == 0
     assert series(text, "hw_gpu_container_memory_usage_bytes") == {}
     # everything else as before: the device and its two holders
-    assert 'hw_gpu_memory_usage_bytes{hw_driver_version="580.95.05"' in text
+    assert any(line.startswith("hw_gpu_memory_usage_bytes{") for line in text.splitlines())
     assert len(series_by_holder(text)) == 2
     warnings = [r for r in caplog.records if "attribution is off" in r.getMessage()]
     assert len(warnings) == 1 and "--path.container-logs" in warnings[0].getMessage()

@@ -13,11 +13,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
 from exporter.cli import parse_config
-from exporter.model import Device, DeviceReading, Sample, SourceResult
+from exporter.model import (
+    Container,
+    ContainerDevices,
+    Device,
+    DeviceReading,
+    Holder,
+    Pod,
+    PodResourcesHealth,
+    PodResourcesState,
+    Sample,
+    SourceResult,
+)
+from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.peers import chromium
-from tests.support import StaticSource, metrics_text, one_cycle
+from tests.support import Clock, StaticSource, metrics_text, one_cycle
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -271,3 +283,113 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
         "the kubelet can allocate 1 nvidia.com/gpu device(s) that no source sees: "
         "the nvml collector is not enabled (--collector.nvml)"
     )
+
+
+class SlowKubelet:
+    """A PodResources client whose first answer is prompt and every later one hangs."""
+
+    def __init__(self, state: PodResourcesState) -> None:
+        self.state = state
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def poll(self) -> PodResourcesState:
+        self.calls += 1
+        if self.calls > 1:
+            await self.release.wait()
+        return self.state
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(api_version="v1", connected=True)
+
+    async def close(self) -> None:
+        self.release.set()
+
+
+async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
+    pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
+    kubelet = SlowKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
+    poller = Poller(
+        node="n1",
+        sources={"fake": StaticSource(gpu_result())},
+        client=kubelet,  # type: ignore[arg-type]
+        interval=0.2,
+        source_timeout=5.0,
+    )
+    try:
+        first = await poller.run_once()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        later = [await poller.run_once() for _ in range(3)]
+        elapsed = loop.time() - started
+    finally:
+        await poller.close()
+    assert first.podresources.connected
+    assert kubelet.calls == 2  # the hung call is waited on, never piled up
+    assert elapsed < 1.0  # three cycles within the budget (0.1 s each), not the 5 s deadline
+    for snap in later:
+        assert not snap.podresources.connected  # marked stale ...
+        assert snap.devices[0].holder == Holder("ns", "p", "c")  # ... last good pod state kept
+
+
+class FixedKubelet(SlowKubelet):
+    """Answers promptly, with whatever `state` is now."""
+
+    async def poll(self) -> PodResourcesState:
+        self.calls += 1
+        return self.state
+
+
+async def test_the_join_is_redone_only_when_pods_or_devices_change() -> None:
+    pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
+    kubelet = FixedKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
+    source = StaticSource(gpu_result(0.25))
+    poller = Poller(node="n1", sources={"fake": source}, client=kubelet)  # type: ignore[arg-type]
+    try:
+        first = await poller.run_once()
+        source.result = gpu_result(0.75)  # new readings, same devices and pods
+        second = await poller.run_once()
+        kubelet.state = PodResourcesState(api_version="v1")  # the pod is gone
+        third = await poller.run_once()
+    finally:
+        await poller.close()
+    assert poller.joins == 2
+    assert first.devices[0].holder == second.devices[0].holder == Holder("ns", "p", "c")
+    assert second.devices[0].reading.samples[0].value == 0.75
+    assert second.allocations == first.allocations
+    assert third.devices[0].holder is None and not third.allocations
+
+
+class Absent(StaticSource):
+    def __init__(self) -> None:
+        super().__init__(SourceResult("amdgpu", absent="no amdgpu driver loaded"))
+        self.calls = 0
+
+    def collect(self) -> SourceResult:
+        self.calls += 1
+        return self.result
+
+
+async def test_a_source_without_hardware_is_asked_again_only_every_absent_recheck() -> None:
+    clock = Clock()
+    absent = Absent()
+    poller = Poller(node="n1", sources={"amdgpu": absent}, client=None, clock=clock)
+    try:
+        first = await poller.run_once()
+        clock.now = 30.0
+        second = await poller.run_once()
+        clock.now = 61.0
+        await poller.run_once()
+        clock.now = 90.0
+        await poller.run_once()
+        clock.now = 122.0
+        absent.result = gpu_result()  # the driver was loaded meanwhile
+        await poller.run_once()
+        clock.now = 123.0
+        last = await poller.run_once()
+    finally:
+        await poller.close()
+    assert absent.calls == 4  # t = 0, 61, 122, 123
+    assert first.sources == second.sources
+    assert second.sources[0].success and second.sources[0].absent == "no amdgpu driver loaded"
+    assert len(last.devices) == 1

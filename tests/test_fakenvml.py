@@ -6,6 +6,7 @@ the library's behaviour: struct layouts, versioned entry points, return codes, e
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -144,6 +145,22 @@ def test_xid_events_are_delivered_once_each(nvml: NvidiaNode) -> None:
     assert pynvml.nvmlDeviceGetUUID(second.device) == "GPU-00000000-0000-4000-8000-000000000001"
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait_v2(event_set, 20)
+    pynvml.nvmlEventSetFree(event_set)
+
+
+def test_a_blocked_wait_wakes_when_an_event_is_written(nvml: NvidiaNode) -> None:
+    """The wait blocks (as a driver does) and is woken by the new state, not by a timer."""
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(
+        pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, event_set
+    )
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(pynvml.nvmlEventSetWait_v2, event_set, 30_000)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.05)  # nothing to deliver yet: still blocked
+        nvml.at(12.0)
+        event = waiting.result(timeout=10)  # woken long before its 30 s timeout
+    assert event.eventData == 79
     pynvml.nvmlEventSetFree(event_set)
 
 

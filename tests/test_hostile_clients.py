@@ -164,15 +164,20 @@ async def test_many_concurrent_scrapers_all_answered(exporter: Exporter) -> None
 
 
 class _BrokenRendering:
+    def cached(self, *, openmetrics: bool, gzipped: bool) -> bool:
+        return True
+
     def body(self, *, openmetrics: bool, gzipped: bool) -> tuple[bytes, str]:
         raise RuntimeError("a bug in a handler")
 
 
 async def test_a_failing_handler_logs_its_traceback_once(
-    exporter: Exporter, caplog: pytest.LogCaptureFixture
+    exporter: Exporter, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exporter.poller.sinks.remove(exporter.prometheus)  # keep the broken rendering in place
-    exporter.prometheus.rendered = _BrokenRendering()  # type: ignore[assignment]
+    sink = type(exporter.prometheus)
+    monkeypatch.setattr(sink, "rendered", property(lambda self: _BrokenRendering()))
+    monkeypatch.setattr(sink, "cached", property(lambda self: True))
     for _ in range(20):
         assert await scrape(exporter) == 500
     assert exporter.web_stats.handler_errors.total == 20

@@ -118,7 +118,9 @@ async def test_simulated_node_end_to_end(
         memory = {p.attributes["hw.id"]: p for p in by_metric(pts, "hw.gpu.memory.usage")}
         assert (memory[GPU0].monotonic, memory[GPU0].value) == (False, 40e9)
         assert memory[MIG102].attributes["k8s.pod.name"] == "short-job"
-        assert memory[MIG102].attributes["hw.gpu.mig.profile"] == "1g.10gb"
+        assert "hw.gpu.mig.profile" not in memory[MIG102].attributes  # identity: on hw.info
+        info = {p.attributes["hw.id"]: p for p in by_metric(pts, "hw.info")}
+        assert info[MIG102].attributes["hw.gpu.mig.profile"] == "1g.10gb"
         holders = {p.attributes["k8s.pod.name"] for p in by_metric(pts, "hw.allocation.info")}
         assert {"trainer-0", "short-job", "notebook-alice", "batch-a"} <= holders
         [cycles] = by_metric(pts, "kube_device_exporter.cycles")
@@ -183,6 +185,10 @@ async def test_otlp_translated_to_prometheus_equals_the_scrape(
         assert exporter.otlp is not None and exporter.prometheus.rendered is not None
         await asyncio.to_thread(exporter.otlp.force_flush)
         scraped = _scrape(exporter.prometheus.rendered.text.decode())
+        # process_* come from prometheus_client's process collector, on /metrics only
+        # (an OTLP pipeline has the Collector's own hostmetrics/process receivers).
+        assert {s for s in scraped if s[0].startswith("process_")}
+        scraped = {s for s in scraped if not s[0].startswith("process_")}
         pushed = _as_prometheus(points_of(receiver.accepted()))
         assert len(pushed) > 30
         assert pushed == scraped

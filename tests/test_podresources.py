@@ -272,3 +272,21 @@ async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
         await small.close()
         await client.close()
         await kubelet.stop()
+
+
+async def test_list_is_parsed_only_when_its_bytes_change(sock: Path) -> None:
+    clock = Clock()
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
+    await kubelet.start()
+    client = PodResourcesClient(sock)
+    try:
+        first = await client.poll()
+        again = await client.poll()
+        clock.now = 11.0  # `later` has started: a different answer
+        grown = await client.poll()
+    finally:
+        await client.close()
+        await kubelet.stop()
+    assert again.pods is first.pods
+    assert [p.name for p in grown.pods] == ["p1", "later"]
+    assert client.list_parses == 2

@@ -110,7 +110,9 @@ def test_mig_slice_is_labelled_with_its_pod(stack: PrometheusServer) -> None:
     (series,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{MIG.format(1)}"}}')
     assert series["metric"]["k8s_pod_name"] == "notebook-alice"
     assert series["metric"]["hw_parent"] == GPU.format(1)
-    assert series["metric"]["hw_gpu_mig_profile"] == "1g.10gb"
+    assert "hw_gpu_mig_profile" not in series["metric"]  # vendor identity is on hw_info
+    (info,) = stack.wait_for(f'hw_info{{hw_id="{MIG.format(1)}"}}')
+    assert info["metric"]["hw_gpu_mig_profile"] == "1g.10gb"
     (big,) = stack.wait_for(f'hw_gpu_memory_usage_bytes{{hw_id="{MIG.format(4)}"}}')
     assert big["metric"]["k8s_pod_name"] == "inference-small"
     # The MIG parent itself belongs to nobody.

@@ -16,6 +16,8 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import time
@@ -30,7 +32,6 @@ import grpc.aio
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
-from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from exporter.log import StateLog
 from exporter.model import (
     ClaimResource,
@@ -93,6 +94,9 @@ class PodResourcesClient:
         self._last_success = 0.0
         self._invalid_ids = 0
         self._states = StateLog(logging.getLogger("exporter.podresources"))
+        self._list_cache: tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]] | None = None
+        self._list_rpcs: dict[str, Any] = {}  # per channel
+        self.list_parses = 0
 
     # --- public -------------------------------------------------------------------
 
@@ -163,22 +167,31 @@ class PodResourcesClient:
         )
 
     async def _list_v1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
-        stub = v1_grpc.PodResourcesListerStub(channel)
-        response: v1_pb2.ListPodResourcesResponse = await self._call(
-            "List", stub.List, v1_pb2.ListPodResourcesRequest()
-        )
-        return self._pods(response.pod_resources)
+        return await self._list(channel, "v1", v1_pb2.ListPodResourcesResponse)
 
     async def _list_v1alpha1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:
-        stub = v1alpha1_grpc.PodResourcesListerStub(channel)
-        response: v1alpha1_pb2.ListPodResourcesResponse = await self._call(
-            "List", stub.List, v1alpha1_pb2.ListPodResourcesRequest()
-        )
-        return self._pods(response.pod_resources)
+        return await self._list(channel, "v1alpha1", v1alpha1_pb2.ListPodResourcesResponse)
 
-    def _pods(self, messages: Any) -> tuple[Pod, ...]:
+    async def _list(
+        self, channel: grpc.aio.Channel, api: str, response_type: Any
+    ) -> tuple[Pod, ...]:
+        """`List` as raw bytes: parsed (in a worker thread) only when they changed, since
+        the answer is the same cycle after cycle until a pod comes or goes."""
+        rpc = self._list_rpcs.get(api)
+        if rpc is None:
+            rpc = self._list_rpcs[api] = channel.unary_unary(
+                f"/{api}.PodResourcesLister/List",
+                request_serializer=_serialize,
+                response_deserializer=None,  # keep the bytes
+            )
+        raw: bytes = await self._call("List", rpc, b"")
+        if self._list_cache is not None and self._list_cache[:2] == (api, raw):
+            self._note_invalid(list(self._list_cache[3]), "List")  # counted per answer
+            return self._list_cache[2]
         invalid: list[str] = []
-        pods = tuple(pod_from_proto(p, invalid) for p in messages)
+        pods = await asyncio.to_thread(_parse_list, response_type, raw, invalid)
+        self._list_cache = (api, raw, pods, tuple(invalid))
+        self.list_parses += 1
         self._note_invalid(invalid, "List")
         return pods
 
@@ -270,6 +283,7 @@ class PodResourcesClient:
 
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None
+        self._list_rpcs.clear()
         if channel is not None:
             await channel.close(grace=None)
 
@@ -318,8 +332,19 @@ def devices_from_proto(msg: Any, invalid: list[str] | None = None) -> ContainerD
     return ContainerDevices(msg.resource_name, _ids(msg.device_ids, invalid), _numa(topology))
 
 
-def _fields(msg: Any) -> set[str]:
-    return {f.name for f in msg.DESCRIPTOR.fields}
+def _serialize(request: bytes) -> bytes:
+    return request  # an empty ListPodResourcesRequest is zero bytes in both versions
+
+
+def _parse_list(response_type: Any, raw: bytes, invalid: list[str]) -> tuple[Pod, ...]:
+    response = response_type.FromString(raw)
+    return tuple(pod_from_proto(p, invalid) for p in response.pod_resources)
+
+
+@functools.cache
+def _fields(descriptor: Any) -> frozenset[str]:
+    """Field names of a message type, looked up once per type (not once per container)."""
+    return frozenset(f.name for f in descriptor.fields)
 
 
 def pod_from_proto(msg: Any, invalid: list[str] | None = None) -> Pod:
@@ -328,10 +353,13 @@ def pod_from_proto(msg: Any, invalid: list[str] | None = None) -> Pod:
     Empty or malformed device IDs are left out and appended to `invalid`."""
     containers = []
     for c in msg.containers:
-        names = _fields(c)
+        names = _fields(c.DESCRIPTOR)
+        has_topology = "topology" in _fields(c.devices[0].DESCRIPTOR) if c.devices else False
         devices = tuple(
             ContainerDevices(
-                d.resource_name, _ids(d.device_ids, invalid), _numa(getattr(d, "topology", None))
+                d.resource_name,
+                _ids(d.device_ids, invalid),
+                _numa(d.topology if has_topology else None),
             )
             for d in c.devices
         )

@@ -5,8 +5,10 @@ simulation's defaults."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -29,9 +31,11 @@ log = logging.getLogger("exporter.simulate")
 def run_simulation(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: kube-device-exporter simulate SCENARIO [EXPORTER FLAGS...]\n\n"
+            "usage: kube-device-exporter simulate SCENARIO [--node-only | EXPORTER FLAGS...]\n\n"
             "SCENARIO is a bundled scenario name or a YAML file "
-            f"(bundled: {', '.join(bundled_names())}; format: docs/simulation.md)."
+            f"(bundled: {', '.join(bundled_names())}; format: docs/simulation.md).\n"
+            "--node-only runs only the simulated node and prints the environment and flags\n"
+            "with which a separate exporter process reads it (last line: the same as JSON)."
         )
         return 0 if argv else 2
     try:
@@ -65,6 +69,10 @@ def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: 
             f"the simulated kubelet's socket {node.socket_path} is longer than {UNIX_PATH_MAX} "
             f"characters: set TMPDIR or {WORKDIR_ENV} to a shorter directory"
         )
+    if list(argv[1:]) == ["--node-only"]:
+        logsetup.setup("info", "text")
+        asyncio.run(_run_node_only(node))
+        return 0
     needed = node.env()
     if any(os.environ.get(k) != v for k, v in needed.items()):
         # The NVML binding dlopens libnvidia-ml.so.1 by name: the library path must be
@@ -121,3 +129,25 @@ def _banner(node: SimulatedNode, exporter: Exporter) -> str:
         f"  Kubelet:      {node.socket_path}\n"
         "Press Ctrl-C to stop.\n"
     )
+
+
+async def _run_node_only(node: SimulatedNode) -> None:
+    """The node alone (kubelet socket, NVML state, sysfs tree), for an exporter elsewhere."""
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    await node.start()
+    ticker = asyncio.create_task(node.tick_forever(stop))
+    env, args = node.env(), node.exporter_args()
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    print(
+        f"Simulated node {node.scenario.node!r} ({node.scenario.name}) is up; run the exporter"
+        f" with:\n  {exports} kube-device-exporter {shlex.join(args)}\n"
+        + json.dumps({"env": env, "args": args}),
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        stop.set()
+        await ticker
+        await node.stop()

@@ -5,6 +5,7 @@ Every handler returns bytes prepared once per cycle; none touches a device or th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -141,19 +142,64 @@ def _values(joined: JoinedDevice) -> dict[str, float]:
     return values
 
 
+class _Cycle:
+    """One snapshot, and its summary, JSON and page, each built on the first request."""
+
+    def __init__(self, snapshot: Snapshot, matcher: ResourceMatcher | None) -> None:
+        self.snapshot = snapshot
+        self.matcher = matcher
+        self._summary: dict[str, Any] | None = None
+        self._body: bytes | None = None
+        self._page: bytes | None = None
+
+    def summary(self) -> dict[str, Any]:
+        if self._summary is None:  # two racing requests build the same thing; no lock needed
+            self._summary = _summary(self.snapshot, self.matcher)
+        return self._summary
+
+    def body(self) -> bytes:
+        if self._body is None:
+            self._body = json.dumps(self.summary(), separators=(",", ":")).encode()
+        return self._body
+
+    def page(self) -> bytes:
+        if self._page is None:
+            self._page = render_page(self.summary())
+        return self._page
+
+
 class DevicesView:
-    """Holds the landing page (HTML, rendered on the server) and its JSON feed, both rebuilt
-    once per cycle (a sink): curl and a screenshot taken at load see the table."""
+    """The landing page (HTML, rendered on the server: curl and a screenshot taken at load
+    see the table) and its JSON feed for the latest cycle (a sink); each is built on the
+    first request after a cycle, not in it."""
 
     def __init__(self, matcher: ResourceMatcher | None = None) -> None:
         self.matcher = matcher
-        self.body: bytes | None = None
-        self.page: bytes = render_page(None)
+        self._cycle: _Cycle | None = None
+        self._empty_page = render_page(None)
 
     def update(self, snapshot: Snapshot) -> None:
-        summary = _summary(snapshot, self.matcher)
-        self.body = json.dumps(summary, separators=(",", ":")).encode()
-        self.page = render_page(summary)
+        self._cycle = _Cycle(snapshot, self.matcher)
+
+    @property
+    def ready(self) -> bool:
+        return self._cycle is not None
+
+    @property
+    def cached(self) -> bool:
+        """True when `body` and `page` cost nothing: no cycle yet, or both already built."""
+        cycle = self._cycle
+        return cycle is None or (cycle._body is not None and cycle._page is not None)
+
+    @property
+    def body(self) -> bytes | None:
+        cycle = self._cycle
+        return None if cycle is None else cycle.body()
+
+    @property
+    def page(self) -> bytes:
+        cycle = self._cycle
+        return self._empty_page if cycle is None else cycle.page()
 
 
 DEVICES: web.AppKey[DevicesView] = web.AppKey("devices")
@@ -164,13 +210,17 @@ def _wants_openmetrics(accept: str) -> bool:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    rendered = request.app[PROMETHEUS].rendered
+    sink = request.app[PROMETHEUS]
+    # The first request after a cycle renders it: off the event loop.
+    rendered = sink.rendered if sink.cached else await asyncio.to_thread(lambda: sink.rendered)
     if rendered is None:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
-    body, content_type = rendered.body(
-        openmetrics=_wants_openmetrics(request.headers.get("Accept", "")), gzipped=gzipped
-    )
+    om = _wants_openmetrics(request.headers.get("Accept", ""))
+    if rendered.cached(openmetrics=om, gzipped=gzipped):
+        body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
+    else:  # the first request of a cycle formats (and compresses) off the event loop
+        body, content_type = await asyncio.to_thread(rendered.body, openmetrics=om, gzipped=gzipped)
     response = web.Response(body=body, headers={"Content-Type": content_type})
     if gzipped:
         response.headers["Content-Encoding"] = "gzip"
@@ -188,17 +238,22 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[PROMETHEUS].rendered is None and request.app[DEVICES].body is None:
+    if not request.app[PROMETHEUS].ready and not request.app[DEVICES].ready:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
     return web.Response(text="ready\n")
 
 
 async def landing(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[DEVICES].page, content_type="text/html", charset="utf-8")
+    view = request.app[DEVICES]
+    page = view.page if view.cached else await asyncio.to_thread(lambda: view.page)
+    return web.Response(body=page, content_type="text/html", charset="utf-8")
 
 
 async def devices(request: web.Request) -> web.Response:
-    body = request.app[DEVICES].body
+    view = request.app[DEVICES]
+    # The first request of a cycle builds the JSON (a big node's takes milliseconds):
+    # in a worker thread, so other requests are not held up behind it.
+    body = view.body if view.cached else await asyncio.to_thread(lambda: view.body)
     if body is None:
         return web.json_response({"devices": [], "pending": True, "now": time.time()}, status=503)
     return web.Response(body=body, content_type="application/json")

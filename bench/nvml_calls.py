@@ -1,0 +1,99 @@
+"""`python -m bench nvml-calls`: what each NVML call the NVML source makes costs, per cycle,
+against whatever libnvidia-ml.so.1 the binding loads (the real driver on a GPU machine;
+the stand-in with `LD_LIBRARY_PATH` and `KDE_FAKENVML_STATE` from `simulate --node-only`).
+
+Every C entry point nvidia-ml-py resolves is wrapped with a timer, so the table shows the
+library's own time per call; the last rows show the whole `collect()` (binding and our
+Python included) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pynvml
+
+from exporter.sources import SourceContext
+from exporter.sources.nvml import NvmlSource
+
+COUNTING = [0]
+"""The thread whose calls are counted: the one running collect(); 0 while none is."""
+
+
+class _Timed:
+    """A ctypes function pointer that adds its own time to `totals`."""
+
+    def __init__(self, name: str, fn: Any, totals: dict[str, list[float]]) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_totals", totals)
+
+    def __call__(self, *args: Any) -> Any:
+        if threading.get_ident() != COUNTING[0]:  # the XID thread's blocking wait, teardown
+            return self._fn(*args)
+        started = time.perf_counter()
+        try:
+            return self._fn(*args)
+        finally:
+            entry = self._totals[self._name]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._fn, name, value)  # restype/argtypes set by the binding
+
+
+def measure(cycles: int) -> tuple[dict[str, list[float]], float, int]:
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    resolve = pynvml._nvmlGetFunctionPointer
+    wrapped: dict[str, _Timed] = {}
+
+    def timed_pointer(name: str) -> Any:
+        if name not in wrapped:
+            wrapped[name] = _Timed(name, resolve(name), totals)
+        return wrapped[name]
+
+    pynvml._nvmlGetFunctionPointer = timed_pointer
+    source = NvmlSource(SourceContext(logger=logging.getLogger("bench.nvml")))
+    try:
+        for _ in range(3):  # warm-up: handles, GPM baselines, field ids
+            source.collect()
+        totals.clear()
+        COUNTING[0] = threading.get_ident()
+        started = time.perf_counter()
+        for _ in range(cycles):
+            result = source.collect()
+        elapsed = time.perf_counter() - started
+    finally:
+        COUNTING[0] = 0
+        source.close()
+        pynvml._nvmlGetFunctionPointer = resolve
+    return totals, elapsed / cycles, len(result.readings)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench nvml-calls")
+    parser.add_argument("--cycles", type=int, default=200)
+    args = parser.parse_args(argv)
+    totals, per_cycle, devices = measure(args.cycles)
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    library = sum(t for _, t in totals.values()) / args.cycles
+    print(f"NVML calls per cycle of the NVML source ({devices} devices, {args.cycles} cycles)\n")
+    print("| call | calls per cycle | µs per call | µs per cycle |")
+    print("|---|---|---|---|")
+    for name, (count, seconds) in rows:
+        print(
+            f"| `{name}` | {count / args.cycles:.1f} | {seconds / count * 1e6:.1f} | "
+            f"{seconds / args.cycles * 1e6:.0f} |"
+        )
+    print(f"| **library, all calls** | | | **{library * 1e6:.0f}** |")
+    print(f"| **collect(), binding and our Python included** | | | **{per_cycle * 1e6:.0f}** |")
+    return 0

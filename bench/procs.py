@@ -1,0 +1,148 @@
+"""Processes the bench measures: a simulated node (`simulate --node-only`), exporters
+reading it from their own processes, a static server, node_exporter. CPU and memory are
+read from /proc, as `top` would, so nothing in the measured process helps measure it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+class Process:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(argv),
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class NodeProcess:
+    """`kube-device-exporter simulate SCENARIO --node-only`, and what it printed."""
+
+    process: Process
+    env: dict[str, str]
+    args: list[str]
+
+    @classmethod
+    def start(cls, scenario: str, workdir: Path) -> NodeProcess:
+        workdir.mkdir(parents=True, exist_ok=True)
+        process = Process(
+            [sys.executable, "-m", "exporter", "simulate", scenario, "--node-only"],
+            {"KDE_SIMULATE_WORKDIR": str(workdir)},
+        )
+        assert process.proc.stdout is not None
+        for line in process.proc.stdout:
+            if line.startswith("{"):
+                spec = json.loads(line)
+                return cls(process, spec["env"], spec["args"])
+        process.stop()
+        raise RuntimeError(f"simulate {scenario} --node-only printed no environment")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class ExporterProcess:
+    def __init__(
+        self, node: NodeProcess, interval: str, *extra: str, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.process = Process(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                *node.args,
+                "--collect-interval",
+                interval,
+                "--web.listen-address",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
+            {**node.env, **(env or {})},
+        )
+        self.pid = self.process.pid
+        self.ready_after = 0.0
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 60.0) -> float:
+        """Seconds from process start to /readyz answering 200."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.proc.poll() is not None:
+                raise RuntimeError(f"exporter exited with {self.process.proc.returncode}")
+            try:
+                async with http.get(f"{self.url}readyz") as r:
+                    if r.status == 200:
+                        self.ready_after = time.monotonic() - self.process.started
+                        return self.ready_after
+            except aiohttp.ClientError:
+                pass  # not listening yet: try again shortly
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"exporter not ready within {timeout:g}s")
+
+    async def scrape(self, http: aiohttp.ClientSession) -> bytes:
+        headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+        async with http.get(f"{self.url}metrics", headers=headers) as r:
+            return await r.read()
+
+    async def counters(self, http: aiohttp.ClientSession) -> tuple[float, int]:
+        """(cycles run, series) from a Prometheus-style scrape."""
+        text = (await self.scrape(http)).decode()
+        cycles = re.search(r"^kube_device_exporter_cycles_total\{[^}]*\} (\S+)", text, re.M)
+        series = re.search(r"^kube_device_exporter_series\{[^}]*\} (\S+)", text, re.M)
+        assert cycles and series, "self-metrics missing from /metrics"
+        return float(cycles.group(1)), int(float(series.group(1)))
+
+    def stop(self) -> None:
+        self.process.stop()

@@ -1,0 +1,60 @@
+"""The bench's own parts: generated big nodes, `simulate --node-only`, the fit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cost import fit
+from bench.generate import scenario, write
+from exporter.simulate.scenario import load_scenario
+
+
+def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> None:
+    node = load_scenario(write(64, tmp_path))
+    gpus = node.sections["nvidia"]["gpus"]
+    assert len(gpus) == 64
+    assert len(node.pods) == 1_600
+    uuids = [g["uuid"] for g in gpus] + [m["uuid"] for g in gpus for m in g.get("mig", [])]
+    assert len(set(uuids)) == len(uuids) == 64 + 8 * 42  # dense: 42 MIG slices per 8 GPUs
+    pods = [timed.pod for timed in node.pods]
+    assert len({(p.namespace, p.name) for p in pods}) == 1_600
+    held = {i for p in pods for c in p.containers for d in c.devices for i in d.device_ids}
+    advertised = {i for d in node.allocatable for i in d.device_ids}
+    assert held <= advertised
+
+
+def test_generated_sizes_are_multiples_of_the_dense_node() -> None:
+    with pytest.raises(ValueError):
+        scenario(12)
+
+
+def test_fit_recovers_a_line() -> None:
+    fixed, per = fit([(100, 0.003), (200, 0.005), (400, 0.009)])
+    assert fixed == pytest.approx(0.001)
+    assert per == pytest.approx(2e-5)
+
+
+def test_node_only_prints_how_an_exporter_reads_it(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "simulate", "demo", "--node-only"],
+        env={"KDE_SIMULATE_WORKDIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        spec = next(json.loads(line) for line in proc.stdout if line.startswith("{"))
+        args = spec["args"]
+        socket = Path(args[args.index("--kubelet-socket") + 1])
+        assert socket.is_socket()
+        assert Path(spec["env"]["KDE_FAKENVML_STATE"]).is_file()
+        assert "--no-collector.nvml" not in args  # demo has NVIDIA GPUs
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0

@@ -1,0 +1,154 @@
+"""Our render path against the reference (prometheus_client) and its per-cycle caching."""
+
+from __future__ import annotations
+
+import gzip
+import math
+
+import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from exporter.model import (
+    Allocation,
+    Device,
+    DeviceReading,
+    Holder,
+    JoinedDevice,
+    Sample,
+    Snapshot,
+    SourceHealth,
+)
+from exporter.sinks.prometheus import PrometheusSink, Renderer, reference, render
+
+Samples = set[tuple[str, frozenset[tuple[str, str]], float | str]]
+
+
+def snapshot(util: float = 0.5, pods: tuple[str, ...] = ('odd "pod"\\x\ny',)) -> Snapshot:
+    devices = []
+    allocations = []
+    for i, pod in enumerate(pods):
+        device = Device(
+            f"GPU-{i}",
+            "gpu",
+            "nvidia",
+            "H100 80GB",
+            "nvml",
+            attributes=(("hw.driver_version", "550.1"), ("hw.gpu.index", str(i))),
+        )
+        holder = Holder("ns", pod, "main")
+        reading = DeviceReading(
+            device,
+            (
+                Sample("hw.gpu.utilization", util, (("hw.gpu.task", "general"),)),
+                Sample("hw.gpu.memory.usage", 81_559_420_928.0),
+                Sample("hw.energy", 12_345_678.5),
+                Sample("hw.power", math.inf),
+                Sample("hw.temperature", math.nan, (("hw.sensor_location", "gpu"),)),
+                Sample("hw.power.limit", -1e-7),
+            ),
+        )
+        devices.append(JoinedDevice(reading, holder, 1, True))
+        allocations.append(Allocation(holder, "nvidia.com/gpu", f"GPU-{i}", f"GPU-{i}"))
+    return Snapshot(
+        timestamp=1.8e9,
+        node="node-1",
+        devices=tuple(devices),
+        allocations=tuple(allocations),
+        sources=(SourceHealth("nvml", True, 0.0012),),
+        cycle_duration_seconds=0.004,
+        cycles_total=7,
+        last_success_timestamp=1.8e9,
+    )
+
+
+def samples(body: bytes, *, om: bool) -> Samples:
+    parse = parse_openmetrics if om else parse_text
+    out: Samples = set()
+    for family in parse(body.decode()):
+        for s in family.samples:
+            value: float | str = "NaN" if math.isnan(s.value) else s.value
+            out.add((s.name, frozenset(s.labels.items()), value))
+    return out
+
+
+@pytest.mark.parametrize("om", [False, True], ids=["text", "openmetrics"])
+def test_our_bytes_parse_to_the_reference_samples(om: bool) -> None:
+    snap = snapshot(pods=('odd "pod"\\x\ny', "plain", "ünïcode"))
+    ours = render(snap)
+    text, openmetrics = reference(snap)
+    expected = openmetrics if om else text
+    body = ours.openmetrics if om else ours.text
+    assert samples(body, om=om) == samples(expected, om=om)
+    assert len(samples(body, om=om)) == ours.series
+    # Byte-identical, in fact: same ordering, escaping and float formatting.
+    assert body == expected
+
+
+def test_gzip_bodies_decompress_to_the_plain_ones() -> None:
+    rendered = render(snapshot())
+    assert gzip.decompress(rendered.text_gzip) == rendered.text
+    assert gzip.decompress(rendered.openmetrics_gzip) == rendered.openmetrics
+
+
+def test_layout_is_reused_while_the_series_are_the_same() -> None:
+    renderer = Renderer()
+    first = renderer.render(snapshot(util=0.25))
+    second = renderer.render(snapshot(util=0.75))
+    assert renderer.layouts_built == 1
+    assert second.layout is first.layout
+    assert b'hw_gpu_task="general",hw_id="GPU-0"' in second.text
+    assert samples(second.text, om=False) == samples(reference(snapshot(util=0.75))[0], om=False)
+    assert samples(second.text, om=False) != samples(first.text, om=False)
+
+
+def test_layout_is_rebuilt_when_a_series_comes_or_goes() -> None:
+    renderer = Renderer()
+    renderer.render(snapshot(pods=("a",)))
+    grown = renderer.render(snapshot(pods=("a", "b")))
+    shrunk = renderer.render(snapshot(pods=("b",)))
+    assert renderer.layouts_built == 3
+    assert b'k8s_pod_name="a"' not in shrunk.text
+    assert samples(grown.text, om=False) == samples(
+        reference(snapshot(pods=("a", "b")))[0], om=False
+    )
+
+
+def test_a_format_is_built_once_per_cycle() -> None:
+    rendered = render(snapshot())
+    body = rendered.body(openmetrics=True, gzipped=True)[0]
+    assert rendered.body(openmetrics=True, gzipped=True)[0] is body
+
+
+@pytest.mark.parametrize("om", [False, True], ids=["text", "openmetrics"])
+def test_the_sink_adds_process_metrics(om: bool) -> None:
+    sink = PrometheusSink()
+    sink.update(snapshot())
+    assert sink.rendered is not None
+    body = sink.rendered.openmetrics if om else sink.rendered.text
+    names = {name for name, _, _ in samples(body, om=om)}
+    assert {
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    } <= names
+    if om:
+        assert body.count(b"# EOF") == 1 and body.endswith(b"\n# EOF\n")
+
+
+def test_the_sink_renders_only_when_asked_and_once_per_cycle() -> None:
+    sink = PrometheusSink(process_metrics=False)
+    assert not sink.ready and sink.rendered is None
+    for util in (0.1, 0.2, 0.3):  # three cycles nobody scraped
+        sink.update(snapshot(util=util))
+    assert sink.ready and not sink.cached
+    assert sink.renderer.layouts_built == 0
+    rendered = sink.rendered
+    assert rendered is not None and sink.cached
+    assert sink.rendered is rendered
+    assert b"} 0.3\n" in rendered.text  # the latest cycle's values
+    sink.update(snapshot(util=0.4))
+    assert not sink.cached
