@@ -17,9 +17,10 @@ import pytest
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
 from exporter.cli import parse_config
+from exporter.join import ResourceMatcher
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import bundled_names, load_scenario
+from exporter.simulate.scenario import Scenario, bundled_names, load_scenario
 from exporter.sources import Source
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
@@ -29,11 +30,16 @@ from tests.support import Clock, assert_golden, metrics_text, one_cycle
 T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any XID event
 
 
+GOLDEN = Path(__file__).parent / "golden"
+
+
 def test_every_bundled_scenario_has_a_golden_file() -> None:
-    assert sorted(bundled_names()) == ["demo", "dense", "mixed", "numa"]
+    goldens = {p.stem.removeprefix("scenario-") for p in GOLDEN.glob("scenario-*.prom")}
+    assert set(bundled_names()) <= goldens, "run pytest --update-golden for the new scenario"
+    assert goldens <= set(bundled_names()) | {f"{n}-dcgm" for n in bundled_names()}
 
 
-@pytest.mark.parametrize("name", ["demo", "dense", "mixed", "numa"])
+@pytest.mark.parametrize("name", sorted(bundled_names()))
 async def test_golden_metrics(
     name: str,
     tmp_path: Path,
@@ -71,8 +77,59 @@ async def test_golden_metrics(
             part.close()
     assert all(h.success for h in snapshot.sources), snapshot.sources
     text = metrics_text(snapshot)
+    _assert_what_the_scenario_says(scenario, text)
     assert_golden(f"scenario-{name}.prom", text, update_golden)
     promtool_check_metrics(text)
+
+
+def _value(text: str, family: str, **labels: str) -> float | None:
+    """The value of the one series of `family` carrying every label given."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith(family + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            found.append(float(line.rsplit(" ", 1)[1]))
+    assert len(found) <= 1, f"{family} {labels}: {found}"
+    return found[0] if found else None
+
+
+def _assert_what_the_scenario_says(scenario: Scenario, text: str) -> None:
+    """Values read off the scenario file, not off the exporter: a golden file blessed with
+    a wrong number still fails here."""
+    matcher = ResourceMatcher()
+    allocatable: dict[str, int] = {}
+    for devs in scenario.allocatable_at(T1):
+        if matcher(devs.resource_name):
+            allocatable[devs.resource_name] = allocatable.get(devs.resource_name, 0) + len(
+                devs.device_ids
+            )
+    held: dict[str, int] = {}
+    for pod in scenario.pods_at(T1):
+        for container in pod.containers:
+            for devs in container.devices:
+                if matcher(devs.resource_name):
+                    held[devs.resource_name] = held.get(devs.resource_name, 0) + len(
+                        devs.device_ids
+                    )
+    for resource, count in allocatable.items():
+        r = {"hw_allocation_resource": resource}
+        assert _value(text, "hw_allocatable_devices", **r) == count, resource
+        assert _value(text, "kube_device_exporter_devices_unseen", **r) == 0, resource
+    for resource, count in held.items():
+        assert _value(text, "hw_allocated_devices", hw_allocation_resource=resource) == count
+    for pod in scenario.pods_at(T1):
+        for container in pod.containers:
+            for devs in container.devices:
+                if not matcher(devs.resource_name):
+                    continue
+                for raw in devs.device_ids:
+                    labels = {
+                        "k8s_pod_name": pod.name,
+                        "k8s_container_name": container.name,
+                        "hw_allocation_device_id": raw,
+                    }
+                    assert _value(text, "hw_allocation_info", **labels) == 1.0, labels
 
 
 async def _xids_delivered(sources: dict[str, Source], nvidia: dict[str, Any]) -> None:
