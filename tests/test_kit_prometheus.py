@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from exporter.metrics import SPECS, Scope
-from exporter.simulate.scenario import bundled_names
+from exporter.simulate.scenario import bundled_names, load_scenario
 from exporter.sources import registry
 from tests import kit
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
@@ -394,3 +395,55 @@ def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -
     assert _rows(cluster, misaligned)
     selected = cluster.prometheus.query(_alert_expr("KubeDeviceContainerNumaMisaligned"))
     assert {s["metric"][pod] for s in selected} == {"trainer-misaligned"}
+
+
+def _values_on(
+    cluster: Cluster, query: kit.PanelQuery, node: str
+) -> list[tuple[dict[str, str], float]]:
+    expr = _substitute(query.expr, _variable_values(cluster, query.dashboard, concrete=False))
+    on = kit.prometheus_label("k8s.node.name")
+    return [
+        (s["metric"], float(s["value"][1]))
+        for s in cluster.query(expr, instant=True)
+        if s["metric"].get(on, node) == node
+    ]
+
+
+def test_dashboards_show_the_values_the_demo_node_has(cluster: Cluster) -> None:
+    """What a user reads on the demo node, checked against the scenario file (not against
+    the exporter): the devices table's holder of GPU 0, the device counts, and each
+    time-sliced holder's own memory on the efficiency board."""
+    path = load_scenario("demo").path
+    assert path is not None
+    demo = yaml.safe_load(path.read_text())
+    gpus = demo["nvidia"]["gpus"]
+    slices = sum(len(g.get("mig", [])) for g in gpus)
+    hw_id, pod = kit.prometheus_label("hw.id"), kit.prometheus_label("k8s.pod.name")
+
+    (devices,) = _panel("devices", "Devices")
+    holders = {m[hw_id]: m.get(pod, "") for m, _ in _values_on(cluster, devices, "demo-node-1")}
+    assert holders[gpus[0]["uuid"]] == "trainer-0"
+    assert len(holders) == len(gpus) + slices
+
+    (count,) = _panel("devices", "Slices per profile")
+    per_profile = {m["hw_gpu_mig_profile"]: v for m, v in _values_on(cluster, count, "")}
+    demo_profiles = [m["profile"] for g in gpus for m in g.get("mig", [])]
+    for profile in set(demo_profiles):
+        assert per_profile[profile] >= demo_profiles.count(profile)
+
+    memory = next(
+        q for q in _panel("efficiency", "Shared devices: each holder's share") if "memory" in q.expr
+    )
+    shared = {m[pod]: v for m, v in _values_on(cluster, memory, "demo-node-1") if m.get(pod)}
+    by_pod = {p["name"]: p for p in demo["pods"]}
+    for name in ("batch-a", "batch-b"):
+        (pid,) = by_pod[name]["containers"][0]["pids"]
+        procs = [p for g in gpus for p in g.get("processes", []) if p.get("pid") == pid]
+        assert procs, f"{name}: pid {pid} has no GPU process in the scenario"
+        expected = sum(_bytes(p["memory"]) for p in procs)
+        assert shared[name] == expected, (name, shared)
+
+
+def _bytes(size: str) -> float:
+    number, unit = size[:-3], size[-3:]
+    return float(number) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
