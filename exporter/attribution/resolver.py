@@ -30,7 +30,7 @@ _READ_LIMIT = 64 * 1024
 log = logging.getLogger("exporter.attribution")
 
 
-def read_small(path: Path) -> str | None:
+def read_small(path: Path, limit: int = _READ_LIMIT) -> str | None:
     """A procfs file, read once with one bounded read; None when it cannot be read (the
     process exited, or we may not)."""
     try:
@@ -38,7 +38,7 @@ def read_small(path: Path) -> str | None:
     except OSError:
         return None
     try:
-        return os.read(fd, _READ_LIMIT).decode("utf-8", "replace")
+        return os.read(fd, limit).decode("utf-8", "replace")
     except OSError:
         return None
     finally:

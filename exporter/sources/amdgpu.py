@@ -15,9 +15,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from exporter import values
+from exporter.attribution.resolver import read_small
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.drmfdinfo import DrmProcesses, read_text
+from exporter.sources.drmfdinfo import DrmProcesses
 from exporter.sources.sysfs import (
     PERCENT,
     U64,
@@ -128,7 +129,7 @@ class AmdgpuSource(SysfsSource):
                 device_id = self._kfd_devices.get(gpu_id)
                 if entry == gpu_id or device_id is None:
                     continue
-                text = (read_text(root / str(pid) / entry) or "").strip()
+                text = (read_small(root / str(pid) / entry, 16 * 1024) or "").strip()
                 if text.isdigit():
                     key = (pid, device_id)
                     out[key] = out.get(key, 0) + int(text)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.attribution.resolver import own_pid_namespace
+from exporter.attribution.resolver import own_pid_namespace, read_small
 from exporter.join import pci_address
 from exporter.model import ProcessUsage
 
@@ -103,19 +103,6 @@ def _device_memory(memory: dict[tuple[str, str], int]) -> int | None:
     return total
 
 
-def read_text(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, _READ_LIMIT).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 @dataclass(slots=True)
 class Scan:
     clients: list[tuple[int, DrmClient]] = field(default_factory=list)
@@ -149,7 +136,7 @@ def scan(procfs: Path, drivers: Iterable[str]) -> Scan:
                 continue  # closed since the listing
             if not target.startswith("/dev/dri/"):
                 continue
-            text = read_text(procfs / str(pid) / "fdinfo" / fd)
+            text = read_small(procfs / str(pid) / "fdinfo" / fd, _READ_LIMIT)
             client = parse_fdinfo(text) if text is not None else None
             if client is None or client.driver not in wanted:
                 continue
