@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import UsageError, build_parser, env_name, listen_address, parse_config
+from exporter.flags import UsageError, build_parser, env_name, listen_address, parse_config
 from exporter.sources import SourceContext, SourceInfo, SourceOption
 from exporter.values import boolean, duration
 

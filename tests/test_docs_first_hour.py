@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter import flagdoc
-from exporter.cli import build_parser
+from exporter.flags import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from exporter.cli import parse_config
+from exporter.flags import parse_config
 from exporter.model import (
     Container,
     ContainerDevices,

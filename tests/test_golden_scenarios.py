@@ -16,7 +16,7 @@ import pytest
 
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
-from exporter.cli import parse_config
+from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import UsageError, parse_config
+from exporter.flags import UsageError, parse_config
 from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter

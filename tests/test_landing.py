@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from exporter.app import build_sources
-from exporter.cli import parse_config
+from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
 from exporter.model import Snapshot
 from exporter.simulate.node import SimulatedNode

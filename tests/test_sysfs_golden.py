@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.cli import parse_config
+from exporter.flags import parse_config
 from exporter.simulate.node import SimulatedNode
 from exporter.sources import Source
 from exporter.sources.amdgpu import AmdgpuSource

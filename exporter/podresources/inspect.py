@@ -20,11 +20,11 @@ from exporter.podresources.client import PodResourcesClient, PodResourcesError
 
 
 def run_inspect(argv: Sequence[str]) -> int:
-    from exporter.cli import UsageError, _Parser, env_name
+    from exporter.flags import Parser, UsageError, env_name
 
     # The same socket the exporter uses: its flag, then its variable, then the default.
     variable = env_name("--kubelet-socket")
-    parser = _Parser(prog="kube-device-exporter podresources", description=__doc__)
+    parser = Parser(prog="kube-device-exporter podresources", description=__doc__)
     parser.add_argument(
         "--kubelet-socket",
         type=Path,
