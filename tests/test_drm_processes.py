@@ -244,3 +244,19 @@ def test_scan_counts_processes_it_may_not_read(
     found = scan(proc, ["i915"])
     assert found.unreadable == 1
     assert [(pid, c.client_id) for pid, c in found.clients] == [(701, 18)]
+
+
+def test_process_scan_runs_every_process_interval_not_every_cycle(tmp_path: Path) -> None:
+    from exporter.sources.sysfs import PROCESS_INTERVAL
+
+    part = make_tree(tmp_path, "mixed")
+    proc = tmp_path / "proc"
+    add_process(proc, 800, {3: ("/dev/dri/renderD129", fixture("i915"))})
+    clock = Clock()
+    source = IntelSource(context(part, clock, procfs=proc))
+    assert [p.pid for p in source.collect().processes] == [800]
+    add_process(proc, 801, {3: ("/dev/dri/renderD130", fixture("xe"))})
+    clock.now = PROCESS_INTERVAL / 2  # not scanned again: the last scan's processes stand
+    assert [p.pid for p in source.collect().processes] == [800]
+    clock.now = PROCESS_INTERVAL
+    assert sorted(p.pid for p in source.collect().processes) == [800, 801]
