@@ -61,6 +61,10 @@ class MetricSpec:
         name = self.prom_name
         return name.removesuffix("_total") if self.kind is Kind.COUNTER else name
 
+    def prom_type(self, *, openmetrics: bool) -> str:
+        """The `# TYPE` word in the classic text format or in OpenMetrics."""
+        return "counter" if self.kind is Kind.COUNTER else "gauge"
+
 
 # UCUM units -> Prometheus unit words (the Collector's translator table, the part we use).
 _UNIT_WORDS = {
@@ -100,6 +104,10 @@ def prometheus_label(attribute: str) -> str:
     """OpenTelemetry attribute key -> Prometheus label name (`hw.id` -> `hw_id`)."""
     label = re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
     return f"key_{label}" if label[:1].isdigit() else label
+
+
+SCHEMAS = ("native", "dcgm")
+"""`--metrics.schema`: this table's names, dcgm-exporter's (`exporter/sinks/dcgm.py`), or both."""
 
 
 # --- attributes -----------------------------------------------------------------------
