@@ -122,6 +122,9 @@ FIELDS: tuple[Field, ...] = (
            "hw.gpu.utilization", (("hw.gpu.task", "general"),), mig=True),
     _field("DCGM_FI_PROF_DRAM_ACTIVE", G, "Ratio of cycles the device memory interface is "
            "active sending or receiving data.", "hw.gpu.memory.bandwidth.utilization", mig=True),
+    _field("DCGM_FI_PROF_SM_ACTIVE", G, "The ratio of cycles an SM has at least 1 warp "
+           "assigned (computed from the number of cycles and elapsed cycles)",
+           "hw.gpu.sm.activity"),
 )  # fmt: skip
 
 THROTTLE_REASONS = DcgmSpec(
