@@ -258,6 +258,13 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Fraction of streaming multiprocessors busy, averaged over the cycle (NVIDIA GPM "
         "SM_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
     ),
+    MetricSpec(
+        "hw.gpu.tensor.activity",
+        G,
+        "1",
+        "Fraction of time any tensor pipe was active, averaged over the cycle (NVIDIA GPM "
+        "ANY_TENSOR_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
+    ),
     MetricSpec("hw.gpu.memory.usage", U, "By", "Device memory in use (NVIDIA FB, AMD VRAM)."),
     MetricSpec("hw.gpu.memory.limit", U, "By", "Device memory size."),
     MetricSpec("hw.gpu.memory.free", U, "By", "Device memory free."),

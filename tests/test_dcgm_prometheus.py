@@ -118,6 +118,16 @@ def test_dashboard_panels_return_every_gpu(prom: PrometheusServer) -> None:
     assert by_uuid(util) == pytest.approx(by_uuid(native_util, "hw_id"))
     assert all(0 <= v <= 100 for v in by_gpu(util).values())
 
+    # Tensor Core Utilization: from GPM, read on the six MIG-enabled GPUs (and their slices).
+    tensor = prom.query(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{sel}")
+    whole = {
+        r["metric"]["UUID"]: float(r["value"][1]) for r in tensor if "GPU_I_ID" not in r["metric"]
+    }
+    native_tensor = prom.query(f"hw_gpu_tensor_activity_ratio{{{native}}}")
+    assert {r["metric"]["gpu"] for r in tensor} == {str(i) for i in range(6)}
+    assert whole == pytest.approx(by_uuid(native_tensor, "hw_id"))
+    assert all(0 < v <= 1 for v in whole.values())
+
     energy = prom.query(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{sel} / 1000")
     native_energy = prom.query(f"hw_energy_joules_total{{{native}}}")
     assert set(by_gpu(energy)) == GPUS

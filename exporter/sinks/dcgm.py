@@ -125,6 +125,8 @@ FIELDS: tuple[Field, ...] = (
     _field("DCGM_FI_PROF_SM_ACTIVE", G, "The ratio of cycles an SM has at least 1 warp "
            "assigned (computed from the number of cycles and elapsed cycles)",
            "hw.gpu.sm.activity"),
+    _field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", G, "Ratio of cycles the tensor (HMMA) pipe is "
+           "active.", "hw.gpu.tensor.activity"),
 )  # fmt: skip
 
 THROTTLE_REASONS = DcgmSpec(
