@@ -80,7 +80,7 @@ class Exporter:
 
     def __init__(self, config: Config, *, sources: Mapping[str, Source] | None = None) -> None:
         self.config = config
-        self.prometheus = PrometheusSink()
+        self.prometheus = PrometheusSink(schema=config.metrics_schema)
         self.view = DevicesView(ResourceMatcher(config.resource_patterns))
         sinks: list[SnapshotSink] = [self.prometheus, self.view]
         self.web_limits = ServerLimits(max_connections=config.web_max_connections)

@@ -34,6 +34,8 @@ class Config:
     procfs: Path = Path("/proc")
     container_logs: Path = Path("/var/log/containers")
     process_series: bool = False
+    metrics_schema: tuple[str, ...] = ("native",)
+    """Names on /metrics: `native`, `dcgm` (dcgm-exporter's), or both during a migration."""
     log_level: str = "info"
     log_format: str = "text"
     collectors: frozenset[str] = frozenset()

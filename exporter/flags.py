@@ -20,11 +20,13 @@ from typing import Any, NoReturn
 from exporter import __version__
 from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
 from exporter.join import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import SCHEMAS
 from exporter.sources import SourceInfo, registry
 from exporter.values import (
     METAVARS,
     boolean,
     choice,
+    choices,
     duration,
     positive_int,
     regex,
@@ -224,6 +226,16 @@ _FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "process, high cardinality)",
     ),
     (
+        "collection",
+        "--metrics.schema",
+        "metrics_schema",
+        choices(*SCHEMAS),
+        "native",
+        "metric names and labels on /metrics: native (OpenTelemetry-derived), dcgm "
+        "(dcgm-exporter's DCGM_FI_* names, units and labels), or native,dcgm while migrating "
+        "(docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
+    ),
+    (
         "otlp",
         "--otlp.endpoint",
         "otlp_endpoint",
@@ -277,6 +289,7 @@ _METAVARS = {
     "otlp_protocol": "grpc|http/protobuf",
     "log_level": "debug|info|warning|error",
     "log_format": "text|json",
+    "metrics_schema": "native|dcgm|native,dcgm",
 }
 """What --help shows in place of a value; otherwise the value type's METAVARS entry."""
 
@@ -476,6 +489,7 @@ def parse_config(
         procfs=get("procfs", Path("/proc")),
         container_logs=get("container_logs", Path("/var/log/containers")),
         process_series=get("process_series", False),
+        metrics_schema=get("metrics_schema", ("native",)),
         log_level=get("log_level", "info"),
         log_format=get("log_format", "text"),
         collectors=frozenset(collectors),

@@ -61,6 +61,10 @@ class MetricSpec:
         name = self.prom_name
         return name.removesuffix("_total") if self.kind is Kind.COUNTER else name
 
+    def prom_type(self, *, openmetrics: bool) -> str:
+        """The `# TYPE` word in the classic text format or in OpenMetrics."""
+        return "counter" if self.kind is Kind.COUNTER else "gauge"
+
 
 # UCUM units -> Prometheus unit words (the Collector's translator table, the part we use).
 _UNIT_WORDS = {
@@ -100,6 +104,10 @@ def prometheus_label(attribute: str) -> str:
     """OpenTelemetry attribute key -> Prometheus label name (`hw.id` -> `hw_id`)."""
     label = re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
     return f"key_{label}" if label[:1].isdigit() else label
+
+
+SCHEMAS = ("native", "dcgm")
+"""`--metrics.schema`: this table's names, dcgm-exporter's (`exporter/sinks/dcgm.py`), or both."""
 
 
 # --- attributes -----------------------------------------------------------------------
@@ -242,6 +250,20 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Fraction of time device memory was being read or written (NVML memory utilization, "
         "AMD mem_busy_percent).",
+    ),
+    MetricSpec(
+        "hw.gpu.sm.activity",
+        G,
+        "1",
+        "Fraction of streaming multiprocessors busy, averaged over the cycle (NVIDIA GPM "
+        "SM_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
+    ),
+    MetricSpec(
+        "hw.gpu.tensor.activity",
+        G,
+        "1",
+        "Fraction of time any tensor pipe was active, averaged over the cycle (NVIDIA GPM "
+        "ANY_TENSOR_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
     ),
     MetricSpec("hw.gpu.memory.usage", U, "By", "Device memory in use (NVIDIA FB, AMD VRAM)."),
     MetricSpec("hw.gpu.memory.limit", U, "By", "Device memory size."),

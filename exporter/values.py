@@ -27,6 +27,22 @@ def choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+def choices(*allowed: str) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated, non-empty list of distinct allowed words, in the order given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        words = tuple(w.strip().lower() for w in text.split(","))
+        bad = [w for w in words if w not in allowed]
+        if bad or len(set(words)) != len(words):
+            raise ValueError(
+                f"expected one or more of {', '.join(allowed)} (comma-separated, each once), "
+                f"got {text!r}"
+            )
+        return words
+
+    return parse
+
+
 def boolean(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True

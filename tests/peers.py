@@ -143,8 +143,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, check=False)
 
 
-def promtool_check_metrics(text: str) -> None:
-    """`promtool check metrics` on a whole /metrics output; fails with promtool's words."""
+def promtool_check_metrics(text: str, lint: Sequence[str] = ()) -> None:
+    """`promtool check metrics` on a whole /metrics output; fails with promtool's words.
+
+    `lint`: the exact set of lint problems expected (promtool exits 3 for lint problems
+    only, one line per problem and series); any other problem, or a parse error, fails."""
     done = subprocess.run(
         [need("promtool", "prometheus"), "check", "metrics"],
         input=text,
@@ -152,7 +155,11 @@ def promtool_check_metrics(text: str) -> None:
         text=True,
         check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    if not lint:
+        assert done.returncode == 0, done.stdout + done.stderr
+        return
+    problems = {line for line in (done.stdout + done.stderr).splitlines() if line}
+    assert (done.returncode, problems) == (3, set(lint)), done.stdout + done.stderr
 
 
 def chromium(url: str, *, screenshot: Path | None = None, budget_ms: int = 8000) -> str:

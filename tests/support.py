@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
@@ -84,9 +84,9 @@ async def one_cycle(
         await kubelet.stop()
 
 
-def metrics_text(snapshot: Snapshot) -> str:
+def metrics_text(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> str:
     """The whole Prometheus text output, with the one machine-dependent value masked."""
-    text = render(snapshot).text.decode()
+    text = render(snapshot, schema).text.decode()
     return re.sub(r'python_version="[^"]*"', 'python_version="X"', text)
 
 

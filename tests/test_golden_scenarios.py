@@ -18,9 +18,12 @@ from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
 from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
+from exporter.metrics import Kind
+from exporter.model import Snapshot
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import Scenario, bundled_names, load_scenario
+from exporter.sinks.dcgm import FIELDS
 from exporter.sources import Source
 from exporter.sources.nvml import NvmlSource
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
@@ -47,6 +50,39 @@ async def test_golden_metrics(
     monkeypatch: pytest.MonkeyPatch,
     update_golden: bool,
 ) -> None:
+    snapshot = await scenario_snapshot(name, tmp_path, monkeypatch)
+    text = metrics_text(snapshot)
+    _assert_what_the_scenario_says(load_scenario(name), text)
+    assert_golden(f"scenario-{name}.prom", text, update_golden)
+    promtool_check_metrics(text)
+
+
+async def test_golden_dense_in_dcgm_schema(
+    tmp_path: Path,
+    fakenvml: ctypes.CDLL,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    update_golden: bool,
+) -> None:
+    snapshot = await scenario_snapshot("dense", tmp_path, monkeypatch)
+    text = metrics_text(snapshot, schema=("dcgm",))
+    assert_golden("scenario-dense-dcgm.prom", text, update_golden)
+    # dcgm-exporter's names are the point: its counters have no `_total` and its labels
+    # are camelCase (`modelName`, `UUID`, `Hostname`). promtool's lint says exactly that,
+    # for exactly its families, and nothing else.
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE DCGM_")}
+    counters = {f.spec.name for f in FIELDS if f.spec.kind is Kind.COUNTER} & families
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in counters
+    camel = "label names should be written in 'snake_case' not 'camelCase'"
+    promtool_check_metrics(
+        text,
+        lint=[f'{c} counter metrics should have "_total" suffix' for c in counters]
+        + [f"{name} {camel}" for name in families]
+        + ["DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"],
+    )
+
+
+async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Snapshot:
+    """The real sources over the simulated node at T1, after a first cycle at T0."""
     scenario = load_scenario(name)
     clock = Clock()
     node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
@@ -76,10 +112,21 @@ async def test_golden_metrics(
         for part in node.parts:
             part.close()
     assert all(h.success for h in snapshot.sources), snapshot.sources
-    text = metrics_text(snapshot)
-    _assert_what_the_scenario_says(scenario, text)
-    assert_golden(f"scenario-{name}.prom", text, update_golden)
-    promtool_check_metrics(text)
+    return snapshot
+
+
+async def _xids_delivered(sources: dict[str, Source], nvidia: dict[str, Any]) -> None:
+    """XIDs arrive on the NVML source's event thread: wait (bounded) until every event of
+    (T0, T1] has been counted, so the golden output does not depend on thread timing."""
+    expected = sum(1 for e in nvidia.get("xid", []) if T0 < e["at"] <= T1)
+    source = sources.get("nvml")
+    if not expected or not isinstance(source, NvmlSource):
+        return
+    for _ in range(100):
+        if sum(source.xids.snapshot().values()) >= expected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{expected} XID events not delivered: {source.xids.snapshot()}")
 
 
 def _value(text: str, family: str, **labels: str) -> float | None:
@@ -130,17 +177,3 @@ def _assert_what_the_scenario_says(scenario: Scenario, text: str) -> None:
                         "hw_allocation_device_id": raw,
                     }
                     assert _value(text, "hw_allocation_info", **labels) == 1.0, labels
-
-
-async def _xids_delivered(sources: dict[str, Source], nvidia: dict[str, Any]) -> None:
-    """XIDs arrive on the NVML source's event thread: wait (bounded) until every event of
-    (T0, T1] has been counted, so the golden output does not depend on thread timing."""
-    expected = sum(1 for e in nvidia.get("xid", []) if T0 < e["at"] <= T1)
-    source = sources.get("nvml")
-    if not expected or not isinstance(source, NvmlSource):
-        return
-    for _ in range(100):
-        if sum(source.xids.snapshot().values()) >= expected:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{expected} XID events not delivered: {source.xids.snapshot()}")

@@ -232,6 +232,8 @@ SAME_CHOICES = {
     "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
                        ("kubernetes-api",)),
     "hostPID": ({"hostPID": True}, "kube-prometheus-stack", ("host-pid",)),
+    "dcgm schema": ({"metricsSchema": "native,dcgm"}, "kube-prometheus-stack",
+                    ("dcgm-schema",)),
 }  # fmt: skip
 
 
@@ -248,6 +250,8 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
     if choice == "GKE":
         quotas = [_one(x, "ResourceQuota")["spec"] for x in (ours, theirs)]
         assert quotas[0] == quotas[1]
+    env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
+    assert env.get("KDE_METRICS_SCHEMA") == ("native,dcgm" if choice == "dcgm schema" else None)
     rbac = ("ClusterRole", "ClusterRoleBinding")
     if choice == "Kubernetes API":
         assert _one(ours, "ClusterRole")["rules"] == _one(theirs, "ClusterRole")["rules"]
@@ -258,6 +262,26 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
     else:  # no token, no RBAC unless asked for
         assert not [r for r in ours + theirs if r["kind"] in rbac]
         assert _pod_spec(ours)["automountServiceAccountToken"] is False
+
+
+def test_dcgm_schema_monitors_honor_labels(tmp_path: Path) -> None:
+    """The dcgm schema's holder labels are pod/namespace/container: both monitors must
+    honor them (otherwise exported_pod...); the native schema keeps honorLabels false."""
+    sm = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}
+
+    def honor(resources: list[dict[str, Any]]) -> list[bool]:
+        service = _one(resources, "ServiceMonitor")["spec"]["endpoints"]
+        pod = [r for r in resources if r["kind"] == "PodMonitor"]
+        pods = pod[0]["spec"]["podMetricsEndpoints"] if pod else []
+        return [e["honorLabels"] for e in (*service, *pods)]
+
+    assert honor(render({**sm, "metricsSchema": "native,dcgm"})) == [True, True]
+    assert honor(render({**sm, "metricsSchema": "dcgm"})) == [True, True]
+    assert honor(render(sm)) == [False, False]
+    assert honor(_kit(tmp_path, "kube-prometheus-stack", "dcgm-schema")) == [True]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert honor(_kit(plain, "kube-prometheus-stack")) == [False]
 
 
 def test_kubernetes_api_pod_labels_value() -> None:

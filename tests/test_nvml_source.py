@@ -172,6 +172,10 @@ def test_mig_slices_with_mixed_profiles(nvidia_node: Callable[[str], NvidiaNode]
     assert value(big, "hw.gpu.memory.limit") == 39936 * 2**20
     # per-instance activity through GPM: the 1g.10gb slice 102 is a constant 90% busy
     assert value(small, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)
+    # and GPM SM_UTIL: the simulated slice keeps 85 % of its SMs busy while busy
+    assert value(small, "hw.gpu.sm.activity") == pytest.approx(0.9 * 0.85)
+    # and ANY_TENSOR_UTIL: its tensor pipes are busy 60 % of that time
+    assert value(small, "hw.gpu.tensor.activity") == pytest.approx(0.9 * 0.6)
     # the MIG-enabled parent has no utilization counter, but GPM gives its activity
     assert value(parent, "hw.gpu.utilization", hw__gpu__task="general") is not None
     # processes belong to their slice, with memory and no utilization (not under MIG)

@@ -51,7 +51,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     ),
     "processes": ("processes",),
     "process_utilization": ("process_utilization",),
-    "gpm": ("gpm", "gpm_busy_s", "gpm_sm_s", "gpm_dram_s"),
+    "gpm": ("gpm", "gpm_busy_s", "gpm_sm_s", "gpm_dram_s", "gpm_tensor_s"),
     "serial": ("serial",),
 }
 """Names usable in `unsupported:` and `not_supported` faults -> the state keys they hide
@@ -742,6 +742,7 @@ def _gpm(busy_s: float, dram_s: float | None = None) -> dict[str, object]:
         "gpm_busy_s": f"{busy_s:.6f}",
         "gpm_sm_s": f"{0.85 * busy_s:.6f}",
         "gpm_dram_s": f"{(0.5 * busy_s if dram_s is None else dram_s):.6f}",
+        "gpm_tensor_s": f"{0.6 * busy_s:.6f}",
     }
 
 

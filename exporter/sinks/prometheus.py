@@ -27,9 +27,10 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from exporter.metrics import Kind, MetricSpec, prometheus_label
+from exporter.metrics import SCHEMAS, MetricSpec, Scope, prometheus_label
 from exporter.model import Attributes, Snapshot
 from exporter.points import Point, points
+from exporter.sinks.dcgm import dcgm_points
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the classic format Prometheus 2.x expects
 OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
@@ -52,7 +53,7 @@ def _labels(attributes: Attributes) -> str:
 
 
 def _headers(spec: MetricSpec, *, om: bool) -> str:
-    typ = "counter" if spec.kind is Kind.COUNTER else "gauge"
+    typ = spec.prom_type(openmetrics=om)
     if om:
         name = spec.prom_family
         doc = _escape_value(spec.help)
@@ -177,16 +178,37 @@ def new_process_collector() -> Collector:
     return ProcessCollector(registry=None)
 
 
+def schema_points(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> list[Point]:
+    """The points of the schemas asked for (`--metrics.schema`). `dcgm` alone keeps the
+    exporter's own health series (alerts on the exporter need them in every schema)."""
+    native = list(points(snapshot))
+    if "dcgm" not in schema:
+        return native
+    if "native" not in schema:
+        native = [p for p in native if p.spec.scope is Scope.EXPORTER]
+    pts = native + list(dcgm_points(snapshot))
+    return [
+        p._replace(value=float(len(pts))) if p.spec.name == "kube_device_exporter.series" else p
+        for p in pts
+    ]
+
+
 class Renderer:
     """Keeps the last layout; `render` is called once per cycle from one thread."""
 
-    def __init__(self, *, process: Collector | None = None) -> None:
+    def __init__(
+        self, *, process: Collector | None = None, schema: Sequence[str] = ("native",)
+    ) -> None:
+        unknown = set(schema) - set(SCHEMAS)
+        if unknown or not schema:
+            raise ValueError(f"unknown metrics schema {sorted(unknown)}")
         self._layout: Layout | None = None
         self._process = process
+        self.schema = tuple(schema)
         self.layouts_built = 0
 
     def render(self, snapshot: Snapshot) -> Rendered:
-        pts = list(points(snapshot))
+        pts = schema_points(snapshot, self.schema)
         key = series_key(pts)
         layout = self._layout
         if layout is None or layout.key != key:
@@ -195,15 +217,15 @@ class Renderer:
         return Rendered(layout, [p.value for p in pts], process=self._process)
 
 
-def render(snapshot: Snapshot) -> Rendered:
+def render(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> Rendered:
     """One snapshot rendered without history (tests, tools): no `process_*` series."""
-    return Renderer().render(snapshot)
+    return Renderer(schema=schema).render(snapshot)
 
 
 # --- the reference ------------------------------------------------------------------------
 
 
-def families(pts: Iterable[Point]) -> Iterator[Metric]:
+def families(pts: Iterable[Point], *, om: bool = False) -> Iterator[Metric]:
     """Points (already grouped by metric) -> prometheus_client metric families."""
     current: Metric | None = None
     current_name = ""
@@ -212,8 +234,7 @@ def families(pts: Iterable[Point]) -> Iterator[Metric]:
         if spec.name != current_name:
             if current is not None:
                 yield current
-            typ = "counter" if spec.kind is Kind.COUNTER else "gauge"
-            current = Metric(spec.prom_family, spec.help, typ)
+            current = Metric(spec.prom_family, spec.help, spec.prom_type(openmetrics=om))
             current_name = spec.name
         assert current is not None
         labels = {prometheus_label(k): v for k, v in point.attributes}
@@ -230,12 +251,14 @@ class _Families(Collector):
         return self.metrics
 
 
-def reference(snapshot: Snapshot) -> tuple[bytes, bytes]:
+def reference(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> tuple[bytes, bytes]:
     """(text, OpenMetrics) of the snapshot as prometheus_client renders it (tests, bench)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(families(points(snapshot)))))
-    om: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-    return generate_latest(registry), om
+    pts = schema_points(snapshot, schema)
+    text, om = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    text.register(_Families(list(families(pts))))
+    om.register(_Families(list(families(pts, om=True))))
+    om_body: bytes = openmetrics.generate_latest(om)  # type: ignore[no-untyped-call]
+    return generate_latest(text), om_body
 
 
 class PrometheusSink:
@@ -246,8 +269,11 @@ class PrometheusSink:
     `rendered` in whatever thread asks (the HTTP handler asks from a worker thread when
     `cached` is false)."""
 
-    def __init__(self, *, process_metrics: bool = True) -> None:
-        self.renderer = Renderer(process=new_process_collector() if process_metrics else None)
+    def __init__(
+        self, *, process_metrics: bool = True, schema: Sequence[str] = ("native",)
+    ) -> None:
+        process = new_process_collector() if process_metrics else None
+        self.renderer = Renderer(process=process, schema=schema)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._rendered: Rendered | None = None

@@ -136,7 +136,7 @@ struct nvmlEventSet_st {
 
 struct nvmlGpmSample_st {
     int valid, gpu, gi;
-    double time, busy, sm, dram;
+    double time, busy, sm, dram, tensor;
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1228,10 +1228,12 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
 
 static nvmlReturn_t gpm_fill(const obj_t *o, int gpu, int gi, nvmlGpmSample_t s) {
     const char *busy = get(o, "gpm_busy_s"), *sm = get(o, "gpm_sm_s"), *dram = get(o, "gpm_dram_s");
+    const char *tensor = get(o, "gpm_tensor_s");
     nvmlReturn_t r = status(o, "gpm_busy_s");
     if (r != NVML_SUCCESS) return r;
     if (sm && sm[0] == '!') sm = NULL;
     if (dram && dram[0] == '!') dram = NULL;
+    if (tensor && tensor[0] == '!') tensor = NULL;
     s->valid = 1;
     s->gpu = gpu;
     s->gi = gi;
@@ -1239,6 +1241,7 @@ static nvmlReturn_t gpm_fill(const obj_t *o, int gpu, int gi, nvmlGpmSample_t s)
     s->busy = atof(busy);
     s->sm = sm ? atof(sm) : NAN;
     s->dram = dram ? atof(dram) : NAN;
+    s->tensor = tensor ? atof(tensor) : NAN;
     return NVML_SUCCESS;
 }
 
@@ -1282,6 +1285,8 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         case NVML_GPM_METRIC_GRAPHICS_UTIL: delta = b->busy - a->busy; x->metricInfo.shortName = "GR_UTIL"; break;
         case NVML_GPM_METRIC_SM_UTIL: delta = b->sm - a->sm; x->metricInfo.shortName = "SM_UTIL"; break;
         case NVML_GPM_METRIC_DRAM_BW_UTIL: delta = b->dram - a->dram; x->metricInfo.shortName = "DRAM_BW_UTIL"; break;
+        /* nvml.h: "Percentage of time the GPU's SMs were doing ANY tensor operations" */
+        case NVML_GPM_METRIC_ANY_TENSOR_UTIL: delta = b->tensor - a->tensor; x->metricInfo.shortName = "ANY_TENSOR_UTIL"; break;
         default: x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; continue;
         }
         x->metricInfo.longName = x->metricInfo.shortName;

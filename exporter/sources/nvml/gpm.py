@@ -50,15 +50,22 @@ def read(
     if gpm.primed:
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 2
+        request.numMetrics = 4
         request.sample1, request.sample2 = gpm.previous, gpm.current
         request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
         request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+        request.metrics[2].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        request.metrics[3].metricId = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
         if calls.get(pynvml.nvmlGpmMetricsGet, request) is not None:
-            busy, dram = request.metrics[0], request.metrics[1]
+            busy, dram, sm, tensor = request.metrics[0:4]
             if busy.nvmlReturn == pynvml.NVML_SUCCESS:
                 add(samples, "hw.gpu.utilization", busy.value / 100, ("hw.gpu.task", "general"))
             if dram.nvmlReturn == pynvml.NVML_SUCCESS:
                 add(samples, "hw.gpu.memory.bandwidth.utilization", dram.value / 100)
+            # Per metric: one the driver does not support is no series, the others stay.
+            if sm.nvmlReturn == pynvml.NVML_SUCCESS:
+                add(samples, "hw.gpu.sm.activity", sm.value / 100)
+            if tensor.nvmlReturn == pynvml.NVML_SUCCESS:
+                add(samples, "hw.gpu.tensor.activity", tensor.value / 100)
     gpm.previous, gpm.current = gpm.current, gpm.previous
     gpm.primed = True

@@ -45,7 +45,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   path: /metrics
   interval: {{ $values.interval }}
   scrapeTimeout: {{ $values.scrapeTimeout }}
-  honorLabels: false
+  {{- /* dcgm schema: the holder's pod/namespace/container must win over the target's */}}
+  honorLabels: {{ contains "dcgm" $root.Values.metricsSchema }}
   relabelings:
     - sourceLabels: [__meta_kubernetes_pod_node_name]
       targetLabel: node

@@ -1,0 +1,173 @@
+"""--metrics.schema=dcgm: dcgm-exporter's names, units, types and labels from one snapshot."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from exporter.flags import UsageError, parse_config
+from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
+from exporter.sinks.dcgm import THROTTLE_BITS, bus_id
+from exporter.sinks.prometheus import Renderer, reference, render
+from exporter.sources.nvml.readings import THROTTLE_REASONS
+
+GIB = 1024.0**3
+IDENTITY = (
+    ("hw.gpu.index", "3"),
+    ("hw.gpu.minor", "3"),
+    ("hw.pci.bus_id", "0000:8d:00.0"),
+    ("hw.driver_version", "580.95.05"),
+)
+
+
+def gpu(holder: Holder | None = None) -> JoinedDevice:
+    device = Device("GPU-aaaa", "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "nvml",
+                    attributes=(*IDENTITY, ("hw.serial_number", "165")))  # fmt: skip
+    samples = (
+        Sample("hw.gpu.utilization", 0.42, (("hw.gpu.task", "general"),)),
+        Sample("hw.gpu.memory.usage", 10 * GIB),
+        Sample("hw.gpu.memory.free", 70 * GIB),
+        Sample("hw.gpu.clock", 1.98e9, (("hw.gpu.clock.type", "sm"),)),
+        Sample("hw.power", 512.5),
+        Sample("hw.energy", 1234.5),
+        Sample("hw.temperature", 66.0, (("hw.sensor_location", "gpu"),)),
+        Sample("hw.errors", 3.0, (("error.type", "pcie_replay"),)),
+        Sample("hw.gpu.clock.throttled", 1.0, (("hw.gpu.clock.throttle_reason", "sw_power_cap"),)),
+        Sample("hw.gpu.clock.throttled", 1.0, (("hw.gpu.clock.throttle_reason", "hw_slowdown"),)),
+        Sample("hw.gpu.clock.throttled", 0.0, (("hw.gpu.clock.throttle_reason", "gpu_idle"),)),
+    )
+    return JoinedDevice(DeviceReading(device, samples), holder, 1 if holder else 0, True)
+
+
+def mig(parent: JoinedDevice, holder: Holder) -> JoinedDevice:
+    device = Device(
+        "MIG-bbbb", "gpu", "nvidia", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "nvml",
+        parent=parent.reading.device.id,
+        attributes=(*IDENTITY, ("hw.gpu.mig.profile", "1g.10gb"),
+                    ("hw.gpu.mig.gpu_instance_id", "9"), ("hw.gpu.mig.compute_instance_id", "0")),
+    )  # fmt: skip
+    samples = (
+        Sample("hw.gpu.utilization", 0.25, (("hw.gpu.task", "general"),)),
+        Sample("hw.gpu.memory.usage", 2 * GIB),
+    )
+    return JoinedDevice(DeviceReading(device, samples), holder, 1, True)
+
+
+def snapshot(*devices: JoinedDevice) -> Snapshot:
+    return Snapshot(timestamp=1.8e9, node="node-7", devices=devices)
+
+
+def series(body: bytes, *, om: bool = False) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Sample name -> (labels, value), names as Prometheus stores them: prometheus_client's
+    text parser would append `_total` to a counter sample that lacks it, Prometheus does not."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in (parse_om if om else parse_text)(body.decode()):
+        for s in family.samples:
+            name = s.name
+            if not om and family.type == "counter" and name.startswith("DCGM_"):
+                name = name.removesuffix("_total")
+            out.setdefault(name, []).append((s.labels, s.value))
+    return out
+
+
+def test_fields_carry_dcgm_units_and_labels() -> None:
+    got = series(render(snapshot(gpu(Holder("ml", "trainer-0", "pytorch"))), ("dcgm",)).text)
+    labels = {
+        "gpu": "3",
+        "UUID": "GPU-aaaa",
+        "pci_bus_id": "00000000:8D:00.0",
+        "device": "nvidia3",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "node-7",
+        "DCGM_FI_DRIVER_VERSION": "580.95.05",
+        "pod": "trainer-0",
+        "namespace": "ml",
+        "container": "pytorch",
+    }
+    values = {name: v for name, ((lbl, v),) in got.items() if name.startswith("DCGM_")}
+    assert all(lbl == labels for name, ((lbl, _),) in got.items() if name.startswith("DCGM_"))
+    assert values == {
+        "DCGM_FI_DEV_GPU_UTIL": 42.0,  # percent
+        "DCGM_FI_DEV_FB_USED": 10240.0,  # MiB
+        "DCGM_FI_DEV_FB_FREE": 71680.0,
+        "DCGM_FI_DEV_SM_CLOCK": 1980.0,  # MHz
+        "DCGM_FI_DEV_POWER_USAGE": 512.5,  # W
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 1234500.0,  # mJ, no _total
+        "DCGM_FI_DEV_GPU_TEMP": 66.0,
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 3.0,
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x4 | 0x8,
+    }
+    assert "hw_gpu_utilization_ratio" not in got  # dcgm alone: no native device series
+    assert "kube_device_exporter_cycles_total" in got  # the exporter's own health stays
+
+
+def test_mig_slice_names_its_parent_and_profile() -> None:
+    parent = gpu()
+    got = series(
+        render(snapshot(parent, mig(parent, Holder("ml", "nb", "jupyter"))), ("dcgm",)).text
+    )
+    (slice_fb,) = [lbl for lbl, _ in got["DCGM_FI_DEV_FB_USED"] if "GPU_I_ID" in lbl]
+    assert slice_fb["UUID"] == "GPU-aaaa"  # the parent's, as dcgm-exporter
+    assert slice_fb["modelName"] == "NVIDIA H100 80GB HBM3"
+    assert (slice_fb["gpu"], slice_fb["GPU_I_PROFILE"], slice_fb["GPU_I_ID"]) == (
+        "3",
+        "1g.10gb",
+        "9",
+    )
+    assert slice_fb["pod"] == "nb"
+    # NVML has no per-slice utilization: the slice's GPM activity is GR_ENGINE_ACTIVE (0-1).
+    (gpu_util,) = got["DCGM_FI_DEV_GPU_UTIL"]
+    assert "GPU_I_ID" not in gpu_util[0]
+    ((engine, value),) = got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]
+    assert (engine["GPU_I_ID"], value) == ("9", 0.25)
+
+
+def test_shared_gpu_has_no_pod_labels() -> None:
+    got = series(render(snapshot(gpu(None)), ("dcgm",)).text)
+    ((lbl, _),) = got["DCGM_FI_DEV_GPU_UTIL"]
+    assert not {"pod", "namespace", "container"} & set(lbl)
+
+
+def test_both_schemas_at_once_and_series_count() -> None:
+    rendered = render(snapshot(gpu(Holder("ml", "p", "c"))), ("native", "dcgm"))
+    got = series(rendered.text)
+    assert got["hw_gpu_utilization_ratio"][0][1] == 0.42
+    assert got["DCGM_FI_DEV_GPU_UTIL"][0][1] == 42.0
+    (count,) = got["kube_device_exporter_series"]
+    assert count[1] == rendered.series == sum(len(v) for v in got.values())
+
+
+def test_bytes_match_the_prometheus_client_reference() -> None:
+    snap = snapshot(gpu(Holder("ml", "p", "c")))
+    rendered = Renderer(schema=("native", "dcgm")).render(snap)
+    text, openmetrics = reference(snap, ("native", "dcgm"))
+    # OpenMetrics keeps the DCGM counter's name (no `_total`), typed unknown: byte-identical.
+    assert rendered.openmetrics == openmetrics
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in series(rendered.openmetrics, om=True)
+    assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\n" in rendered.openmetrics
+    # The classic format types it counter under its own name, as dcgm-exporter; the
+    # reference cannot write that (it names every counter family `..._total`): same samples.
+    assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in rendered.text
+    assert b"\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in rendered.text
+    assert series(rendered.text) == series(text)
+
+
+def test_throttle_bits_are_the_nvml_sources() -> None:
+    assert dict(THROTTLE_REASONS) == THROTTLE_BITS
+
+
+def test_bus_id_is_nvmls_form() -> None:
+    assert bus_id("0000:8d:00.0") == "00000000:8D:00.0"
+    assert bus_id("0001:1a:00.1") == "00000001:1A:00.1"
+
+
+def test_flag_and_variable() -> None:
+    assert parse_config([], env={}).metrics_schema == ("native",)
+    assert parse_config(["--metrics.schema=native,dcgm"], env={}).metrics_schema == (
+        "native",
+        "dcgm",
+    )
+    assert parse_config([], env={"KDE_METRICS_SCHEMA": "dcgm"}).metrics_schema == ("dcgm",)
+    with pytest.raises(UsageError, match=r"KDE_METRICS_SCHEMA.*native, dcgm"):
+        parse_config([], env={"KDE_METRICS_SCHEMA": "dcgm,dcgm"})
