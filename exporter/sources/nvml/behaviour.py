@@ -235,6 +235,8 @@ MEASURED = """\
 | every other field, utilization, memory, power, clocks, temperature | 1-14 us |
 | `nvmlDeviceGetProcessUtilization` (with or without processes) | 1.9-2.6 ms |
 | `nvmlDeviceGetMigMode` | 0.16 ms |
+| `nvmlGpmSampleGet` (MIG off: GPM works on the whole GPU too) | 0.04 ms |
+| `nvmlGpmMetricsGet`, 5 metrics between two samples | 1.5 ms |
 
 So the costly values are read every `--collector.nvml.slow-interval` (10s) and held in
 between: one NVML collect went from 4.5 ms to 0.18 ms (median of 20, the real-driver test),
