@@ -615,3 +615,22 @@ def test_costly_values_are_read_every_slow_interval_and_held_between(
     assert replays[1] == replays[0] is not None
     # the cheap values move every cycle
     assert value(held, "hw.power") != value(first, "hw.power")
+
+
+def test_gpm_activity_is_measured_every_slow_interval(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    # nvmlGpmMetricsGet costs 1.5 ms on a real H100 (docs/nvml.md), per MIG slice: primed
+    # at the first cycle, measured at the second, then every slow interval
+    node = nvidia_node("demo")
+    source = node.source(**{"slow-interval": "10s"})
+    node.collect_at(source, 1.0)
+    node.collect_at(source, 2.0)
+    measured = node.calls("nvmlGpmMetricsGet")
+    assert measured == 5  # the MIG parent and its four slices
+    for t in (3.0, 5.0, 9.0):
+        r = reading(node.collect_at(source, t), MIG.format(2))
+        assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)
+    assert node.calls("nvmlGpmMetricsGet") == measured
+    node.collect_at(source, 12.0)
+    assert node.calls("nvmlGpmMetricsGet") == 2 * measured
