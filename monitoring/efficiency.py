@@ -149,21 +149,7 @@ def _idle() -> list[PanelBuilder]:
             ],
             span=12,
         ),
-        table_panel(
-            "Shared devices: each holder's share",
-            "Per holder of a shared device: its processes' utilization and device memory "
-            "(process attribution; NVIDIA memory needs hostPID, docs/attribution.md).",
-            [
-                ("Utilization", attributed("hw.gpu.container.utilization", HOLDER, SHARE_BY)),
-                ("Memory", attributed("hw.gpu.container.memory.usage", HOLDER, SHARE_BY)),
-            ],
-            units={"Utilization": "percentunit", "Memory": "bytes"},
-            span=12,
-        ),
     ]
-
-
-SHARE_BY = "k8s.namespace.name, k8s.pod.name, k8s.container.name"
 
 
 def _use() -> list[PanelBuilder]:

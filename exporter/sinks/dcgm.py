@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from exporter.metrics import Kind, MetricSpec, Scope
 from exporter.model import Attributes, Device, JoinedDevice, Snapshot
 from exporter.points import Point
+from exporter.sources.nvml.readings import THROTTLE_REASONS as NVML_THROTTLE_REASONS
 
 MIB = 1024.0 * 1024.0
 
@@ -135,18 +136,8 @@ THROTTLE_REASONS = DcgmSpec(
     "",
     "Current clock throttle reasons (bitmask of nvmlClocksEventReason*).",
 )
-# nvml.h `nvmlClocksEventReason*` bits (tests compare them with the NVML source's table).
-THROTTLE_BITS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
+THROTTLE_BITS: dict[str, int] = dict(NVML_THROTTLE_REASONS)
+"""The NVML source's `nvmlClocksEventReason*` bits: the mask is rebuilt from its samples."""
 
 _BY_METRIC: dict[str, list[Field]] = {}
 for _f in FIELDS:

@@ -1045,28 +1045,33 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     return leave(NVML_SUCCESS);
 }
 
+/* A process list the stand-in keeps empty (same checks as the compute list). */
+static nvmlReturn_t empty_process_list(const char *fn, nvmlDevice_t device, unsigned int *infoCount) {
+    obj_t *o;
+    gpu_t *g;
+    nvmlReturn_t r = enter(fn);
+    if (r != NVML_SUCCESS) return leave(r);
+    if ((r = resolve(device, &o, &g)) != NVML_SUCCESS) return leave(r);
+    CHECK_PTR(infoCount);
+    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
+    *infoCount = 0;
+    return leave(NVML_SUCCESS);
+}
+
 /* Graphics processes: the simulated GPUs are data-center parts running CUDA only, so the
  * list is empty (the call itself exists on every driver the exporter supports). */
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos) {
-    DEVICE_CALL(device);
-    CHECK_PTR(infoCount);
     (void)infos;
-    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
-    *infoCount = 0;
-    return leave(NVML_SUCCESS);
+    return empty_process_list(__func__, device, infoCount);
 }
 
 /* MPS clients: the stand-in models no MPS control daemon, so none (a real MPS setup was
  * not available to measure what the three lists show together). */
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                                nvmlProcessInfo_t *infos) {
-    DEVICE_CALL(device);
-    CHECK_PTR(infoCount);
     (void)infos;
-    if ((r = status(o, "processes")) != NVML_SUCCESS) return leave(r);
-    *infoCount = 0;
-    return leave(NVML_SUCCESS);
+    return empty_process_list(__func__, device, infoCount);
 }
 
 /* Process utilization (behaviour.py: process-utilization-samples). Measured on an H100
