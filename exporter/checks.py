@@ -5,6 +5,7 @@ one Finding with, for a problem, its likely cause and the fix.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from exporter.model import (
     DeviceReading,
     PodResourcesState,
     Snapshot,
+    SourceHealth,
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesError
@@ -31,6 +33,15 @@ class Finding:
     found: str
     cause: str = ""
     fix: str = ""
+
+    def sentence(self) -> str:
+        """The finding on one line: a log message."""
+        parts = [f"{self.subject}: {self.found}"]
+        if self.cause:
+            parts.append(f"likely cause: {self.cause}")
+        if self.fix:
+            parts.append(f"fix: {self.fix}")
+        return "; ".join(parts)
 
     def lines(self, width: int = 24) -> list[str]:
         out = [f"{self.status.upper():<8} {self.subject:<{width}} {self.found}"]
@@ -163,6 +174,17 @@ def check_unseen(
     )
 
 
+def allocatable_totals(
+    allocatable: Iterable[ContainerDevices], matcher: ResourceMatcher
+) -> dict[str, int]:
+    """Attributed resource name -> how many devices the kubelet can allocate."""
+    totals: dict[str, int] = {}
+    for devs in allocatable:
+        if matcher(devs.resource_name):
+            totals[devs.resource_name] = totals.get(devs.resource_name, 0) + len(devs.device_ids)
+    return totals
+
+
 def unseen_findings(
     allocatable: Sequence[ContainerDevices],
     unseen: Mapping[str, int],
@@ -170,21 +192,20 @@ def unseen_findings(
     matcher: ResourceMatcher,
 ) -> list[Finding]:
     """One finding per attributed resource: all seen, or a problem naming the likely cause."""
-    totals: dict[str, int] = {}
-    for devs in allocatable:
-        if matcher(devs.resource_name):
-            totals[devs.resource_name] = totals.get(devs.resource_name, 0) + len(devs.device_ids)
     return [
-        _unseen_finding(name, unseen[name], total, sources)
+        unseen_finding(name, unseen[name], total, sources)
         if name in unseen
         else Finding(OK, f"resource {name}", f"{total} allocatable, all seen")
-        for name, total in totals.items()
+        for name, total in allocatable_totals(allocatable, matcher).items()
     ]
 
 
-def _unseen_finding(
+def unseen_finding(
     resource: str, count: int, total: int, sources: Mapping[str, Finding]
 ) -> Finding:
+    """The problem of `count` of a resource's `total` allocatable devices that no source
+    sees: the doctor's line, the landing page's and (`Finding.sentence`) the poller's
+    warning. `sources` is each enabled source's finding."""
     found = f"{total} allocatable, {count} seen by no source"
     source = source_for(resource)
     if not source:
@@ -214,10 +235,18 @@ def _unseen_finding(
             "(config.json, or its ConfigMap as YAML) naming this pool",
         )
     if state.status == OK:
-        cause = f"source {source} sees {state.found}, but none answers to these IDs"
-    else:
-        cause = f"source {source}: {state.found}"
-    return Finding(PROBLEM, f"resource {resource}", found, cause, SOURCE_FIXES[source])
+        return Finding(
+            PROBLEM,
+            f"resource {resource}",
+            found,
+            f"source {source} sees {state.found}, but none answers to these IDs",
+            "compare the IDs `kube-device-exporter podresources` prints with /api/devices; "
+            f"where devices are missing there: {SOURCE_FIXES[source]}",
+        )
+    fix = SOURCE_FIXES[source]
+    if source == "nvml" and state.status == ABSENT:
+        fix += "; on GKE use the gke overlay (driver mounts); see docs/deploy.md"
+    return Finding(PROBLEM, f"resource {resource}", found, f"source {source}: {state.found}", fix)
 
 
 def check_unattributed(
@@ -266,16 +295,20 @@ def failed(findings: Iterable[Finding]) -> bool:
     return any(f.status == PROBLEM for f in findings)
 
 
+def source_findings(
+    healths: Iterable[SourceHealth], readings: Iterable[DeviceReading]
+) -> dict[str, Finding]:
+    """Each source's finding from one cycle: its health and the devices it read."""
+    counts = Counter(r.device.source for r in readings)
+    return {
+        h.name: check_source(h.name, error=h.error, absent=h.absent, devices=counts[h.name])
+        for h in healths
+    }
+
+
 def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Finding]:
     """The same checks from one cycle's snapshot (the landing page)."""
-    readings = [d.reading for d in snapshot.devices]
-    counts: dict[str, int] = {}
-    for r in readings:
-        counts[r.device.source] = counts.get(r.device.source, 0) + 1
-    sources = {
-        h.name: check_source(h.name, error=h.error, absent=h.absent, devices=counts.get(h.name, 0))
-        for h in snapshot.sources
-    }
+    sources = source_findings(snapshot.sources, (d.reading for d in snapshot.devices))
     kubelet = (
         Finding(OK, "kubelet", f"PodResources {snapshot.podresources.api_version} answering")
         if snapshot.podresources.connected

@@ -1,36 +1,37 @@
 """`kube-device-exporter doctor`: why are my metrics missing?
 
 Run in the exporter's pod (`kubectl exec ... -- kube-device-exporter doctor`), with the
-same flags and variables. It asks the kubelet once (List + GetAllocatableResources), runs
-each enabled source's collect() once, looks at the host /proc and /sys, and compares what
-the node advertises with what the sources see. One line per check; each problem gets its
-likely cause and the fix (exporter/checks.py, which the landing page shares). Exit 1 when
-something is wrong, above all when the kubelet advertises devices no source can see.
+same flags and variables. It asks the kubelet once (List + GetAllocatableResources) while
+one cycle of the exporter's poller runs each enabled source's collect(), looks at the host
+/proc and /sys, and compares what the node advertises with what the sources see. One line
+per check; each problem gets its likely cause and the fix (exporter/checks.py, which the
+landing page shares). Exit 1 when something is wrong, above all when the kubelet
+advertises devices no source can see.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import logging
+from dataclasses import replace
 
 from exporter import log as logsetup
 from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
 from exporter.checks import (
-    Finding,
     check_kubelet,
     check_procfs,
-    check_source,
     check_sysfs,
     check_unattributed,
     check_unseen,
     failed,
     render,
+    source_findings,
 )
 from exporter.config import Config
 from exporter.join import ResourceMatcher
-from exporter.model import DeviceReading, PodResourcesState, SourceResult
+from exporter.model import DeviceReading, PodResourcesState, SourceHealth
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
-from exporter.sources import Source
+from exporter.poller import Poller
 
 # --- the command ------------------------------------------------------------------------------
 
@@ -38,25 +39,14 @@ from exporter.sources import Source
 def run_doctor(config: Config) -> int:
     # Sources log what they cannot read; below warning it would drown the findings.
     logsetup.setup("debug" if config.log_level == "debug" else "warning", config.log_format)
+    if config.log_level != "debug":
+        # The cycle's own warnings say what the findings below say, better.
+        logging.getLogger("exporter.poller").setLevel(logging.CRITICAL)
     findings = check_sysfs(host_path_problems(config))
     findings.append(check_procfs(config.procfs))
-    state, error = asyncio.run(_ask_kubelet(config))
+    (state, error), (healths, readings) = asyncio.run(_ask(config))
     findings += check_kubelet(config.kubelet_socket, state, error)
-    sources: dict[str, Finding] = {}
-    readings: list[DeviceReading] = []
-    for name, source in build_sources(config).items():
-        result, failure = _collect_once(source, config.collect_timeout)
-        try:
-            source.close()
-        except Exception as exc:  # noqa: BLE001 - a failing close is reported, not fatal
-            failure = failure or f"close: {exc}"
-        sources[name] = check_source(
-            name,
-            error=failure,
-            absent=result.absent if result else "",
-            devices=len(result.readings) if result else 0,
-        )
-        readings += result.readings if result else ()
+    sources = source_findings(healths, readings)
     findings += sources.values()
     if state is not None:
         matcher = ResourceMatcher(config.resource_patterns)
@@ -73,7 +63,18 @@ def run_doctor(config: Config) -> int:
     return exit_now_if_stuck(1 if bad else 0)
 
 
+async def _ask(
+    config: Config,
+) -> tuple[
+    tuple[PodResourcesState | None, PodResourcesError | None],
+    tuple[list[SourceHealth], list[DeviceReading]],
+]:
+    """The kubelet and every source, at the same time."""
+    return await asyncio.gather(_ask_kubelet(config), _collect_once(config))
+
+
 async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodResourcesError | None]:
+    """The kubelet on its own, not in the cycle: its error's code picks the likely cause."""
     client = PodResourcesClient(
         config.kubelet_socket,
         timeout=config.podresources_timeout,
@@ -88,20 +89,24 @@ async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodRes
         await client.close()
 
 
-def _collect_once(source: Source, timeout: float) -> tuple[SourceResult | None, str]:
-    """collect() in a daemon thread: a hung driver call must not hang the doctor."""
-    out: list[SourceResult] = []
-    errors: list[str] = []
-
-    def work() -> None:
-        try:
-            out.append(source.collect())
-        except Exception as exc:  # noqa: BLE001 - the error is the finding
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    thread = threading.Thread(target=work, name="doctor-collect", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        return None, f"timed out after {timeout:g}s"
-    return (out[0] if out else None), (errors[0] if errors else "")
+async def _collect_once(config: Config) -> tuple[list[SourceHealth], list[DeviceReading]]:
+    """One cycle of the exporter's own poller over every enabled source (in daemon threads,
+    `--collect-timeout` each, all at once), then each source closed; a source that fails
+    to close is failed."""
+    poller = Poller(
+        node=config.node_name,
+        sources=build_sources(config),
+        client=None,
+        source_timeout=config.collect_timeout,
+    )
+    try:
+        snapshot = await poller.run_once()
+    finally:
+        unclosed = await poller.close(config.collect_timeout)
+    healths = [
+        replace(h, success=False, error=h.error or f"close: {unclosed[h.name]}")
+        if h.name in unclosed
+        else h
+        for h in snapshot.sources
+    ]
+    return healths, [d.reading for d in snapshot.devices]

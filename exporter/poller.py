@@ -18,6 +18,7 @@ from typing import Protocol
 
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import container_usage
+from exporter.checks import allocatable_totals, source_findings, unseen_finding
 from exporter.join import JoinResult, ResourceMatcher, join
 from exporter.log import StateLog
 from exporter.model import (
@@ -36,7 +37,6 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.sources.resources import SOURCE_FIXES, source_for
 from exporter.threads import in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
@@ -110,7 +110,6 @@ class Poller:
         self._kubelet_task: asyncio.Future[PodResourcesState | None] | None = None
         self._last_duration: float | None = None
         self._join_cache: tuple[object, JoinResult] | None = None
-        self.joins = 0
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
         self.restart_required: dict[str, str] = {}
@@ -185,7 +184,7 @@ class Poller:
             else (),
             kubeapi=self.pods.health() if self.pods else None,
         )
-        self._warn_unseen(joined.unseen, healths)
+        self._warn_unseen(joined, healths)
         for sink in self.sinks:
             sink.update(snapshot)
         self._last_duration = self._clock() - started
@@ -217,7 +216,6 @@ class Poller:
             known_resources=self._resources,
         )
         self._join_cache = (key, joined)
-        self.joins += 1
         return joined
 
     async def run_forever(self, stop: asyncio.Event) -> None:
@@ -239,43 +237,44 @@ class Poller:
             except TimeoutError:
                 continue
 
-    async def close(self, timeout: float = 3.0) -> None:
+    async def close(self, timeout: float = 3.0) -> dict[str, str]:
         """Close every source (in daemon threads: a source stuck in a driver call is left
-        behind after `timeout`) and the kubelet channel."""
+        behind after `timeout`) and the kubelet channel; source -> why it did not close."""
         if self._kubelet_task is not None and not self._kubelet_task.done():
             self._kubelet_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._kubelet_task
         closing = [in_daemon_thread(s.source.close, f"close-{s.name}") for s in self._slots]
+        problems: dict[str, str] = {}
         if closing:
-            done, pending = await asyncio.wait(closing, timeout=timeout)
-            for future in done:
-                if future.exception() is not None:
-                    log.warning("closing a source failed: %s", future.exception())
+            _, pending = await asyncio.wait(closing, timeout=timeout)
             for slot, future in zip(self._slots, closing, strict=True):
                 if future in pending:
-                    log.warning(
-                        "source %s did not close in %gs (stuck in a call)", slot.name, timeout
-                    )
+                    problems[slot.name] = f"did not close in {timeout:g}s (stuck in a call)"
+                elif (exc := future.exception()) is not None:
+                    problems[slot.name] = f"{type(exc).__name__}: {exc}"
+        for name, problem in problems.items():
+            log.warning("closing source %s failed: %s", name, problem)
         if self.client is not None:
             await self.client.close()
+        return problems
 
-    def _warn_unseen(
-        self, unseen: tuple[tuple[str, int], ...], healths: Sequence[SourceHealth]
-    ) -> None:
-        """One warning per resource when the kubelet can allocate devices no source sees,
-        naming the likely cause; one info when they are seen again."""
-        by_name = {h.name: h for h in healths}
-        for resource, count in unseen:
-            key = f"unseen/{resource}"
+    def _warn_unseen(self, joined: JoinResult, healths: Sequence[SourceHealth]) -> None:
+        """One warning per resource when the kubelet can allocate devices no source sees
+        (doctor's finding: the likely cause and the fix); one info when they are seen again."""
+        problems = {resource: count for resource, count in joined.unseen if count}
+        for resource, count in joined.unseen:
             if count == 0:
-                self._states.ok(key, f"every allocatable {resource} device is seen again")
-                continue
-            self._states.failed(
-                key,
-                f"the kubelet can allocate {count} {resource} device(s) that no source sees: "
-                + _likely_cause(resource, by_name),
-            )
+                self._states.ok(
+                    f"unseen/{resource}", f"every allocatable {resource} device is seen again"
+                )
+        if not problems:
+            return
+        totals = allocatable_totals(joined.allocatable, self.matcher)
+        sources = source_findings(healths, (d.reading for d in joined.devices))
+        for resource, count in problems.items():
+            finding = unseen_finding(resource, count, totals[resource], sources)
+            self._states.failed(f"unseen/{resource}", finding.sentence())
 
     async def _cpu_nodes(self) -> Mapping[int, int]:
         if self.cpu_nodes is None:
@@ -392,24 +391,3 @@ class _Timed:
             return self.collect()
         finally:
             self.seconds = self.clock() - started
-
-
-def _likely_cause(resource: str, healths: Mapping[str, SourceHealth]) -> str:
-    source = source_for(resource)
-    health = healths.get(source)
-    fix = SOURCE_FIXES.get(source, "")
-    if health is None:
-        return f"the {source or 'matching'} collector is not enabled (--collector.{source})"
-    if not health.success:
-        return f"source {source} is failing ({health.error})"
-    if health.absent:
-        if source == "nvml":
-            return (
-                f"this pod has no NVML ({health.absent}): {fix}; on GKE use the gke overlay "
-                "(driver mounts); see docs/deploy.md"
-            )
-        return f"source {source} finds no devices ({health.absent}): {fix}"
-    return (
-        "the device IDs match no device a source reports (compare `kube-device-exporter "
-        "podresources` with /api/devices)"
-    )

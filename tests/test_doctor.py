@@ -6,10 +6,12 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from exporter import doctor as doctor_command
 from exporter.checks import (
     ABSENT,
     OK,
@@ -18,12 +20,16 @@ from exporter.checks import (
     check_source,
     check_unattributed,
     check_unseen,
+    source_findings,
     unseen_by_resource,
 )
+from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
-from exporter.model import ContainerDevices, Device, DeviceReading
+from exporter.model import ContainerDevices, Device, DeviceReading, SourceResult
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import load_scenario
+from exporter.sources.resources import SOURCE_FIXES
+from tests.support import StaticSource
 
 GPU0 = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -76,6 +82,70 @@ def test_each_unseen_resource_names_its_source_and_the_fix() -> None:
     assert findings["resource gpu.intel.com/i915"] == Finding(
         OK, "resource gpu.intel.com/i915", "1 allocatable, all seen"
     )
+
+
+def test_an_unseen_resource_of_a_working_source_says_how_to_compare_the_ids() -> None:
+    allocatable = [ContainerDevices("nvidia.com/gpu", (GPU0, "GPU-other"))]
+    sources = {"nvml": check_source("nvml", error="", absent="", devices=1)}
+    (finding,) = check_unseen(allocatable, [reading(GPU0)], ResourceMatcher(), sources)
+    assert finding.sentence() == (
+        "resource nvidia.com/gpu: 2 allocatable, 1 seen by no source; likely cause: source "
+        "nvml sees 1 device, but none answers to these IDs; fix: compare the IDs "
+        "`kube-device-exporter podresources` prints with /api/devices; where devices are "
+        f"missing there: {SOURCE_FIXES['nvml']}"
+    )
+
+
+def test_gpus_unseen_for_want_of_nvml_point_at_the_gke_overlay_too() -> None:
+    allocatable = [ContainerDevices("nvidia.com/gpu", (GPU0,))]
+    absent = check_source("nvml", error="", absent="libnvidia-ml.so.1 not found", devices=0)
+    (finding,) = check_unseen(allocatable, [], ResourceMatcher(), {"nvml": absent})
+    assert finding.cause == "source nvml: no hardware: libnvidia-ml.so.1 not found"
+    assert finding.fix.endswith("on GKE use the gke overlay (driver mounts); see docs/deploy.md")
+
+
+class Hung(StaticSource):
+    """collect() stuck in a driver call until the test ends."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__(SourceResult("hung"))
+        self.release = release
+
+    def collect(self) -> SourceResult:
+        self.release.wait(30)
+        return self.result
+
+
+class CloseFails(StaticSource):
+    def close(self) -> None:
+        raise OSError(16, "Device or resource busy")
+
+
+async def test_doctor_waits_one_timeout_for_all_hung_sources_and_fails_an_unclosable_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    card = DeviceReading(Device("card0", "gpu", "amd", "MI300X", "amdgpu"), ())
+    sources = {
+        **{f"hung{i}": Hung(release) for i in range(3)},
+        "amdgpu": CloseFails(SourceResult("amdgpu", (card,))),
+    }
+    monkeypatch.setattr(doctor_command, "build_sources", lambda config: sources)
+    config = parse_config(["--collect-timeout", "0.4"], env={})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        healths, readings = await doctor_command._collect_once(config)
+    finally:
+        release.set()
+    elapsed = loop.time() - started
+    assert elapsed < 1.0  # one 0.4 s timeout for the three, not three in a row
+    by_name = {h.name: h for h in healths}
+    assert [by_name[f"hung{i}"].error for i in range(3)] == ["timed out after 0.4s"] * 3
+    assert by_name["amdgpu"].error == "close: OSError: [Errno 16] Device or resource busy"
+    assert readings == [card]
+    finding = source_findings(healths, readings)["amdgpu"]
+    assert finding.status == PROBLEM and "Device or resource busy" in finding.found
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,16 @@ import asyncio
 import gzip
 import threading
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import poller as poller_module
 from exporter.app import Exporter
 from exporter.flags import parse_config
+from exporter.join import join
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -278,10 +281,11 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
     assert len(messages) == 3, messages
     assert "does not exist" in messages[0] and "retrying every cycle" in messages[0]
     assert messages[1] == "PodResources v1 answering"
-    # no source at all: the kubelet's GPU is unseen, said once over three cycles
-    assert messages[2].startswith(
-        "the kubelet can allocate 1 nvidia.com/gpu device(s) that no source sees: "
-        "the nvml collector is not enabled (--collector.nvml)"
+    # no source at all: the kubelet's GPU is unseen, said once over three cycles, in the
+    # words of doctor's finding
+    assert messages[2] == (
+        "resource nvidia.com/gpu: 1 allocatable, 1 seen by no source; "
+        "likely cause: the nvml source is turned off; fix: turn it on: --collector.nvml"
     )
 
 
@@ -340,7 +344,16 @@ class FixedKubelet(SlowKubelet):
         return self.state
 
 
-async def test_the_join_is_redone_only_when_pods_or_devices_change() -> None:
+async def test_the_join_is_redone_only_when_pods_or_devices_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    joined: list[PodResourcesState] = []
+
+    def counting_join(results: Any, state: PodResourcesState, *args: Any, **kw: Any) -> Any:
+        joined.append(state)
+        return join(results, state, *args, **kw)
+
+    monkeypatch.setattr(poller_module, "join", counting_join)
     pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
     kubelet = FixedKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
     source = StaticSource(gpu_result(0.25))
@@ -353,7 +366,7 @@ async def test_the_join_is_redone_only_when_pods_or_devices_change() -> None:
         third = await poller.run_once()
     finally:
         await poller.close()
-    assert poller.joins == 2
+    assert [state.pods for state in joined] == [(pod,), ()]  # cycles 1 and 3 only
     assert first.devices[0].holder == second.devices[0].holder == Holder("ns", "p", "c")
     assert second.devices[0].reading.samples[0].value == 0.75
     assert second.allocations == first.allocations

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from exporter.model import Pod
+from exporter.podresources import client as podresources_client
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.support import Clock
+
+parse_list = podresources_client._parse_list
 
 SCENARIO = """
 node: n1
@@ -274,7 +279,16 @@ async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
         await kubelet.stop()
 
 
-async def test_list_is_parsed_only_when_its_bytes_change(sock: Path) -> None:
+async def test_list_is_parsed_only_when_its_bytes_change(
+    sock: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+
+    def counting_parse(response_type: Any, raw: bytes, invalid: list[str]) -> tuple[Pod, ...]:
+        parsed.append(raw)
+        return parse_list(response_type, raw, invalid)
+
+    monkeypatch.setattr(podresources_client, "_parse_list", counting_parse)
     clock = Clock()
     kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
     await kubelet.start()
@@ -289,4 +303,4 @@ async def test_list_is_parsed_only_when_its_bytes_change(sock: Path) -> None:
         await kubelet.stop()
     assert again.pods is first.pods
     assert [p.name for p in grown.pods] == ["p1", "later"]
-    assert client.list_parses == 2
+    assert len(parsed) == 2 and parsed[0] != parsed[1]  # the first answer, then `later`

@@ -184,6 +184,6 @@ def test_a_gpu_node_whose_pod_has_no_nvml_is_loud(simulate: object) -> None:
     time.sleep(1.5)  # several cycles: still one warning
     node.proc.send_signal(signal.SIGTERM)
     out, _ = node.proc.communicate(timeout=30)
-    warnings = [line for line in out.splitlines() if "no source sees" in line]
+    warnings = [line for line in out.splitlines() if "seen by no source" in line]
     assert len(warnings) == 1, out
     assert "runtimeClassName: nvidia" in warnings[0] and "docs/deploy.md" in warnings[0]

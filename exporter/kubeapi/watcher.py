@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import httpx2 as httpx
 
+from exporter.backoff import Backoff
 from exporter.kubeapi.client import (
     OWNER_RESOURCES,
     ApiError,
@@ -147,8 +148,9 @@ class PodWatcher:
 
     async def _watch_forever(self, stop: asyncio.Event) -> None:
         version = ""
-        failures = 0
-        gone = 0  # 410s in a row: a watch cache that cannot serve the list's version backs off
+        retry = Backoff(*self.backoff)
+        relist = Backoff(*self.backoff)  # a watch cache that cannot serve the list's version
+        gone = False  # a 410 since the last success: the next one waits
         while not stop.is_set():
             try:
                 if self.api is None:
@@ -156,17 +158,18 @@ class PodWatcher:
                 if not version:
                     version = await self._list(self.api)
                 version = await self._watch(self.api, version, stop)
-                failures = gone = 0
+                retry.success()
+                relist.success()
+                gone = False
             except ApiError as exc:
                 self._up = False
                 if exc.code == 410:
                     log.info("pod watch expired (410 Gone: %s); listing again", exc)
                     version = ""
-                    gone += 1
-                    if gone > 1:
-                        await _sleep(stop, self._delay(gone - 1, denied=False))
+                    if gone:
+                        await _sleep(stop, self._jittered(relist.failure()))
+                    gone = True
                     continue
-                failures += 1
                 denied = exc.code in (401, 403)
                 self._states.failed(
                     f"api/{exc.code}",
@@ -175,11 +178,10 @@ class PodWatcher:
                     + "; pod UIDs, owners and labels are missing until it answers, devices are "
                     "exported as PodResources gives them",
                 )
-                await _sleep(stop, self._delay(failures, denied))
+                await _sleep(stop, self._delay(retry, denied))
             except ShortWatch as exc:
-                failures += 1
                 log.debug("%s", exc)
-                await _sleep(stop, self._delay(failures, denied=False))
+                await _sleep(stop, self._delay(retry, denied=False))
             except (
                 httpx.HTTPError,
                 OSError,
@@ -189,7 +191,6 @@ class PodWatcher:
                 NotConfigured,
             ) as exc:
                 self._up = False
-                failures += 1
                 denied = isinstance(exc, NotConfigured)  # only an operator fixes that
                 self._states.failed(
                     f"api/{type(exc).__name__}",
@@ -197,12 +198,16 @@ class PodWatcher:
                     "owners and labels are missing until it answers, devices are exported as "
                     "PodResources gives them",
                 )
-                await _sleep(stop, self._delay(failures, denied))
+                await _sleep(stop, self._delay(retry, denied))
 
-    def _delay(self, failures: int, denied: bool) -> float:
-        low, high = self.backoff
-        delay = self.denied_backoff if denied else min(high, low * 2 ** (failures - 1))
-        return delay * self._rng.uniform(0.8, 1.0)
+    def _delay(self, retry: Backoff, denied: bool) -> float:
+        """The next wait; a denied request still counts as a failure in the schedule."""
+        wait = retry.failure()
+        return self._jittered(self.denied_backoff if denied else wait)
+
+    def _jittered(self, seconds: float) -> float:
+        """The agents of many nodes that failed together do not retry together."""
+        return seconds * self._rng.uniform(0.8, 1.0)
 
     async def _list(self, api: KubeApi) -> str:
         pods, version = await api.list_pods(self.node)

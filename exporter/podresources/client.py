@@ -32,6 +32,7 @@ import grpc.aio
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
+from exporter.backoff import Backoff
 from exporter.log import StateLog
 from exporter.model import (
     ClaimResource,
@@ -75,8 +76,6 @@ class PodResourcesClient:
         self.max_message_bytes = max_message_bytes
         self.v1_retry_interval = v1_retry_interval
         self.allocatable_interval = allocatable_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
         self._clock = clock
         self._wall_clock = wall_clock
         self._channel: grpc.aio.Channel | None = None
@@ -86,7 +85,7 @@ class PodResourcesClient:
         self._allocatable: tuple[ContainerDevices, ...] = ()
         self._allocatable_known = False
         self._allocatable_at: float | None = None
-        self._backoff = 0.0
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._backoff_until = 0.0
         self._requests: Counter[tuple[str, str]] = Counter()
         self._durations: dict[str, float] = {}
@@ -96,7 +95,6 @@ class PodResourcesClient:
         self._states = StateLog(logging.getLogger("exporter.podresources"))
         self._list_cache: tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]] | None = None
         self._list_rpcs: dict[str, Any] = {}  # per channel
-        self.list_parses = 0
 
     # --- public -------------------------------------------------------------------
 
@@ -191,7 +189,6 @@ class PodResourcesClient:
         invalid: list[str] = []
         pods = await asyncio.to_thread(_parse_list, response_type, raw, invalid)
         self._list_cache = (api, raw, pods, tuple(invalid))
-        self.list_parses += 1
         self._note_invalid(invalid, "List")
         return pods
 
@@ -242,8 +239,7 @@ class PodResourcesClient:
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not _local_size_limit(exc):
-                self._backoff = min(self.backoff_max, max(self.backoff_initial, self._backoff * 2))
-                self._backoff_until = self._clock() + self._backoff
+                self._backoff_until = self._clock() + self._backoff.failure()
             elif exc.code() == grpc.StatusCode.UNAVAILABLE:
                 await self._drop_channel()
             raise PodResourcesError(code, exc.details() or code) from exc
@@ -251,7 +247,7 @@ class PodResourcesClient:
             self._requests[(method, code)] += 1
             self._durations[method] = self._clock() - started
             if code == "OK":
-                self._backoff = 0.0
+                self._backoff.success()
 
     async def _check_socket(self) -> None:
         try:
