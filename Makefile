@@ -85,7 +85,7 @@ soak: install
 	$(PY) -m bench.faults --soak
 
 docs: $(STAMP)
-	$(PY) -m exporter.metrics > docs/metrics.md
+	$(PY) -m exporter.metricdoc > docs/metrics.md
 	$(PY) -m exporter.flagdoc README.md
 	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
 

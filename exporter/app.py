@@ -24,13 +24,9 @@ from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.sinks.web import DevicesView, make_app
-from exporter.sinks.webserver import (
-    GuardedServer,
-    ServerLimits,
-    ServerStats,
-    request_logger,
-    security_middleware,
-)
+from exporter.sinks.webauth import security_middleware
+from exporter.sinks.webserver import GuardedServer, ServerLimits
+from exporter.sinks.webstats import ServerStats, request_logger
 from exporter.sources import Source, SourceContext, registry
 from exporter.threads import in_daemon_thread
 from exporter.webconfig import WebConfigError, WebConfigWatcher
@@ -84,7 +80,7 @@ class Exporter:
         self.view = DevicesView(ResourceMatcher(config.resource_patterns))
         sinks: list[SnapshotSink] = [self.prometheus, self.view]
         self.web_limits = ServerLimits(max_connections=config.web_max_connections)
-        self.web_stats = ServerStats(self.web_limits)
+        self.web_stats = ServerStats(self.web_limits.quiet_after)
         self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
         self.otlp = None
         if config.otlp.endpoint:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from exporter.flags import DOCTOR, PROG, UsageError, parse_config, usage_error
+from exporter.flags import PROG, UsageError, parse_config, usage_error
+from exporter.flagtable import DOCTOR
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Each flag is also `KDE_<NAME>` in the environment (a flag wins); a bad value raises
 UsageError with one line naming the flag or variable, which the commands turn into exit 2.
-`cli.py` dispatches the commands; `flagdoc.py` writes the README's table from `_FLAGS`.
+The flags themselves are a table (`flagtable.py`), from which `flagdoc.py` also writes the
+README's table; `cli.py` dispatches the commands.
 """
 
 from __future__ import annotations
@@ -19,23 +20,13 @@ from typing import Any, NoReturn
 
 from exporter import __version__
 from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
+from exporter.flagtable import COMMANDS, FLAG_METAVARS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
 from exporter.join import DEFAULT_RESOURCE_PATTERNS
-from exporter.metrics import SCHEMAS
 from exporter.sources import SourceInfo, registry
-from exporter.values import (
-    METAVARS,
-    boolean,
-    choice,
-    choices,
-    duration,
-    positive_int,
-    regex,
-    size_bytes,
-)
+from exporter.values import METAVARS, boolean, choice, regex
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
-OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
 MIN_COLLECT_INTERVAL = 1.0
 """Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
@@ -52,19 +43,6 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-# --- value types (their ValueError text is what the user reads) ---------------------------
-
-
-def listen_address(text: str) -> tuple[str, int] | None:
-    """`HOST:PORT`, `:PORT`, `[::]:PORT`; `none` disables the HTTP server."""
-    if text.strip().lower() == "none":
-        return None
-    m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text)
-    if not m or not 0 <= int(m["port"]) < 65536:
-        raise ValueError(f"expected HOST:PORT (e.g. :9405, 0.0.0.0:9405, [::]:9405), got {text!r}")
-    return (m["v6"] or m["host"] or "", int(m["port"]))
-
-
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """Wrap a parser so argparse reports our ValueError text."""
 
@@ -78,238 +56,13 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return wrapped
 
 
-# --- the flag table -----------------------------------------------------------------------
-
-
 def env_name(flag: str) -> str:
     """`--web.listen-address` -> `KDE_WEB_LISTEN_ADDRESS`."""
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", flag.lstrip("-")).upper()
 
 
-_FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
-    # (group, flag, dest, type, default text, help)
-    (
-        "kubelet",
-        "--kubelet-socket",
-        "kubelet_socket",
-        Path,
-        str(DEFAULT_SOCKET),
-        "PodResources socket (mount its directory, not the file, so kubelet restarts are seen)",
-    ),
-    (
-        "kubelet",
-        "--kubernetes.resource-pattern",
-        "resource_patterns",
-        str,
-        "",
-        "extended-resource name pattern to attribute (glob; repeatable; replaces the defaults: "
-        + ", ".join(DEFAULT_RESOURCE_PATTERNS)
-        + ")",
-    ),
-    (
-        "kubelet",
-        "--kubernetes.timeout",
-        "podresources_timeout",
-        duration,
-        "5s",
-        "deadline of each PodResources call",
-    ),
-    (
-        "kubelet",
-        "--kubernetes.max-message-size",
-        "podresources_max_message_bytes",
-        size_bytes,
-        "256MiB",
-        "largest PodResources answer accepted (gRPC's default 4MiB breaks busy nodes)",
-    ),
-    (
-        "kubelet",
-        "--kubernetes.stale-after",
-        "podresources_stale_after",
-        duration,
-        "5m",
-        "keep the last good PodResources answer this long while the kubelet fails",
-    ),
-    (
-        "kubeapi",
-        "--kubernetes.api",
-        "kubernetes_api",
-        boolean,
-        "off",
-        "watch this node's pods on the API server for pod UIDs, workloads and allowed labels "
-        "(k8s_pod_workload_info); needs the kubernetes-api RBAC (deploy/components/kubernetes-api)",
-    ),
-    (
-        "kubeapi",
-        "--kubernetes.kubeconfig",
-        "kubeconfig",
-        Path,
-        "in-cluster: the pod's ServiceAccount",
-        "kubeconfig for --kubernetes.api (development outside a cluster)",
-    ),
-    (
-        "kubeapi",
-        "--kubernetes.pod-labels",
-        "pod_label_patterns",
-        regex,
-        "none",
-        "pod label keys to export as k8s_pod_label_<key>: a regex matching the whole key "
-        "(repeatable; the environment variable holds one regex)",
-    ),
-    (
-        "web",
-        "--web.listen-address",
-        "listen_address",
-        listen_address,
-        ":9405",
-        "HOST:PORT for /metrics, /healthz, /readyz and the landing page; 'none' for no server",
-    ),
-    (
-        "web",
-        "--web.config.file",
-        "web_config_file",
-        Path,
-        "none",
-        "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
-        "headers; re-read when it changes (docs/security.md)",
-    ),
-    (
-        "web",
-        "--web.max-connections",
-        "web_max_connections",
-        positive_int,
-        "512",
-        "open HTTP connections at most; at the cap the longest-idle one is closed",
-    ),
-    (
-        "collection",
-        "--collect-interval",
-        "collect_interval",
-        duration,
-        "10s",
-        "how often to read devices and the kubelet (scrapes only read the last result)",
-    ),
-    (
-        "collection",
-        "--collect-timeout",
-        "collect_timeout",
-        duration,
-        "5s",
-        "a source slower than this is reported failed for the cycle",
-    ),
-    (
-        "collection",
-        "--node-name",
-        "node_name",
-        str,
-        "$NODE_NAME",
-        "node label value (set NODE_NAME from the downward API; the hostname of a pod is its name)",
-    ),
-    ("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point"),
-    ("collection", "--path.procfs", "procfs", Path, "/proc", "procfs mount point"),
-    (
-        "collection",
-        "--path.container-logs",
-        "container_logs",
-        Path,
-        "/var/log/containers",
-        "the kubelet's container-log symlinks: their names map container IDs to pods "
-        "(process attribution; only the names are read)",
-    ),
-    (
-        "collection",
-        "--attribution.process-series",
-        "process_series",
-        boolean,
-        "false",
-        "also export one series per process (hw_gpu_process_*, bare host PIDs: one series per "
-        "process, high cardinality)",
-    ),
-    (
-        "collection",
-        "--metrics.schema",
-        "metrics_schema",
-        choices(*SCHEMAS),
-        "native",
-        "metric names and labels on /metrics: native (OpenTelemetry-derived), dcgm "
-        "(dcgm-exporter's DCGM_FI_* names, units and labels), or native,dcgm while migrating "
-        "(docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
-    ),
-    (
-        "otlp",
-        "--otlp.endpoint",
-        "otlp_endpoint",
-        str,
-        "$OTEL_EXPORTER_OTLP_ENDPOINT",
-        "push metrics to this OTLP collector, a base URL (OTLP/HTTP appends /v1/metrics; "
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given); empty: no push",
-    ),
-    (
-        "otlp",
-        "--otlp.protocol",
-        "otlp_protocol",
-        choice(*OTLP_PROTOCOLS),
-        "$OTEL_EXPORTER_OTLP_PROTOCOL or grpc",
-        "OTLP transport",
-    ),
-    (
-        "logging",
-        "--log.level",
-        "log_level",
-        choice("debug", "info", "warning", "error"),
-        "info",
-        "log level",
-    ),
-    ("logging", "--log.format", "log_format", choice("text", "json"), "text", "log format"),
-]
-
-_GROUP_TITLES = {
-    "kubelet": "kubelet (PodResources)",
-    "kubeapi": "Kubernetes API (optional)",
-    "web": "web",
-    "collection": "collection",
-    "collectors": "collectors (sources)",
-    "otlp": "OTLP push (also the standard OTEL_* variables)",
-    "logging": "logging",
-}
-
-
-_METAVARS = {
-    "kubelet_socket": "PATH",
-    "resource_patterns": "GLOB[,GLOB...]",
-    "listen_address": "HOST:PORT",
-    "node_name": "NAME",
-    "sysfs": "PATH",
-    "procfs": "PATH",
-    "container_logs": "PATH",
-    "web_config_file": "FILE",
-    "kubeconfig": "FILE",
-    "pod_label_patterns": "REGEX",
-    "otlp_endpoint": "URL",
-    "otlp_protocol": "grpc|http/protobuf",
-    "log_level": "debug|info|warning|error",
-    "log_format": "text|json",
-    "metrics_schema": "native|dcgm|native,dcgm",
-}
-"""What --help shows in place of a value; otherwise the value type's METAVARS entry."""
-
-COMMANDS = (
-    ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),
-    ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
-    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
-)
-
-
-DOCTOR = (
-    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
-    "at the host /sys and /proc, and compares what the node advertises with what the sources "
-    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
-    "there is one. Run it in the exporter's pod with the exporter's flags."
-)
-
-
 def _metavar(dest: str, parse: Callable[[str], Any]) -> str:
-    return _METAVARS.get(dest) or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
+    return FLAG_METAVARS.get(dest) or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
 
 
 def _default_note(default: str, flag: str) -> str:
@@ -334,8 +87,8 @@ def build_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    groups = {k: parser.add_argument_group(v) for k, v in _GROUP_TITLES.items()}
-    for group, flag, dest, parse, default, help_ in _FLAGS:
+    groups = {k: parser.add_argument_group(v) for k, v in GROUP_TITLES.items()}
+    for group, flag, dest, parse, default, help_ in FLAGS:
         kwargs: dict[str, Any] = {
             "dest": dest,
             "type": _typed(parse),
@@ -403,7 +156,7 @@ def parse_config(
     args = build_parser(sources, prog, description).parse_args(list(argv))
 
     given = vars(args)
-    flag_dests = {dest for _, _, dest, _, _, _ in _FLAGS}
+    flag_dests = {dest for _, _, dest, _, _, _ in FLAGS}
 
     def pick(flag: str, dest: str, parse: Callable[[str], Any], default: Any) -> Any:
         if dest in flag_dests and dest in given:
@@ -418,7 +171,7 @@ def parse_config(
                 raise UsageError(f"environment variable {name}: {exc}") from exc
         return default
 
-    table = {dest: (flag, parse) for _, flag, dest, parse, _, _ in _FLAGS}
+    table = {dest: (flag, parse) for _, flag, dest, parse, _, _ in FLAGS}
 
     def get(dest: str, default: Any) -> Any:
         flag, parse = table[dest]

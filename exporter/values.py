@@ -93,6 +93,16 @@ def file_path(value: str) -> str:
     return value
 
 
+def listen_address(text: str) -> tuple[str, int] | None:
+    """`HOST:PORT`, `:PORT`, `[::]:PORT`; `none` disables the HTTP server."""
+    if text.strip().lower() == "none":
+        return None
+    m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text)
+    if not m or not 0 <= int(m["port"]) < 65536:
+        raise ValueError(f"expected HOST:PORT (e.g. :9405, 0.0.0.0:9405, [::]:9405), got {text!r}")
+    return (m["v6"] or m["host"] or "", int(m["port"]))
+
+
 METAVARS: dict[str, str] = {
     "duration": "DURATION",
     "boolean": "BOOL",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.flags import UsageError, build_parser, env_name, listen_address, parse_config
+from exporter.flags import UsageError, build_parser, env_name, parse_config
 from exporter.sources import SourceContext, SourceInfo, SourceOption
-from exporter.values import boolean, duration
+from exporter.values import boolean, duration, listen_address
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

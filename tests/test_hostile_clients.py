@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.sinks.webserver import ServerLimits, ServerStats
+from exporter.sinks.webserver import ServerLimits
+from exporter.sinks.webstats import ServerStats
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 
@@ -28,7 +29,7 @@ LIMITS = ServerLimits(max_connections=20, header_timeout=0.5, idle_timeout=1.0, 
 async def exporter(tmp_path: Path) -> AsyncIterator[Exporter]:
     exp = Exporter(config_for(tmp_path / "none.sock"), sources={"fake": StaticSource(gpu_result())})
     exp.web_limits = LIMITS
-    exp.web_stats = ServerStats(LIMITS)
+    exp.web_stats = ServerStats(LIMITS.quiet_after)
     await exp.start()
     await exp.wait_ready(10)
     try:

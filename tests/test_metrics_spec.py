@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from exporter.metricdoc import markdown
 from exporter.metrics import (
     ATTRIBUTES,
     SPECS_LIST,
     Kind,
     Scope,
-    markdown,
     prometheus_label,
     prometheus_name,
 )

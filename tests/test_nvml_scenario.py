@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from exporter.simulate.nvml_scenario import NO_ID, parse_nvidia, render
+from exporter.simulate.nvml_scenario import parse_nvidia
+from exporter.simulate.nvml_spec import NO_ID
+from exporter.simulate.nvml_state import render
 from exporter.simulate.scenario import ScenarioError, load_scenario
 from exporter.simulate.signals import Signal, parse_signal
 

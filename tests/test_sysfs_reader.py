@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.sysfs import BUFFER_BYTES, Counters, Rates, Reader, read_hwmon
+from exporter.sources.hwmon import read_hwmon
+from exporter.sources.sysfs import Counters, Rates
+from exporter.sources.sysfsreader import BUFFER_BYTES, Reader
 from tests.support import Clock
 from tests.sysfs_support import blocking_file
 

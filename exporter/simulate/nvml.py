@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.simulate.nvml_scenario import NvidiaSpec, parse_nvidia, render
+from exporter.simulate.nvml_scenario import parse_nvidia
+from exporter.simulate.nvml_spec import NvidiaSpec
+from exporter.simulate.nvml_state import render
 from exporter.simulate.scenario import Scenario, load_scenario
 
 FAKENVML_DIR = Path(__file__).parent / "fakenvml"

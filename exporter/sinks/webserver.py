@@ -1,4 +1,4 @@
-"""The HTTP server around the aiohttp app: limits for hostile clients, TLS, basic auth.
+"""The HTTP server around the aiohttp app: connection limits for hostile clients, and TLS.
 
 aiohttp alone keeps a connection that never sends a request, or sends it one byte a
 minute, for as long as the client likes, accepts connections until the process runs out
@@ -14,10 +14,11 @@ connection goes through a small protocol in front of aiohttp's:
   a request head, a handshake or the next keep-alive request) that was quiet longest, or is
   refused when all of them are serving a request; so idle connections never lock out a scraper;
 - accept errors (EMFILE) and malformed requests are logged once per state change, counted
-  in `kube_device_exporter_http_*` self-metrics, never once per event.
+  in `kube_device_exporter_http_*` self-metrics, never once per event (`webstats.py`).
 
 TLS is started per connection with the web config's *current* SSLContext, so a renewed
 certificate (or a changed client CA) is used by the next connection, no restart needed.
+Basic auth and response headers are a middleware of the app (`webauth.py`).
 """
 
 from __future__ import annotations
@@ -27,29 +28,20 @@ import logging
 import os
 import resource
 import ssl
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
-from exporter.model import Sample
-from exporter.webconfig import BasicAuth, WebConfigWatcher
+from exporter.sinks.webstats import ServerStats
+from exporter.webconfig import WebConfigWatcher
 
 log = logging.getLogger("exporter.web")
 
 FD_RESERVE = 32
 """File descriptors kept free beyond those open at start (sysfs reads, gRPC reconnects, NVML):
 the connection cap is lowered to fit under the fd limit, so accept() does not fail first."""
-
-PROBE_PATHS = frozenset({"/healthz", "/readyz"})
-"""Answer without basic auth (still over TLS when TLS is on): kubelet probes cannot send
-credentials without writing them into the pod spec, and these say only "ok"/"ready"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,114 +52,6 @@ class ServerLimits:
     write_timeout: float = 30.0
     quiet_after: float = 60.0
     """A malformed-request or accept-error state ends after this long without one."""
-
-
-class _Throttled:
-    """Something bad that can happen thousands of times a second: counted every time,
-    logged when it starts and when it has stopped for `quiet_after` seconds."""
-
-    def __init__(self, what: str, quiet_after: float, clock: Callable[[], float]) -> None:
-        self.what = what
-        self.quiet_after = quiet_after
-        self._clock = clock
-        self.total = 0
-        self._since_logged = 0
-        self._last: float | None = None
-
-    def hit(self, detail: str, exc: BaseException | None = None) -> None:
-        """One more; logged (with `exc`'s traceback, if given) only when a spell starts."""
-        now = self._clock()
-        self.total += 1
-        if self._last is None or now - self._last >= self.quiet_after:
-            if self._last is not None and self._since_logged:
-                log.info("%s: %d more before a quiet spell", self.what, self._since_logged)
-            log.warning(
-                "%s (first: %s); logged again only after %.0fs without one; counted in "
-                "self-metrics",
-                self.what,
-                detail,
-                self.quiet_after,
-                exc_info=exc,
-            )
-            self._since_logged = 0
-        else:
-            self._since_logged += 1
-        self._last = now
-
-
-class ServerStats:
-    """Counts for the self-metrics (read by the poller once per cycle)."""
-
-    def __init__(self, limits: ServerLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        self.closed: Counter[str] = Counter()
-        self.open = 0
-        self.malformed = _Throttled("malformed HTTP requests", limits.quiet_after, clock)
-        self.handler_errors = _Throttled("HTTP handler errors", limits.quiet_after, clock)
-        self.accept_errors = _Throttled(
-            "accepting connections fails (file descriptors exhausted?)", limits.quiet_after, clock
-        )
-        self.unauthorized = 0
-        self.watcher: WebConfigWatcher | None = None
-
-    def self_samples(self) -> tuple[Sample, ...]:
-        out = [Sample("kube_device_exporter.http.connections", float(self.open))]
-        for reason in sorted(self.closed):
-            out.append(
-                Sample(
-                    "kube_device_exporter.http.connections.closed",
-                    float(self.closed[reason]),
-                    (("reason", reason),),
-                )
-            )
-        rejected = (("malformed", self.malformed.total), ("unauthorized", self.unauthorized))
-        for reason, count in rejected:
-            out.append(
-                Sample(
-                    "kube_device_exporter.http.requests.rejected",
-                    float(count),
-                    (("reason", reason),),
-                )
-            )
-        out.append(
-            Sample("kube_device_exporter.http.accept_errors", float(self.accept_errors.total))
-        )
-        if self.watcher is not None:
-            for result in ("success", "failure"):
-                out.append(
-                    Sample(
-                        "kube_device_exporter.web_config.reloads",
-                        float(self.watcher.reloads[result]),
-                        (("result", result),),
-                    )
-                )
-        return tuple(out)
-
-
-class _RequestLogFilter(logging.Filter):
-    """aiohttp's per-request error log -> one line per state change, and a count."""
-
-    def __init__(self, stats: ServerStats) -> None:
-        super().__init__()
-        self.stats = stats
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        detail = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
-        detail = detail.splitlines()[0][:200] if detail else ""
-        if isinstance(exc, HttpProcessingError):
-            self.stats.malformed.hit(detail)
-        elif record.levelno >= logging.WARNING:
-            # a bug in a handler: its first traceback is worth a log line, the next 10,000 not
-            self.stats.handler_errors.hit(detail, exc)
-        return False  # _Throttled has logged what is worth logging
-
-
-def request_logger(stats: ServerStats) -> logging.Logger:
-    """The logger aiohttp's request handlers get: one per server (not in the logging tree, so
-    two servers in one process keep their own counts); every record reaches the filter."""
-    logger = logging.Logger("exporter.web.requests", logging.DEBUG)
-    logger.addFilter(_RequestLogFilter(stats))
-    return logger
 
 
 class _Connection(asyncio.Protocol):
@@ -436,35 +320,3 @@ def raise_fd_limit() -> int:
             return soft
         return hard if hard != resource.RLIM_INFINITY else 1 << 20
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def security_middleware(watcher: WebConfigWatcher, stats: ServerStats) -> Middleware:
-    """Basic auth on every path but the probes, and the configured response headers."""
-    auth = BasicAuth()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        config = watcher.current()
-        if config.auth and request.path not in PROBE_PATHS:
-            header = request.headers.get("Authorization", "")
-            if not header or not await auth.check(config.users, header):
-                stats.unauthorized += 1
-                response: web.StreamResponse = web.Response(
-                    status=401,
-                    text="Unauthorized\n",
-                    headers={"WWW-Authenticate": 'Basic realm="kube-device-exporter"'},
-                )
-                response.headers.update(config.headers)
-                return response
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:  # 404, 405...: the headers go on them too
-            exc.headers.update(config.headers)
-            raise
-        response.headers.update(config.headers)
-        return response
-
-    return middleware

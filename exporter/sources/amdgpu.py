@@ -19,19 +19,9 @@ from exporter.attribution.resolver import read_small
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
 from exporter.sources.drmfdinfo import DrmProcesses
-from exporter.sources.sysfs import (
-    PERCENT,
-    U64,
-    PciIdentity,
-    Reader,
-    SysfsSource,
-    alias,
-    device_reading,
-    hwmon_samples,
-    numbered,
-    parse_integer,
-    read_hwmon,
-)
+from exporter.sources.hwmon import hwmon_samples, read_hwmon
+from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
+from exporter.sources.sysfsreader import PERCENT, U64, Reader, numbered, parse_integer
 
 MEMORY_FILES = (
     ("hw.gpu.memory.usage", "mem_info_vram_used"),

@@ -20,17 +20,9 @@ from exporter import values
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
 from exporter.sources.drmfdinfo import DrmProcesses
-from exporter.sources.sysfs import (
-    MEGAHERTZ,
-    PciIdentity,
-    Reader,
-    SysfsSource,
-    alias,
-    device_reading,
-    hwmon_samples,
-    numbered,
-    read_hwmon,
-)
+from exporter.sources.hwmon import hwmon_samples, read_hwmon
+from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
+from exporter.sources.sysfsreader import MEGAHERTZ, Reader, numbered
 
 MODELS = {
     "0x56c0": "Intel Data Center GPU Flex 170",

@@ -25,14 +25,8 @@ from typing import Any, Protocol
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.sysfs import (
-    PciIdentity,
-    Reader,
-    SysfsSource,
-    alias,
-    device_reading,
-    numbered,
-)
+from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
+from exporter.sources.sysfsreader import Reader, numbered
 from exporter.values import auto_boolean, boolean, file_path
 
 log = logging.getLogger("exporter.sources.netdev")

@@ -24,13 +24,8 @@ import yaml
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.sysfs import (
-    PciIdentity,
-    Reader,
-    SysfsSource,
-    alias,
-    device_reading,
-)
+from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
+from exporter.sources.sysfsreader import Reader
 from exporter.values import file_path
 
 log = logging.getLogger("exporter.sources.rdma")

@@ -26,7 +26,7 @@
  *   mig <gpu index> <slot>           starts a MIG block (keys below belong to it)
  *   proc <pid> <bytes> <gi> <ci> <sm%> <mem%>   a compute process of the current GPU
  *   xid <seq> <gpu index> <xid> <gi> <ci>       an XID event (delivered once per event set)
- * Device keys: see exporter/simulate/nvml_scenario.py (uuid, name, pci, minor, ...); a
+ * Device keys: see exporter/simulate/nvml_state.py (uuid, name, pci, minor, ...); a
  * value "!<code>" makes every read of that key fail with that NVML return code.
  */
 #define _GNU_SOURCE
