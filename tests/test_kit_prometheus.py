@@ -14,6 +14,7 @@ it yet; they are reported as xfail, so the list shrinks as sources land.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -22,10 +23,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -36,6 +39,12 @@ from exporter.sources import registry
 from tests import kit
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, free_port, need
+from tests.scenario_facts import (
+    device_behind,
+    holdings,
+    idle_while_held,
+    nvidia_spec,
+)
 
 pytestmark = pytest.mark.peer
 
@@ -88,6 +97,9 @@ class Cluster:
     exporters: dict[str, str]
     """scenario (or role) -> scrape target."""
     down_target: str
+    started: dict[str, tuple[float, float]]
+    """scenario -> (wall time its process was launched, wall time it was ready): its
+    scenario time 0 lies between the two."""
     resolved: dict[tuple[str, bool], dict[str, str]] = field(default_factory=dict)
     """(dashboard, concrete) -> variable values, resolved once."""
 
@@ -154,6 +166,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kit")
     procs: list[subprocess.Popen[bytes]] = []
     exporters: dict[str, str] = {}
+    started: dict[str, tuple[float, float]] = {}
     api = _demo_api()
     try:
         for scenario in SCENARIOS:
@@ -161,10 +174,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             if scenario == "demo":  # the workload panels need --kubernetes.api
                 kubeconfig = api.kubeconfig(root / "kubeconfig")
                 extra = ["--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig)]
+            launched = time.time()
             proc, target = _start_exporter(["simulate", scenario, *extra], root / scenario)
             procs.append(proc)
             _wait_ready(proc, target, root / scenario / "exporter.log")
             exporters[scenario] = target
+            started[scenario] = (launched, time.time())
         # It also pushes OTLP to an address nobody listens on: its export counters are real.
         proc, target = _start_exporter(
             ["--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
@@ -186,7 +201,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 f"count(rate({cycles}[{RATE_INTERVAL}]) > 0) >= {len(exporters)}",
                 timeout=40,
             )
-            yield Cluster(prometheus, exporters, down)
+            yield Cluster(prometheus, exporters, down, started)
         finally:
             prometheus.stop()
     finally:
@@ -237,8 +252,7 @@ def _resolve(cluster: Cluster, board: dict[str, Any], concrete: bool) -> dict[st
         if variable.multi and (not concrete or not found):
             values[variable.name] = variable.all_value
         elif variable.multi:
-            # Grafana regex-escapes a multi-value selection inside a PromQL string.
-            values[variable.name] = re.escape(found[0]).replace("\\", "\\\\")
+            values[variable.name] = _selected(found[0])
         else:
             values[variable.name] = found[0] if found else ""
     return values
@@ -253,6 +267,12 @@ def _variable_options(
     match, label = _substitute(m[1], values), m[2]
     found: list[str] = cluster.prometheus.api(f"label/{label}/values", **{"match[]": match})
     return found
+
+
+def _selected(value: str) -> str:
+    """One value picked in a multi-value variable, as Grafana writes it into a PromQL
+    string: regex-escaped."""
+    return re.escape(value).replace("\\", "\\\\")
 
 
 VARIABLES = [
@@ -400,13 +420,8 @@ def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -
 def _values_on(
     cluster: Cluster, query: kit.PanelQuery, node: str
 ) -> list[tuple[dict[str, str], float]]:
-    expr = _substitute(query.expr, _variable_values(cluster, query.dashboard, concrete=False))
     on = kit.prometheus_label("k8s.node.name")
-    return [
-        (s["metric"], float(s["value"][1]))
-        for s in cluster.query(expr, instant=True)
-        if s["metric"].get(on, node) == node
-    ]
+    return [(m, points[-1]) for m, points in _read(cluster, query) if m.get(on, node) == node]
 
 
 def test_dashboards_show_the_values_the_demo_node_has(cluster: Cluster) -> None:
@@ -447,3 +462,324 @@ def test_dashboards_show_the_values_the_demo_node_has(cluster: Cluster) -> None:
 def _bytes(size: str) -> float:
     number, unit = size[:-3], size[-3:]
     return float(number) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
+# --- what a user reads on the bundled scenarios -----------------------------------------
+#
+# Every expected value is derived from the scenario files, through the scenario parsers so
+# that the defaults docs/simulation.md gives apply; none is read from an exporter.
+
+DATA_LAG = 5.0
+"""Seconds by which what Prometheus shows may trail a simulated node: a collect cycle and a
+scrape (1 s each), and the staleness marker a vanished series gets at the next scrape."""
+SETTLE = 30.0
+"""Seconds a panel may take to show what the scenario implies: up to a slow interval (10 s:
+GPM activity, per-process utilization), then a scrape."""
+MIB = 2**20
+T = TypeVar("T")
+
+
+def _shown(cluster: Cluster, scenario: str, start: float, end: float | None) -> bool | None:
+    """Whether what Prometheus shows, now and for DATA_LAG seconds on, lies inside [start,
+    end) of `scenario`'s time: True or False when both lie clear of the window its time may
+    be in, None when it may show either. For values read every cycle (not every slow
+    interval), which need no waiting for but a scrape."""
+    launched, ready = cluster.started[scenario]
+    now = time.time()
+    earliest, latest = now - ready - DATA_LAG, now - launched + DATA_LAG
+    if start <= earliest and (end is None or latest < end):
+        return True
+    if latest < start or (end is not None and end <= earliest):
+        return False
+    return None
+
+
+def _read(
+    cluster: Cluster, query: kit.PanelQuery, **chosen: str
+) -> list[tuple[dict[str, str], list[float]]]:
+    """A panel's series with the `chosen` variables set to one value each, as a user picks
+    them, the others at their defaults: an instant query's value, or each point of a range
+    query (the last 20 s)."""
+    values = dict(_variable_values(cluster, query.dashboard, concrete=False))
+    values.update({name: _selected(value) for name, value in chosen.items()})
+    expr = _substitute(query.expr, values)
+    out = []
+    for s in cluster.query(expr, instant=query.instant):
+        points = [s["value"]] if query.instant else s["values"]
+        out.append((s["metric"], [float(v) for _, v in points]))
+    return out
+
+
+def _stat(cluster: Cluster, query: kit.PanelQuery, **chosen: str) -> float:
+    """The number a stat panel shows."""
+    ((_, (value,)),) = _read(cluster, query, **chosen)
+    return value
+
+
+def _latest(cluster: Cluster, query: kit.PanelQuery, label: str, **chosen: str) -> dict[str, float]:
+    """A panel's series by one label's value -> the latest value (a stat or table cell, a
+    graph's right edge)."""
+    return {m.get(label, ""): points[-1] for m, points in _read(cluster, query, **chosen)}
+
+
+def _settled(read: Callable[[], T], expected: object) -> T:
+    """`read()` once it equals `expected`, or its last answer after SETTLE seconds."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        got = read()
+        if got == expected or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def _levels(series: list[tuple[dict[str, str], list[float]]], label: str) -> dict[str, set[float]]:
+    """Label value -> the values its series take (6 decimals: what a panel can show)."""
+    out: dict[str, set[float]] = {}
+    for metric, points in series:
+        out.setdefault(metric.get(label, ""), set()).update(round(p, 6) for p in points)
+    return out
+
+
+def test_devices_dashboard_shows_each_gpus_utilization_and_memory(cluster: Cluster) -> None:
+    """The devices board's `Utilization` and `Device memory used` graphs, with the node and
+    the GPU picked, for every whole GPU whose utilization the scenario holds constant (the
+    numa node's four: 90, 10, 60, 60 %; the demo's GPU ...003, which dev-shell uses without
+    a request: 25 %): one `general` line at the scenario's value (whole percents, as NVML
+    reports them), a `decoder` line at its decoder_utilization (0 unless set), no `encoder`
+    line (the scenarios' `unsupported: [encoder_utilization]`: an H100 has no NVENC), and
+    memory used = the GPU's memory_used (0 unless set) plus its processes' memory (GPU
+    ...003: dev-shell's 3 GiB), out of its memory (81559 MiB unless set)."""
+    (utilization,) = _panel("devices", "Utilization")
+    used, size = _panel("devices", "Device memory used")
+    hw_id, task = kit.prometheus_label("hw.id"), kit.prometheus_label("hw.gpu.task")
+    checked = []
+    for name in ("demo", "numa"):
+        scenario = load_scenario(name)
+        for gpu in nvidia_spec(scenario).gpus:
+            lines = {
+                "general": ("utilization", gpu.utilization),
+                "decoder": ("decoder_utilization", gpu.decoder_utilization),
+                "encoder": ("encoder_utilization", gpu.encoder_utilization),
+            }
+            processes = [*gpu.processes, *(p for m in gpu.mig for p in m.processes)]
+            if gpu.mig or any(s.pattern != "constant" for _, s in lines.values()):
+                continue
+            assert all(p.start == 0 and p.end == math.inf for p in processes), gpu.uuid
+            expected = {
+                line: {round(signal.max, 6)}
+                for line, (feature, signal) in lines.items()
+                if feature not in gpu.unsupported
+            }
+            picked = {"node": scenario.node, "device": gpu.uuid}
+            series = _read(cluster, utilization, **picked)
+            assert {m[hw_id] for m, _ in series} == {gpu.uuid}
+            assert _levels(series, task) == expected, gpu.uuid
+            in_use = gpu.memory_used + sum(p.memory for p in processes)
+            assert _levels(_read(cluster, used, **picked), hw_id) == {gpu.uuid: {in_use}}
+            assert _levels(_read(cluster, size, **picked), hw_id) == {gpu.uuid: {gpu.memory}}
+            checked.append(gpu.uuid)
+    assert "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000003" in checked
+    assert len(checked) == 5, checked
+
+
+def test_workloads_dashboard_shows_each_pods_devices(cluster: Cluster) -> None:
+    """Picking a pod on the workloads board (its node, namespace and name) shows what the
+    scenario's kubelet hands it: `Device IDs held` counts its IDs (2 for the numa node's
+    trainer-misaligned), `Pods holding devices` is 1, and the `Allocations` table has one
+    row per (container, resource, device ID), an NVIDIA one resolved to the GPU or slice
+    behind it (a time-slicing replica `UUID::N` to its GPU). With only a node picked,
+    `Devices held by namespace` counts each namespace's (container, device ID) pairs.
+    A pod that starts or ends during the run (the demo's short-job) is left out, and so is
+    its node's namespace count: what they show depends on when the test looks."""
+    (held,) = _panel("workloads", "Device IDs held")
+    (pods,) = _panel("workloads", "Pods holding devices")
+    (table,) = _panel("workloads", "Allocations")
+    (by_namespace,) = _panel("workloads", "Devices held by namespace")
+    label = kit.prometheus_label
+    checked: dict[str, int] = {}
+    for name in SCENARIOS:
+        scenario = load_scenario(name)
+        nvidia_ids = nvidia_spec(scenario).device_index()
+        handed = holdings(scenario)
+        for timed in {h.pod for h in handed}:
+            if timed.start or timed.end is not None:
+                continue
+            mine = [h for h in handed if h.pod == timed]
+            picked = {
+                "node": scenario.node,
+                "namespace": timed.pod.namespace,
+                "pod": timed.pod.name,
+            }
+            rows = [
+                (
+                    m[label("k8s.container.name")],
+                    m[label("hw.allocation.resource")],
+                    m[label("hw.allocation.device_id")],
+                    m.get(label("hw.id"), ""),
+                )
+                for m, _ in _read(cluster, table, **picked)
+            ]
+            assert sorted(r[:3] for r in rows) == sorted(
+                (h.container, h.resource, h.device_id) for h in mine
+            ), picked
+            for _, _, device_id, hw_id in rows:
+                if device_behind(device_id) in nvidia_ids:
+                    assert hw_id == device_behind(device_id), (picked, device_id)
+            assert _stat(cluster, held, **picked) == len({h.device_id for h in mine}), picked
+            assert _stat(cluster, pods, **picked) == 1, picked
+            checked[timed.pod.name] = len(mine)
+        if any(h.pod.start or h.pod.end is not None for h in handed):
+            continue
+        namespaces = Counter(h.pod.pod.namespace for h in handed)
+        shown = _latest(cluster, by_namespace, label("k8s.namespace.name"), node=scenario.node)
+        assert shown == namespaces, scenario.name
+    assert checked.get("trainer-misaligned") == 2, checked
+
+
+def test_efficiency_dashboard_lists_exactly_the_idle_allocated_devices(
+    cluster: Cluster,
+) -> None:
+    """The efficiency board's `Allocated but idle` table, at its default threshold (5 %),
+    lists exactly the held devices whose utilization the scenarios keep under it: the
+    demo's notebook-alice on MIG slice ...101 (a constant 2 %). Not short-job's slice ...102
+    (90 % until the pod ends at 40 s, then held by no one), not the numa notebook's GPU
+    (10 %), not the mixed node's GPUs (35-99 % busy), nothing that has no utilization (AMD
+    partitions, NICs). Its utilization and peak columns read the scenario's value, and its
+    idle-for column is at most the time since the node started (it was never busy). The
+    `Idle now` and `Idle while allocated` stats, the by-namespace graph and the overview's
+    `Idle while allocated` count the same devices."""
+    threshold = float(_variable_values(cluster, "efficiency", concrete=False)["idle_threshold"])
+    expected: dict[tuple[str, ...], tuple[float, float]] = {}
+    for name in SCENARIOS:
+        expected |= idle_while_held(load_scenario(name), threshold)
+    keys = ("k8s.node.name", "hw.id", "k8s.namespace.name", "k8s.pod.name")
+    labels = [kit.prometheus_label(k) for k in keys]
+    idle_for, peak, now = _panel("efficiency", "Allocated but idle")
+
+    def listed(query: kit.PanelQuery) -> dict[tuple[str, ...], float]:
+        return {tuple(m[k] for k in labels): v[-1] for m, v in _read(cluster, query)}
+
+    assert _settled(lambda: set(listed(now)), set(expected)) == set(expected)
+    assert ("demo-node-1", "MIG-0b6f4a21-7d3c-5e2a-8f10-000000000101") in {
+        key[:2] for key in expected
+    }
+    for column in (now, peak):
+        values = listed(column)
+        assert set(values) == set(expected), column.ref
+        for key, value in values.items():
+            low, high = expected[key]
+            assert low - 1e-6 <= value <= high + 1e-6, (column.ref, key, value)
+    scenario_on = {load_scenario(name).node: name for name in SCENARIOS}
+    since = listed(idle_for)
+    assert set(since) == set(expected)
+    for key, seconds in since.items():
+        launched, _ = cluster.started[scenario_on[key[0]]]
+        assert 0 < seconds <= time.time() - launched, (key, seconds)
+
+    count = len(expected)
+    for stem, title in (
+        ("efficiency", "Idle now"),
+        ("efficiency", "Idle while allocated"),
+        ("overview", "Idle while allocated"),
+    ):
+        (stat,) = _panel(stem, title)
+        assert _stat(cluster, stat) == count, title
+    (graph,) = _panel("efficiency", "Allocated devices idle now, by namespace")
+    by_namespace = _latest(cluster, graph, kit.prometheus_label("k8s.namespace.name"))
+    assert by_namespace == Counter(key[2] for key in expected)
+
+
+def test_power_panels_show_watts_from_the_scenario(cluster: Cluster) -> None:
+    """Power in watts (base units, not NVML's milliwatts) on the numa node, whose four GPUs
+    run at constant utilization: each GPU's `Power and limit` lines on the devices board
+    read power_idle + (power_max - power_idle) x utilization (defaults 70 W and 95 % of the
+    700 W power_limit: 605.5, 129.5, 427 and 427 W) and power_limit, and the overview's
+    `Power by node` their sum, each GPU counted once whatever pods hold it."""
+    scenario = load_scenario("numa")
+    gpus = nvidia_spec(scenario).gpus
+    assert all(g.utilization.pattern == "constant" and not g.mig for g in gpus)
+    watts = {
+        g.uuid: round(g.power_idle + (g.power_max - g.power_idle) * g.utilization.max, 3)
+        for g in gpus
+    }
+    power, limit = _panel("devices", "Power and limit")
+    hw_id = kit.prometheus_label("hw.id")
+    node = {"node": scenario.node}
+    assert _levels(_read(cluster, power, **node), hw_id) == {k: {v} for k, v in watts.items()}
+    assert _levels(_read(cluster, limit, **node), hw_id) == {g.uuid: {g.power_limit} for g in gpus}
+    (by_node,) = _panel("overview", "Power by node")
+    total = round(sum(watts.values()), 3)
+    on = kit.prometheus_label("k8s.node.name")
+    assert _levels(_read(cluster, by_node, **node), on) == {scenario.node: {total}}
+
+
+def test_mig_slices_panel_shows_each_slices_parent_profile_and_holder(cluster: Cluster) -> None:
+    """The devices board's `MIG slices` table on the demo node: each slice of GPU ...001
+    with its parent, profile, GPU and compute instance IDs (ci 0 unless set) and the pod
+    the scenario's kubelet gives it (none for ...103; short-job holds ...102 until it ends
+    at 40 s, and that slice's holder is not compared while the node's time may be on either
+    side of 40 s); its size from the profile (97.5 % of the name: 1g.10gb is 9984 MiB,
+    3g.40gb 39936 MiB); its memory used its live processes' memory plus the slice's own
+    few MiB (13 MiB on an H100, under 64 MiB anywhere)."""
+    scenario = load_scenario("demo")
+    holders = {h.device_id: h.pod for h in holdings(scenario)}
+    slices_q, used_q, size_q = _panel("devices", "MIG slices")
+    label = kit.prometheus_label
+    columns = ("hw.parent", "hw.gpu.mig.profile", "hw.gpu.mig.gpu_instance_id")
+    columns += ("hw.gpu.mig.compute_instance_id", "k8s.namespace.name", "k8s.pod.name")
+    expected: dict[str, tuple[str, ...]] = {}
+    in_use: dict[str, tuple[int, int]] = {}
+    for gpu in nvidia_spec(scenario).gpus:
+        for mig in gpu.mig:
+            timed = holders.get(mig.uuid)
+            shown = _shown(cluster, "demo", timed.start, timed.end) if timed else False
+            if shown is not None:
+                pod = (timed.pod.namespace, timed.pod.name) if timed and shown else ("", "")
+                expected[mig.uuid] = (gpu.uuid, mig.profile, str(mig.gi), str(mig.ci), *pod)
+            alive = [_shown(cluster, "demo", p.start, p.end) for p in mig.processes]
+            if None not in alive:
+                processes = sum(p.memory for p, a in zip(mig.processes, alive, strict=True) if a)
+                in_use[mig.uuid] = (processes, processes + 64 * MIB)
+    assert len(expected) >= 3, expected
+
+    def rows() -> dict[str, tuple[str, ...]]:
+        return {
+            m[label("hw.id")]: tuple(m.get(label(c), "") for c in columns)
+            for m, _ in _read(cluster, slices_q, node=scenario.node)
+            if m[label("hw.id")] in expected
+        }
+
+    assert _settled(rows, expected) == expected
+    sizes = {mig.uuid: {mig.memory} for g in nvidia_spec(scenario).gpus for mig in g.mig}
+    assert _levels(_read(cluster, size_q, node=scenario.node), label("hw.id")) == sizes
+    assert sizes["MIG-0b6f4a21-7d3c-5e2a-8f10-000000000101"] == {9984 * MIB}
+    used = _latest(cluster, used_q, label("hw.id"), node=scenario.node)
+    assert in_use
+    for uuid, (low, high) in in_use.items():
+        assert low <= used[uuid] < high, (uuid, used)
+
+
+def test_overview_resources_table_counts_what_the_kubelet_lists(cluster: Cluster) -> None:
+    """The overview's `Resources` table on the nodes whose pods never change (numa, mixed):
+    allocatable per resource is the scenario's `allocatable` IDs less those its plugin
+    reports unhealthy (numa: GPU ...003 from 2 s on, so 3 of 4), allocated the IDs its
+    pods hold (numa: 4, the unhealthy GPU staying with its pod)."""
+    allocatable_q, allocated_q = _panel("overview", "Resources")
+    resource = kit.prometheus_label("hw.allocation.resource")
+    checked = []
+    for name in SCENARIOS:
+        scenario = load_scenario(name)
+        handed = holdings(scenario)
+        if any(h.pod.start or h.pod.end is not None for h in handed):
+            continue
+        launched, _ = cluster.started[name]
+        now = time.time() - launched
+        allocatable = Counter[str]()
+        for devices in scenario.allocatable_at(now):
+            allocatable[devices.resource_name] += len(devices.device_ids)
+        allocated = Counter(h.resource for h in handed)
+        for query, expected in ((allocatable_q, allocatable), (allocated_q, allocated)):
+            shown = partial(_latest, cluster, query, resource, node=scenario.node)
+            assert _settled(shown, expected) == expected, (name, query.ref)
+        checked.append(name)
+    assert "numa" in checked, checked
