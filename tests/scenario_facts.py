@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from exporter.simulate.nvml_scenario import NvidiaSpec, parse_nvidia
+from exporter.simulate.nvml_scenario import parse_nvidia
+from exporter.simulate.nvml_spec import NvidiaSpec
 from exporter.simulate.scenario import Scenario, TimedPod
 from exporter.simulate.signals import Signal
 
