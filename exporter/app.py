@@ -31,6 +31,11 @@ from exporter.sources import Source, SourceContext, registry
 from exporter.threads import in_daemon_thread
 from exporter.webconfig import WebConfigError, WebConfigWatcher
 
+ALLOCATABLE_EVERY = 5.0
+"""Seconds between two `GetAllocatableResources` calls at the most: every cycle at the
+default 10 s interval; every fifth at 1 s, where each call costs about half a List's CPU
+(docs/performance.md). A health change then shows within 5 s, against the alert's 1 m."""
+
 log = logging.getLogger("exporter")
 
 SHUTDOWN_SECONDS = 8.0
@@ -93,6 +98,7 @@ class Exporter:
             config.kubelet_socket,
             timeout=config.podresources_timeout,
             max_message_bytes=config.podresources_max_message_bytes,
+            allocatable_interval=ALLOCATABLE_EVERY,
         )
         self.kubeapi = None
         if config.kubernetes_api:

@@ -37,7 +37,7 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.threads import in_daemon_thread
+from exporter.threads import DaemonWorker, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 
@@ -59,6 +59,8 @@ class _SourceSlot:
     absent: SourceResult | None = None
     """The last result, while it says the hardware is not on this node."""
     absent_since: float = 0.0
+    worker: DaemonWorker | None = None
+    """The thread collect() runs in, cycle after cycle."""
 
 
 class Poller:
@@ -244,6 +246,9 @@ class Poller:
             self._kubelet_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._kubelet_task
+        for slot in self._slots:
+            if slot.worker is not None:
+                slot.worker.stop()
         closing = [in_daemon_thread(s.source.close, f"close-{s.name}") for s in self._slots]
         problems: dict[str, str] = {}
         if closing:
@@ -345,7 +350,9 @@ class Poller:
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
         timed = _Timed(slot.source.collect, self._clock)
-        slot.running = in_daemon_thread(timed, f"collect-{slot.name}")
+        if slot.worker is None:
+            slot.worker = DaemonWorker(f"collect-{slot.name}")
+        slot.running = slot.worker.submit(timed)
         try:
             result = await asyncio.wait_for(asyncio.shield(slot.running), self.source_timeout)
         except TimeoutError:

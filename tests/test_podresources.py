@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Pod
 from exporter.podresources import client as podresources_client
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
@@ -304,3 +305,40 @@ async def test_list_is_parsed_only_when_its_bytes_change(
     assert again.pods is first.pods
     assert [p.name for p in grown.pods] == ["p1", "later"]
     assert len(parsed) == 2 and parsed[0] != parsed[1]  # the first answer, then `later`
+
+
+async def test_allocatable_is_asked_at_most_every_interval_and_parsed_when_it_changes(
+    sock: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin's health report reaches the exporter within `allocatable_interval` (5 s in
+    the exporter); between calls the last answer stands, and an unchanged answer is not
+    parsed again."""
+    parsed: list[bytes] = []
+    real = v1_pb2.AllocatableResourcesResponse.FromString
+
+    def counting_parse(raw: bytes) -> Any:
+        parsed.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(v1_pb2.AllocatableResourcesResponse, "FromString", counting_parse)
+    scenario = SCENARIO + "unhealthy:\n  - {ids: [GPU-b], start: 3}\n"
+    clock = Clock()
+    kubelet = SimulatedKubelet(parse_scenario(scenario), sock, clock=clock)
+    await kubelet.start()
+    client = PodResourcesClient(sock, clock=clock, allocatable_interval=5.0)
+    healthy: dict[float, tuple[str, ...]] = {}
+    try:
+        for t in (0.0, 1.0, 2.0, 4.0, 5.0, 6.0, 10.0):
+            clock.now = t
+            state = await client.poll()
+            healthy[t] = tuple(i for d in state.allocatable for i in d.device_ids)
+    finally:
+        await client.close()
+        await kubelet.stop()
+    requests = client.health().requests_total
+    assert requests[("GetAllocatableResources", "OK")] == 3  # at 0, 5 and 10 s
+    assert requests[("List", "OK")] == 7
+    both, one = ("GPU-a", "GPU-b"), ("GPU-a",)
+    # GPU-b turns unhealthy at 3 s; the exporter learns it at the 5 s call.
+    assert healthy == {0.0: both, 1.0: both, 2.0: both, 4.0: both, 5.0: one, 6.0: one, 10.0: one}
+    assert len(parsed) == 2 and parsed[0] != parsed[1]  # the 10 s answer is the 5 s one

@@ -1,10 +1,12 @@
 """Kubelet PodResources client (grpc.aio over the kubelet's unix socket).
 
 Called once per cycle by the poller, never on a scrape. What it handles, and why:
-- `List` + `GetAllocatableResources`, both every cycle by default (`allocatable_interval`
-  0): the allocatable list is the device plugins' health as the kubelet sees it, and it
-  changes the moment a plugin reports a device unhealthy (docs/podresources.md); two calls
-  per 10 s cycle are 0.2 of the kubelet's 100 qps shared by all clients;
+- `List` every cycle and `GetAllocatableResources` at most every `allocatable_interval`
+  (the exporter: 5 s, so every cycle at the default 10 s interval): the allocatable list
+  is the device plugins' health as the kubelet sees it, and it changes the moment a
+  plugin reports a device unhealthy (docs/podresources.md); two calls per 10 s cycle are
+  0.2 of the kubelet's 100 qps shared by all clients. Each answer's bytes are parsed
+  only when they differ from the last;
 - v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
 - a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
 - a deadline on every call (a hung kubelet must not stall the cycle);
@@ -94,7 +96,10 @@ class PodResourcesClient:
         self._invalid_ids = 0
         self._states = StateLog(logging.getLogger("exporter.podresources"))
         self._list_cache: tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]] | None = None
-        self._list_rpcs: dict[str, Any] = {}  # per channel
+        self._allocatable_cache: (
+            tuple[bytes, tuple[ContainerDevices, ...], tuple[str, ...]] | None
+        ) = None
+        self._raw_rpcs: dict[tuple[str, str], Any] = {}  # per channel
 
     # --- public -------------------------------------------------------------------
 
@@ -175,14 +180,7 @@ class PodResourcesClient:
     ) -> tuple[Pod, ...]:
         """`List` as raw bytes: parsed (in a worker thread) only when they changed, since
         the answer is the same cycle after cycle until a pod comes or goes."""
-        rpc = self._list_rpcs.get(api)
-        if rpc is None:
-            rpc = self._list_rpcs[api] = channel.unary_unary(
-                f"/{api}.PodResourcesLister/List",
-                request_serializer=_serialize,
-                response_deserializer=None,  # keep the bytes
-            )
-        raw: bytes = await self._call("List", rpc, b"")
+        raw: bytes = await self._call("List", self._raw_rpc(channel, api, "List"), b"")
         if self._list_cache is not None and self._list_cache[:2] == (api, raw):
             self._note_invalid(list(self._list_cache[3]), "List")  # counted per answer
             return self._list_cache[2]
@@ -211,14 +209,10 @@ class PodResourcesClient:
             )
             if now - self._allocatable_at < interval:
                 return
-        stub = v1_grpc.PodResourcesListerStub(channel)
         self._allocatable_at = now
+        rpc = self._raw_rpc(channel, "v1", "GetAllocatableResources")
         try:
-            response: v1_pb2.AllocatableResourcesResponse = await self._call(
-                "GetAllocatableResources",
-                stub.GetAllocatableResources,
-                v1_pb2.AllocatableResourcesRequest(),
-            )
+            raw: bytes = await self._call("GetAllocatableResources", rpc, b"")
         except PodResourcesError as exc:
             # Old kubelets (< 1.21) or the gate off: carry on without capacity.
             if exc.code in ("UNIMPLEMENTED", "UNKNOWN"):
@@ -226,10 +220,27 @@ class PodResourcesClient:
                 return
             self._allocatable_at = None
             raise
-        invalid: list[str] = []
-        self._allocatable = tuple(devices_from_proto(d, invalid) for d in response.devices)
-        self._note_invalid(invalid, "GetAllocatableResources")
+        if self._allocatable_cache is None or self._allocatable_cache[0] != raw:
+            invalid: list[str] = []
+            response = v1_pb2.AllocatableResourcesResponse.FromString(raw)
+            devices = tuple(devices_from_proto(d, invalid) for d in response.devices)
+            self._allocatable_cache = (raw, devices, tuple(invalid))
+        _, self._allocatable, invalid_ids = self._allocatable_cache
+        self._note_invalid(list(invalid_ids), "GetAllocatableResources")  # counted per answer
         self._allocatable_known = True
+
+    def _raw_rpc(self, channel: grpc.aio.Channel, api: str, method: str) -> Any:
+        """A unary call on `channel` that sends an empty request and keeps the answer's
+        bytes: parsed only when they differ from last time's (the same cycle after cycle
+        until a pod comes or goes, or a plugin's health changes)."""
+        rpc = self._raw_rpcs.get((api, method))
+        if rpc is None:
+            rpc = self._raw_rpcs[(api, method)] = channel.unary_unary(
+                f"/{api}.PodResourcesLister/{method}",
+                request_serializer=_serialize,
+                response_deserializer=None,  # keep the bytes
+            )
+        return rpc
 
     async def _call(self, method: str, rpc: Any, request: Any) -> Any:
         started = self._clock()
@@ -279,7 +290,7 @@ class PodResourcesClient:
 
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None
-        self._list_rpcs.clear()
+        self._raw_rpcs.clear()
         if channel is not None:
             await channel.close(grace=None)
 

@@ -42,6 +42,16 @@ from exporter.sources.nvml.gpm import read as gpm_read
 
 STATES = ("ok", "degraded", "failed")
 
+GPM_RETRIES = 3
+"""GPM reads in a row, one per cycle, that may give no rate before the slow interval rules."""
+
+PROCESS_LISTS = (
+    pynvml.nvmlDeviceGetComputeRunningProcesses,
+    pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+    pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
+)
+"""Compute first: it is read every cycle, the other two while they list anyone."""
+
 THROTTLE_REASONS = (
     ("gpu_idle", 0x1),
     ("applications_clocks_setting", 0x2),
@@ -124,6 +134,10 @@ class Reader:
         self.slow_interval = slow_interval
         self._busy: dict[str, dict[int, float] | None] = {}
         self._gpm_last: dict[str, list[Sample]] = {}
+        self._gpm_empty: dict[str, int] = {}
+        """Per device: how many GPM reads in a row gave no rate."""
+        self._lists_used: dict[str, set[str]] = {}
+        """Per device, the process lists that listed a process at their last read."""
         """The last GPM activity per device (between slow reads)."""
         """The last per-process utilization read per GPU (between slow reads)."""
 
@@ -252,14 +266,20 @@ class Reader:
         """GPM activity, measured every slow interval (nvmlGpmMetricsGet costs 1.5 ms on an
         H100: per MIG slice and cycle that is most of a dense node's NVML time); between
         two measurements the last one stands. The rate covers the time since the last."""
-        if gpu.slow_now or not self._gpm_last.get(device_id):  # (a first read only primes)
+        empty = self._gpm_empty.get(device_id, 0)
+        if gpu.slow_now or 0 < empty < GPM_RETRIES or device_id not in self._gpm_last:
             found: list[Sample] = []
             gpm_read(self.calls, gpm, found, sample, *args)
             self._gpm_last[device_id] = found
+            # A read without a rate (the first only primes the buffers; two samples too
+            # close together have none) is tried again the next cycles, a few times; a
+            # device whose GPM keeps failing waits for the slow interval like any other
+            # (never a 1.5 ms call per slice per cycle).
+            self._gpm_empty[device_id] = 0 if found else empty + 1
         return list(self._gpm_last[device_id])
 
     def processes(
-        self, handle: Any, gpu: Gpu | None
+        self, device_id: str, handle: Any, gpu: Gpu | None, *, slow: bool
     ) -> list[tuple[int, float | None, float | None]]:
         """(host PID, memory bytes, SM utilization) of the processes on a GPU or MIG handle.
 
@@ -268,18 +288,27 @@ class Reader:
         caller's PID namespace (docs/nvml.md, measured: a pod without hostPID sees none);
         utilization, for a whole GPU (`gpu`) and never under MIG, from the driver's
         samples, which carry host PIDs whatever the caller's namespace. A PID only sampled
-        has no memory reading (None, not 0)."""
+        has no memory reading (None, not 0).
+
+        The compute list is read every cycle. The graphics and MPS lists, empty on most
+        nodes (no graphics under MIG; MPS only where a plugin shares a GPU through it),
+        are read every cycle only while they list a process, and otherwise on the slow
+        interval: on a dense MIG node that is two calls in three saved, and a graphics or MPS
+        process on a device whose list was empty shows within `slow-interval`."""
         memory: dict[int, float | None] = {}
-        for fn in (
-            pynvml.nvmlDeviceGetComputeRunningProcesses,
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-            pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
-        ):
+        # Before a device's first read, every list is read.
+        used = self._lists_used.get(device_id, {f.__name__ for f in PROCESS_LISTS})
+        listed: set[str] = set()
+        for fn in PROCESS_LISTS:
+            if fn is not PROCESS_LISTS[0] and not slow and fn.__name__ not in used:
+                continue
             for proc in self.calls.get(fn, handle, handle=True) or []:
                 pid = int(proc.pid)
-                used = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
+                used_memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
                 # A process in several lists has one allocation, not two.
-                memory[pid] = _largest(memory.get(pid), used)
+                memory[pid] = _largest(memory.get(pid), used_memory)
+                listed.add(fn.__name__)
+        self._lists_used[device_id] = listed
         busy: dict[int, float] | None = None
         if gpu is not None:
             if gpu.slow_now or gpu.device.id not in self._busy:

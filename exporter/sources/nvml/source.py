@@ -297,13 +297,17 @@ class NvmlSource:
             for mig in gpu.migs:
                 mig_samples = reader.mig_samples(gpu, mig)
                 if self.processes:
-                    for pid, memory, util in reader.processes(mig.handle, None):
+                    for pid, memory, util in reader.processes(
+                        mig.device.id, mig.handle, None, slow=gpu.slow_now
+                    ):
                         processes.append(ProcessUsage(mig.device.id, pid, memory, util))
                 mig_samples += status("ok")
                 mig_samples += self._xid_samples(mig.device.id)
                 migs.append(DeviceReading(mig.device, tuple(mig_samples)))
             if self.processes and not gpu.mig_mode:
-                for pid, memory, util in reader.processes(gpu.handle, gpu):
+                for pid, memory, util in reader.processes(
+                    gpu.device.id, gpu.handle, gpu, slow=gpu.slow_now
+                ):
                     processes.append(ProcessUsage(gpu.device.id, pid, memory, util))
         except GpuLost:
             self.calls.stale = True  # rediscover: the GPU may be back, or gone for good

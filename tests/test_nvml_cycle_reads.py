@@ -1,0 +1,126 @@
+"""What a cycle reads of NVML, and what it leaves to the slow interval (readings.Reader).
+
+Process lists: the compute list every cycle; the graphics and MPS lists every cycle only
+while they list a process, otherwise on the slow interval. GPM: a read without a rate is
+retried a few cycles, then left to the slow interval. The NVML functions are stand-ins
+with the binding's names and shapes, so each cycle's calls are counted exactly."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from exporter.sources.nvml import readings
+from exporter.sources.nvml.calls import Calls
+from exporter.sources.nvml.readings import Reader
+
+GIB = float(2**30)
+
+
+@dataclass
+class _Proc:
+    pid: int
+    usedGpuMemory: int | None
+
+
+class _Lists:
+    def __init__(self) -> None:
+        self.procs: dict[str, list[_Proc]] = {"compute": [], "graphics": [], "mps": []}
+        self.calls: Counter[str] = Counter()
+
+    def fns(self) -> tuple[Any, ...]:
+        def make(kind: str, name: str) -> Any:
+            def fn(handle: object) -> list[_Proc]:
+                self.calls[kind] += 1
+                return list(self.procs[kind])
+
+            fn.__name__ = name
+            return fn
+
+        return (
+            make("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            make("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            make("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+        )
+
+
+@pytest.fixture
+def lists(monkeypatch: pytest.MonkeyPatch) -> _Lists:
+    fake = _Lists()
+    monkeypatch.setattr(readings, "PROCESS_LISTS", fake.fns())
+    return fake
+
+
+def _cycle(
+    reader: Reader, lists: _Lists, *, slow: bool
+) -> tuple[dict[int, float | None], set[str]]:
+    lists.calls.clear()
+    found = reader.processes("MIG-1", object(), None, slow=slow)
+    return {pid: memory for pid, memory, _ in found}, set(lists.calls)
+
+
+def test_an_mps_client_is_read_every_cycle_while_listed(lists: _Lists) -> None:
+    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    lists.procs["mps"] = [_Proc(7, 2**30)]
+    # The first read of a device reads every list.
+    assert _cycle(reader, lists, slow=False) == ({7: GIB}, {"compute", "graphics", "mps"})
+    # The MPS list listed a process: it is read every cycle, the empty graphics list not.
+    assert _cycle(reader, lists, slow=False) == ({7: GIB}, {"compute", "mps"})
+    lists.procs["mps"] = [_Proc(7, 2**30), _Proc(8, 2**29)]
+    assert _cycle(reader, lists, slow=False) == ({7: GIB, 8: GIB / 2}, {"compute", "mps"})
+    # Once empty, it is left to the slow interval.
+    lists.procs["mps"] = []
+    assert _cycle(reader, lists, slow=False) == ({}, {"compute", "mps"})
+    assert _cycle(reader, lists, slow=False) == ({}, {"compute"})
+
+
+def test_a_new_graphics_or_mps_process_shows_on_the_slow_interval(lists: _Lists) -> None:
+    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    lists.procs["compute"] = [_Proc(5, 2**30)]
+    assert _cycle(reader, lists, slow=True)[1] == {"compute", "graphics", "mps"}
+    lists.procs["graphics"] = [_Proc(9, 2**28)]
+    # Between slow reads the (so far empty) graphics list is not asked...
+    assert _cycle(reader, lists, slow=False) == ({5: GIB}, {"compute"})
+    # ...the next slow read finds the process, and from then on every cycle does.
+    assert _cycle(reader, lists, slow=True) == (
+        {5: GIB, 9: GIB / 4},
+        {"compute", "graphics", "mps"},
+    )
+    assert _cycle(reader, lists, slow=False) == ({5: GIB, 9: GIB / 4}, {"compute", "graphics"})
+
+
+def test_a_process_in_two_lists_counts_its_memory_once(lists: _Lists) -> None:
+    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    lists.procs["compute"] = [_Proc(7, 2**30)]
+    lists.procs["mps"] = [_Proc(7, 2**30)]
+    assert _cycle(reader, lists, slow=True)[0] == {7: GIB}
+
+
+def test_a_gpm_that_gives_no_rate_is_retried_a_few_cycles_then_left_to_the_slow_interval() -> None:
+    """nvmlGpmMetricsGet costs 1.5 ms per MIG slice on an H100 (docs/nvml.md): a slice whose
+    GPM never yields a rate must not cost that every cycle."""
+    import pynvml
+
+    from exporter.sources.nvml.gpm import Gpm
+
+    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    asked: list[int] = []
+
+    def failing_sample(buffer: object) -> None:
+        asked.append(1)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    gpu: Any = type("G", (), {"slow_now": False})()
+    gpm = Gpm(previous=object(), current=object())
+    reads = []
+    for cycle in range(25):
+        gpu.slow_now = cycle % 10 == 0
+        asked.clear()
+        assert reader._gpm("MIG-1", gpu, failing_sample, gpm=gpm) == []
+        reads.append(len(asked))
+    # The first read and two retries, then one read per slow interval (cycles 10, 20).
+    assert [c for c, n in enumerate(reads) if n] == [0, 1, 2, 10, 20]
