@@ -205,10 +205,16 @@ static const char *get(const obj_t *o, const char *key) {
     return NULL;
 }
 
+static void copy_text(char *dst, size_t size, const char *src, size_t len) {
+    if (len >= size) len = size - 1;
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
 static void put(obj_t *o, const char *key, const char *val) {
     if (o == NULL || o->n >= MAX_KEYS) return;
-    snprintf(o->kv[o->n].key, sizeof o->kv[o->n].key, "%s", key);
-    snprintf(o->kv[o->n].val, sizeof o->kv[o->n].val, "%s", val);
+    copy_text(o->kv[o->n].key, sizeof o->kv[o->n].key, key, strlen(key));
+    copy_text(o->kv[o->n].val, sizeof o->kv[o->n].val, val, strlen(val));
     o->n++;
 }
 
@@ -233,12 +239,17 @@ static state_t *parse(FILE *f) {
     s->privileged = 1;
     s->host_pid_namespace = 1;
     while (fgets(line, sizeof line, f)) {
-        char key[64] = "", *val;
+        /* The key is the first word, the value the rest after the spaces (no sscanf: a
+         * parse per state write is the stand-in's own cost, not the exporter's). */
+        char key[64], *val, *start;
+        size_t len;
         line[strcspn(line, "\n")] = 0;
-        if (sscanf(line, "%63s", key) != 1 || key[0] == '#') continue;
-        val = line + strspn(line, " ");
-        val += strlen(key);
-        val += strspn(val, " ");
+        start = line + strspn(line, " \t");
+        len = strcspn(start, " \t");
+        if (len == 0 || start[0] == '#') continue;
+        copy_text(key, sizeof key, start, len);
+        val = start + len;
+        val += strspn(val, " \t");
         if (strcmp(key, "gpu") == 0) {
             int i = atoi(val);
             if (i < 0 || i >= MAX_GPUS) continue;
@@ -318,6 +329,24 @@ static int drain(int fd) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     int any = 0;
     while (read(fd, buf, sizeof buf) > 0) any = 1;
+    return any;
+}
+
+/* 1 when one of the events drained names the state file (or names no file): the writer's
+ * temporary file coming and going in the same directory is not a change of state. */
+static int drain_state_events(int fd) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    const char *slash = strrchr(state_path, '/');
+    const char *base = slash ? slash + 1 : state_path;
+    int any = 0;
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) {
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)p;
+            if (ev->len == 0 || strcmp(ev->name, base) == 0) any = 1;
+            p += sizeof *ev + ev->len;
+        }
+    }
     return any;
 }
 
@@ -1192,7 +1221,12 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         pthread_mutex_unlock(&mu);
         if (watch >= 0) {
             struct pollfd pfd = {watch, POLLIN, 0};
-            if (poll(&pfd, 1, (int)ceil(left)) > 0) drain(watch);
+            /* A real driver's wait sleeps in the kernel until an event: wake (and re-read
+             * the state) only when the state file itself was replaced, once per write. */
+            if (poll(&pfd, 1, (int)ceil(left)) > 0 && !drain_state_events(watch)) {
+                pthread_mutex_lock(&mu);
+                continue;
+            }
         } else {
             sleep_ms(left < 5 ? (unsigned)ceil(left) : 5);
         }
