@@ -243,8 +243,12 @@ def unseen_finding(
             "compare the IDs `kube-device-exporter podresources` prints with /api/devices; "
             f"where devices are missing there: {SOURCE_FIXES[source]}",
         )
+    if state.status == PROBLEM:
+        # The source fails: its own finding knows why (a hung driver is not a missing mount).
+        cause = f"source {source} {state.found}" + (f": {state.cause}" if state.cause else "")
+        return Finding(PROBLEM, f"resource {resource}", found, cause, state.fix)
     fix = SOURCE_FIXES[source]
-    if source == "nvml" and state.status == ABSENT:
+    if source == "nvml":
         fix += "; on GKE use the gke overlay (driver mounts); see docs/deploy.md"
     return Finding(PROBLEM, f"resource {resource}", found, f"source {source}: {state.found}", fix)
 

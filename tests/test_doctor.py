@@ -104,6 +104,18 @@ def test_gpus_unseen_for_want_of_nvml_point_at_the_gke_overlay_too() -> None:
     assert finding.fix.endswith("on GKE use the gke overlay (driver mounts); see docs/deploy.md")
 
 
+def test_gpus_unseen_because_nvml_hangs_get_the_hang_fix_not_the_mount_fix() -> None:
+    allocatable = [ContainerDevices("nvidia.com/gpu", (GPU0,))]
+    hung = check_source("nvml", error="previous collection still running", absent="", devices=0)
+    (finding,) = check_unseen(allocatable, [], ResourceMatcher(), {"nvml": hung})
+    assert finding.sentence() == (
+        "resource nvidia.com/gpu: 1 allocatable, 1 seen by no source; likely cause: source "
+        "nvml failed: previous collection still running: a driver call hangs (a GPU fallen "
+        "off the bus, a driver reset); fix: look for Xid errors in the node's kernel log "
+        "(dmesg); raise --collect-timeout only if the source is merely slow"
+    )
+
+
 class Hung(StaticSource):
     """collect() stuck in a driver call until the test ends."""
 
