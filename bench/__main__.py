@@ -88,6 +88,11 @@ def run_all(args: argparse.Namespace) -> Results:
                 for c in rows
             )
             print(f"{label}: {summary}", flush=True)
+        if not args.scenarios or "dense" in args.scenarios.split(","):
+            results.breakdown = asyncio.run(
+                cost.breakdown("dense", work / "breakdown", warmup=args.warmup, window=args.window)
+            )
+            print(f"breakdown: {results.breakdown}", flush=True)
         results.latency = asyncio.run(scrape.measure("dense", work / "scrape", rounds=args.rounds))
         for lat in results.latency:
             print(

@@ -33,6 +33,36 @@ class Cost:
     ready_s: float
 
 
+@dataclass(frozen=True)
+class _Window:
+    cycles: float
+    series: int
+    cpu_s: float
+    elapsed_s: float
+    rss_bytes: int
+
+
+async def _side_by_side(
+    exporters: list[ExporterProcess], http: aiohttp.ClientSession, window: float
+) -> list[_Window]:
+    """CPU of each exporter over the same window, all scraped every SCRAPE_EVERY seconds."""
+    before = [await e.counters(http) for e in exporters]
+    cpu0 = [cpu_seconds(e.pid) for e in exporters]
+    t0 = time.monotonic()
+    while (left := window - (time.monotonic() - t0)) > 0:
+        await asyncio.sleep(min(SCRAPE_EVERY, left))
+        if time.monotonic() - t0 < window - 0.5:  # the last one is the reading below
+            for e in exporters:
+                await e.scrape(http)
+    after = [await e.counters(http) for e in exporters]
+    cpu1 = [cpu_seconds(e.pid) for e in exporters]
+    elapsed = time.monotonic() - t0
+    return [
+        _Window(a[0] - b[0], a[1], c1 - c0, elapsed, rss_bytes(e.pid))
+        for e, b, a, c0, c1 in zip(exporters, before, after, cpu0, cpu1, strict=True)
+    ]
+
+
 async def measure(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Cost]:
     node = NodeProcess.start(scenario, workdir)
     exporters = [ExporterProcess(node, interval) for interval in INTERVALS]
@@ -40,38 +70,55 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
         async with aiohttp.ClientSession() as http:
             ready = [await e.wait_ready(http) for e in exporters]
             await asyncio.sleep(warmup)
-            before = [await e.counters(http) for e in exporters]
-            cpu0 = [cpu_seconds(e.pid) for e in exporters]
-            t0 = time.monotonic()
-            while (left := window - (time.monotonic() - t0)) > 0:
-                await asyncio.sleep(min(SCRAPE_EVERY, left))
-                if time.monotonic() - t0 < window - 0.5:  # the last one is the reading below
-                    for e in exporters:
-                        await e.scrape(http)
-            after = [await e.counters(http) for e in exporters]
-            cpu1 = [cpu_seconds(e.pid) for e in exporters]
-            elapsed = time.monotonic() - t0
-            rss = [rss_bytes(e.pid) for e in exporters]
+            windows = await _side_by_side(exporters, http, window)
     finally:
         for e in exporters:
             e.stop()
         node.stop()
-    out = []
-    for i, interval in enumerate(INTERVALS):
-        cycles = after[i][0] - before[i][0]
-        cpu = cpu1[i] - cpu0[i]
-        out.append(
-            Cost(
-                interval=interval,
-                series=after[i][1],
-                cycles=cycles,
-                cpu_per_cycle_s=cpu / cycles if cycles else float("nan"),
-                core_share=cpu / elapsed,
-                rss_bytes=rss[i],
-                ready_s=ready[i],
-            )
+    return [
+        Cost(
+            interval=interval,
+            series=w.series,
+            cycles=w.cycles,
+            cpu_per_cycle_s=w.cpu_s / w.cycles if w.cycles else float("nan"),
+            core_share=w.cpu_s / w.elapsed_s,
+            rss_bytes=w.rss_bytes,
+            ready_s=r,
         )
-    return out
+        for interval, w, r in zip(INTERVALS, windows, ready, strict=True)
+    ]
+
+
+BREAKDOWN = (
+    ("everything", ()),
+    ("without the kubelet (no socket)", ("--kubelet-socket", "/nonexistent/kubelet.sock")),
+    ("without NVML", ("--no-collector.nvml",)),
+    ("without the XID event thread", ("--collector.nvml.xid-events", "false")),
+)
+"""Exporters run side by side on one node at 1 s, each without one part: what a part
+costs is the difference from `everything`."""
+
+
+async def breakdown(
+    scenario: str, workdir: Path, *, warmup: float, window: float
+) -> dict[str, float]:
+    """CPU seconds per cycle of each BREAKDOWN configuration, at a 1 s interval."""
+    node = NodeProcess.start(scenario, workdir)
+    exporters = [ExporterProcess(node, "1s", *extra) for _, extra in BREAKDOWN]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for e in exporters:
+                await e.wait_ready(http)
+            await asyncio.sleep(warmup)
+            windows = await _side_by_side(exporters, http, window)
+    finally:
+        for e in exporters:
+            e.stop()
+        node.stop()
+    return {
+        name: w.cpu_s / w.cycles if w.cycles else float("nan")
+        for (name, _), w in zip(BREAKDOWN, windows, strict=True)
+    }
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from bench.cost import Cost, fit
+from bench.cost import BREAKDOWN, Cost, fit
 from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
 from bench.scrape import Latency
@@ -29,6 +29,8 @@ class Results:
     fleet: Fleet | None = None
     otlp: list[OtlpVolume] = field(default_factory=list)
     nvml_calls: str = ""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """dense at 1 s: CPU per cycle of each cost.BREAKDOWN configuration."""
 
 
 def _cost(results: Results, scenario: str, interval: str) -> Cost:
@@ -90,6 +92,37 @@ def _costs(r: Results) -> list[str]:
     out.append(
         f"\n**Fit** (least squares over the 1 s rows): CPU per cycle ≈ **{_ms(fixed)} + "
         f"{per_series * 1e6:.1f} µs per series**.\n\n"
+    )
+    return out
+
+
+def _breakdown(r: Results) -> list[str]:
+    if not r.breakdown:
+        return []
+    names = [name for name, _ in BREAKDOWN]
+    whole = r.breakdown[names[0]]
+    kubelet = whole - r.breakdown[names[1]]
+    nvml = whole - r.breakdown[names[2]]
+    xid = whole - r.breakdown[names[3]]
+    rows = [
+        ("the kubelet: `List` (and `GetAllocatableResources` every 5 s) over gRPC", kubelet),
+        ("NVML: collect(), the stand-in library, the XID event thread", nvml),
+        ("of which the XID event thread (the stand-in re-reads its state there)", xid),
+        ("the rest: the cycle, the join, the snapshot, HTTP, scrapes", whole - kubelet - nvml),
+    ]
+    out = [
+        "## Where a dense cycle goes\n\n",
+        "Four exporters side by side on one `dense` node at 1 s, each without one part\n"
+        "(`bench/cost.py` BREAKDOWN); a part's cost is the difference from the whole.\n\n",
+        "| part | CPU per cycle | share of the cycle |\n|---|---|---|\n",
+        f"| everything | {_ms(whole)} | 100% |\n",
+    ]
+    out += [f"| {label} | {_ms(v)} | {v / whole:.0%} |\n" for label, v in rows]
+    out.append(
+        "\nThe kubelet's part is almost all gRPC: one call a second finds gRPC's threads idle\n"
+        "and pays for waking them every time (a `List` costs several times more CPU at 1 s\n"
+        "spacing than back to back). That is why `GetAllocatableResources` is asked at most\n"
+        "every 5 s, and why the answers' bytes are parsed only when they change.\n\n"
     )
     return out
 
@@ -219,6 +252,7 @@ def write(r: Results, args: argparse.Namespace) -> None:
         f"{dense.core_share:.2%} of a core, {dense.rss_bytes / MIB:.0f} MiB.\n\n",
         *_budget(r),
         *_costs(r),
+        *_breakdown(r),
         *_latency(r),
         *_memory(r, args),
         *_placements(r),

@@ -58,3 +58,18 @@ def test_node_only_prints_how_an_exporter_reads_it(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
+
+
+def test_the_breakdown_reports_each_part_as_its_difference_from_the_whole() -> None:
+    from bench.cost import BREAKDOWN
+    from bench.report import Results, _breakdown
+
+    names = [name for name, _ in BREAKDOWN]
+    r = Results(machine="test")
+    r.breakdown = dict(zip(names, (0.008, 0.005, 0.004, 0.0075), strict=True))
+    table = "".join(_breakdown(r))
+    assert "| everything | 8.0 ms | 100% |" in table
+    assert "over gRPC | 3.0 ms | 38% |" in table  # 8.0 - 5.0
+    assert "XID event thread | 4.0 ms | 50% |" in table  # NVML: 8.0 - 4.0
+    assert "re-reads its state there) | 0.5 ms | 6% |" in table
+    assert "HTTP, scrapes | 1.0 ms | 12% |" in table  # 8.0 - 3.0 - 4.0
