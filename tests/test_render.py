@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import math
+from typing import Any
 
 import pytest
 from prometheus_client.openmetrics.parser import (
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from exporter.model import (
     Allocation,
+    Attributes,
     Device,
     DeviceReading,
     Holder,
@@ -21,7 +23,8 @@ from exporter.model import (
     Snapshot,
     SourceHealth,
 )
-from exporter.sinks.prometheus import PrometheusSink, Renderer, reference, render
+from exporter.sinks import prometheus as prometheus_sink
+from exporter.sinks.prometheus import Layout, PrometheusSink, Renderer, reference, render
 
 Samples = set[tuple[str, frozenset[tuple[str, str]], float | str]]
 
@@ -93,23 +96,45 @@ def test_gzip_bodies_decompress_to_the_plain_ones() -> None:
     assert gzip.decompress(rendered.openmetrics_gzip) == rendered.openmetrics
 
 
-def test_layout_is_reused_while_the_series_are_the_same() -> None:
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many series each Layout.build formatted label sets for (one entry per build)."""
+    counts: list[int] = []
+    real_build = Layout.build.__func__  # type: ignore[attr-defined]
+    real_labels = prometheus_sink._labels
+
+    def counting_labels(attributes: Attributes) -> str:
+        counts[-1] += 1
+        return real_labels(attributes)
+
+    def counting_build(cls: type[Layout], *args: Any) -> Layout:
+        counts.append(0)
+        return real_build(cls, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(prometheus_sink, "_labels", counting_labels)
+    monkeypatch.setattr(Layout, "build", classmethod(counting_build))
+    return counts
+
+
+def test_layout_is_reused_while_the_series_are_the_same(builds: list[int]) -> None:
     renderer = Renderer()
     first = renderer.render(snapshot(util=0.25))
     second = renderer.render(snapshot(util=0.75))
-    assert renderer.layouts_built == 1
+    assert len(builds) == 1
     assert second.layout is first.layout
     assert b'hw_gpu_task="general",hw_id="GPU-0"' in second.text
     assert samples(second.text, om=False) == samples(reference(snapshot(util=0.75))[0], om=False)
     assert samples(second.text, om=False) != samples(first.text, om=False)
 
 
-def test_layout_is_rebuilt_when_a_series_comes_or_goes() -> None:
+def test_layout_is_rebuilt_when_a_series_comes_or_goes(builds: list[int]) -> None:
     renderer = Renderer()
     renderer.render(snapshot(pods=("a",)))
     grown = renderer.render(snapshot(pods=("a", "b")))
     shrunk = renderer.render(snapshot(pods=("b",)))
-    assert renderer.layouts_built == 3
+    assert len(builds) == 3
+    # A rebuild formats only the label sets the last layout did not have.
+    assert builds[1] < builds[0] and builds[2] < builds[0]
     assert b'k8s_pod_name="a"' not in shrunk.text
     assert samples(grown.text, om=False) == samples(
         reference(snapshot(pods=("a", "b")))[0], om=False
@@ -139,13 +164,13 @@ def test_the_sink_adds_process_metrics(om: bool) -> None:
         assert body.count(b"# EOF") == 1 and body.endswith(b"\n# EOF\n")
 
 
-def test_the_sink_renders_only_when_asked_and_once_per_cycle() -> None:
+def test_the_sink_renders_only_when_asked_and_once_per_cycle(builds: list[int]) -> None:
     sink = PrometheusSink(process_metrics=False)
     assert not sink.ready and sink.rendered is None
     for util in (0.1, 0.2, 0.3):  # three cycles nobody scraped
         sink.update(snapshot(util=util))
     assert sink.ready and not sink.cached
-    assert sink.renderer.layouts_built == 0
+    assert builds == []
     rendered = sink.rendered
     assert rendered is not None and sink.cached
     assert sink.rendered is rendered

@@ -72,14 +72,30 @@ class Layout:
     """Per series: family headers (on the first series of a family), name, labels, space."""
     openmetrics: tuple[str, ...]
 
+    labels: dict[Attributes, str]
+    """Each label set's `{...}` text, for the next build to reuse."""
+
     @classmethod
-    def build(cls, pts: Sequence[Point], key: SeriesKey) -> Layout:
+    def build(
+        cls, pts: Sequence[Point], key: SeriesKey, reuse: dict[Attributes, str] | None = None
+    ) -> Layout:
+        """The layout of `pts`; label sets already formatted in `reuse` (the last layout's)
+        are not formatted again: a pod coming or going changes a few of them."""
         text: list[str] = []
         om: list[str] = []
+        labels: dict[Attributes, str] = {}
+        known = reuse or {}
         previous: MetricSpec | None = None
         for point in pts:
             spec = point.spec
-            line = f"{spec.prom_name}{_labels(point.attributes)} "
+            attrs = point.attributes
+            formatted = labels.get(attrs)
+            if formatted is None:
+                formatted = known.get(attrs)
+                if formatted is None:
+                    formatted = _labels(attrs)
+                labels[attrs] = formatted
+            line = f"{spec.prom_name}{formatted} "
             if spec is not previous:
                 text.append(_headers(spec, om=False) + line)
                 om.append(_headers(spec, om=True) + line)
@@ -87,7 +103,7 @@ class Layout:
             else:
                 text.append(line)
                 om.append(line)
-        return cls(key, tuple(text), tuple(om))
+        return cls(key, tuple(text), tuple(om), labels)
 
 
 def series_key(pts: Sequence[Point]) -> SeriesKey:
@@ -205,15 +221,14 @@ class Renderer:
         self._layout: Layout | None = None
         self._process = process
         self.schema = tuple(schema)
-        self.layouts_built = 0
 
     def render(self, snapshot: Snapshot) -> Rendered:
         pts = schema_points(snapshot, self.schema)
         key = series_key(pts)
         layout = self._layout
         if layout is None or layout.key != key:
-            layout = self._layout = Layout.build(pts, key)
-            self.layouts_built += 1
+            reuse = layout.labels if layout is not None else None
+            layout = self._layout = Layout.build(pts, key, reuse)
         return Rendered(layout, [p.value for p in pts], process=self._process)
 
 
