@@ -169,8 +169,8 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
         "peak (the next growth reuses those pages). With\n`PYTHONMALLOC=malloc` every object "
         f"is glibc's and the trim brings RSS to {above[malloc] / MIB:.0f} and "
         f"{above_again[malloc] / MIB:.0f} MiB\nabove warm, but every cycle costs "
-        f"{cpu * 100:.0f} % more CPU here (about 6 % on `dense` at 1 s with exporter\nprocesses "
-        "side by side, measured once), and the peak and RSS at rest are higher: the\n"
+        f"{cpu * 100:.0f} % more CPU here (4-6 % on `dense` at 1 s with exporter\nprocesses "
+        "side by side, in four runs), and the peak and RSS at rest are higher: the\n"
         "exporter keeps Python's allocator, whose CPU the 1 s budget needs. So memory does "
         "*not*\nreturn to its baseline after a shrink; it stays bounded by the peak.\n\n",
         "**Supported node size**, against the kit's 256Mi limit (deploy/base/daemonset.yaml):\n"
