@@ -1,16 +1,26 @@
-"""Memory under pod churn and on a big node, in a process of its own (`python -m bench
-churn`), so its RSS is the pipeline's alone: the real poller, join, Prometheus sink and
-/api/devices view, fed by a kubelet whose pods come and go every cycle and by 8 GPUs
-time-sliced so that 1,000 pods can hold them."""
+"""Memory under pod churn and on a big node, in processes of their own (`python -m bench
+churn`), so their RSS is the pipeline's alone: the real poller, join, Prometheus sink,
+/api/devices view and heap trimmer, fed by a kubelet whose pods come and go every cycle and
+by 8 GPUs time-sliced so that 1,000 pods can hold them. One process per variant (the
+exporter as it runs, without its heap trimmer, with glibc's allocator for every object),
+run side by side so that their CPU per cycle is compared under the same load."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import itertools
 import json
+import os
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.heap import HeapTrimmer
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -35,10 +45,47 @@ SAMPLES = (
     ("hw.energy", ()),
     ("hw.temperature", (("hw.sensor_location", "gpu"),)),
 )
+SHRUNK_CYCLES = 90
+"""Cycles after the shrink before RSS is read: both of the heap trimmer's trims run."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    env: dict[str, str]
+    trim: bool
+    """With the heap trimmer (exporter/heap.py) among the sinks, as the exporter runs."""
+
+
+VARIANTS = {
+    "": Variant("the exporter (Python's allocator, heap trimmer)", {}, True),
+    "untrimmed.": Variant("without the heap trimmer", {}, False),
+    "malloc.": Variant("`PYTHONMALLOC=malloc`, heap trimmer", {"PYTHONMALLOC": "malloc"}, True),
+}
+"""Prefix of a variant's keys in the results -> the variant."""
 
 
 def rss_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+_MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2.split(" ")]
+
+
+def c_heap_in_use() -> float:
+    """Bytes glibc's malloc has handed out and not got back (mallinfo2: heap + mmapped),
+    which holds every container's table or array over 512 bytes; NaN without glibc 2.33."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return float("nan")
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return float(info.uordblks + info.hblkhd)
 
 
 class Gpus:
@@ -103,14 +150,17 @@ class ChurningKubelet:
         return None
 
 
-async def run(cycles: int, big_pods: int) -> dict[str, float]:
+async def run(cycles: int, big_pods: int, *, trim: bool = True) -> dict[str, float]:
+    """`trim`: with the exporter's heap trimmer among the sinks (False: as before it)."""
     kubelet = ChurningKubelet()
     prometheus, view = PrometheusSink(), DevicesView()
+    ticks = itertools.count()
+    trimmer = HeapTrimmer(clock=lambda: float(next(ticks)))  # a cycle is a second here
     poller = Poller(
         node="bench-node",
         sources={"nvml": Gpus()},
         client=kubelet,  # type: ignore[arg-type]
-        sinks=[prometheus, view],
+        sinks=[prometheus, view, trimmer] if trim else [prometheus, view],
         interval=1.0,
         source_timeout=5.0,
     )
@@ -127,14 +177,19 @@ async def run(cycles: int, big_pods: int) -> dict[str, float]:
     kubelet.resize(200, 0)
     for i in range(50):
         await cycle(i % 15 == 0)
-    gc.collect()
+        if i == 0:  # as the exporter does after its first cycle (Poller.run_forever)
+            gc.collect()
+            gc.freeze()
     out["warm_rss"] = rss_bytes()
     kubelet.resize(200, 10)
+    cpu = time.process_time()
     for i in range(cycles):
         await cycle(i % 15 == 0)
-    gc.collect()
+    out["cpu_per_cycle_s"] = (time.process_time() - cpu) / cycles
     out["churned_rss"] = rss_bytes()
+    gc.collect()  # what is allocated, not what the free lists and cycles hold yet
     out["warm_blocks"] = float(sys.getallocatedblocks())
+    out["warm_c_heap"] = c_heap_in_use()
     for swing in ("", "_again"):  # twice: what stays after the first swing must not grow
         kubelet.resize(big_pods, 0, per_pod=GPUS)  # every pod holds a replica of every GPU
         for i in range(30):
@@ -142,15 +197,42 @@ async def run(cycles: int, big_pods: int) -> dict[str, float]:
         out[f"big_rss{swing}"] = rss_bytes()
         out["big_series"] = float(prometheus.rendered.series if prometheus.rendered else 0)
         kubelet.resize(200, 0)
-        for i in range(30):
+        for i in range(SHRUNK_CYCLES):
             await cycle(i % 15 == 0)
-        gc.collect()
         out[f"shrunk_rss{swing}"] = rss_bytes()
+        gc.collect()
         out[f"shrunk_blocks{swing}"] = float(sys.getallocatedblocks())
+        out[f"shrunk_c_heap{swing}"] = c_heap_in_use()
     out["cycles"] = float(cycles)
+    out["trims"] = float(trimmer.trims)
     await poller.close()
     return out
 
 
+def _child(env: dict[str, str], trim: bool, cycles: int, big_pods: int) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.churn", str(cycles), str(big_pods), str(int(trim))],
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main(cycles: int, big_pods: int) -> None:
-    print(json.dumps(asyncio.run(run(cycles, big_pods))))
+    """Every variant in its own process, side by side (their CPU is compared under the
+    same load); one JSON object, each variant's keys prefixed (`malloc.warm_rss`)."""
+    with ThreadPoolExecutor(len(VARIANTS)) as pool:
+        runs = {
+            prefix: pool.submit(_child, v.env, v.trim, cycles, big_pods)
+            for prefix, v in VARIANTS.items()
+        }
+    out = {prefix + k: v for prefix, done in runs.items() for k, v in done.result().items()}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":  # one variant: CYCLES BIG_PODS TRIM(0|1), as `main` runs it
+    cycles_, big_pods_, trim_ = (int(a) for a in sys.argv[1:4])
+    print(json.dumps(asyncio.run(run(cycles_, big_pods_, trim=bool(trim_)))))

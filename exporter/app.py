@@ -16,6 +16,7 @@ from aiohttp import web
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
 from exporter.config import Config
+from exporter.heap import HeapTrimmer
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
 from exporter.numa import CpuNodeMap
@@ -94,6 +95,7 @@ class Exporter:
             self.otlp = OtlpSink(config)
             sinks.append(self.otlp)
             self_metrics.append(self.otlp)
+        sinks.append(HeapTrimmer())  # last: after a shrink, the heap's free pages go back
         self.client = PodResourcesClient(
             config.kubelet_socket,
             timeout=config.podresources_timeout,

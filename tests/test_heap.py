@@ -1,0 +1,205 @@
+"""The heap trimmer: when it trims (after a shrink, on the next cycle and a minute later),
+what a trim does (a full collection, glibc's malloc_trim), and that the exporter runs it."""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
+
+import pytest
+
+from exporter import heap
+from exporter.app import Exporter
+from exporter.flags import parse_config
+from exporter.heap import MIN_DROP, HeapTrimmer, malloc_trim
+from exporter.model import (
+    Container,
+    ContainerDevices,
+    Device,
+    DeviceReading,
+    Pod,
+    PodResourcesHealth,
+    PodResourcesState,
+    Sample,
+    Snapshot,
+    SourceResult,
+)
+from exporter.poller import Poller
+from tests.support import Clock, StaticSource
+
+GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
+GLIBC = platform.libc_ver()[0] == "glibc"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return True
+
+
+class Kubelet:
+    """`pods` pods, each holding a replica of the one GPU; change `pods` between cycles."""
+
+    def __init__(self, pods: int) -> None:
+        self.pods = pods
+
+    async def poll(self) -> PodResourcesState:
+        pods = tuple(
+            Pod(f"job-{n}", "batch", (Container("main", (ContainerDevices("nvidia.com/gpu", (f"{GPU}::{n}",)),)),))
+            for n in range(self.pods)
+        )  # fmt: skip
+        return PodResourcesState(pods=pods, api_version="v1")
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(api_version="v1", connected=True)
+
+    async def close(self) -> None:
+        return None
+
+
+def gpu() -> StaticSource:
+    device = Device(GPU, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "fake")
+    reading = DeviceReading(device, (Sample("hw.gpu.utilization", 0.5),))
+    return StaticSource(SourceResult("fake", (reading,)))
+
+
+def sized(n: int) -> Snapshot:
+    """A snapshot whose size (heap.snapshot_size) is n."""
+    return Snapshot(0.0, "n1", allocatable=(ContainerDevices("nvidia.com/gpu", ("x",)),) * n)
+
+
+async def test_a_node_that_shrinks_is_trimmed_on_the_next_cycle_and_a_minute_later() -> None:
+    clock, trim, kubelet = Clock(), Counter(), Kubelet(600)
+    trimmer = HeapTrimmer(trim, clock=clock)
+    poller = Poller(
+        node="n1",
+        sources={"fake": gpu()},
+        client=kubelet,  # type: ignore[arg-type]
+        sinks=[trimmer],
+        interval=1.0,
+    )
+    trims = []
+    try:
+        for second in range(200):
+            clock.now = float(second)
+            if second == 10:
+                kubelet.pods = 10  # 590 pods leave: their allocations and placements with them
+            if second == 100:
+                kubelet.pods = 600  # and come back: growing never trims
+            await poller.run_once()
+            trims.append(trim.calls)
+    finally:
+        await poller.close()
+    assert trims[10] == 0  # the shrinking cycle: its snapshot's predecessor is still held
+    assert trims[11] == 1
+    assert trims[69] == 1 and trims[70] == 2  # 60 s after the shrink was seen
+    assert trims[-1] == 2 and trimmer.trims == 2
+
+
+def test_only_a_drop_to_half_the_peak_and_by_min_drop_items_trims() -> None:
+    clock, trim = Clock(), Counter()
+    trimmer = HeapTrimmer(trim, clock=clock)
+
+    def cycle(size: int) -> int:
+        clock.now += 1.0
+        trimmer.update(sized(size))
+        return trim.calls
+
+    assert [cycle(n) for n in (100, 900, 450, 450)] == [0, 0, 0, 0]  # half, but by 450 only
+    assert [cycle(n) for n in (9000, 5000, 5000)] == [0, 0, 0]  # 56 % of the peak
+    assert [cycle(n) for n in (4500, 4500)] == [0, 1]  # half of the peak since the last trim
+    clock.now += 60.0
+    assert cycle(4500) == 2
+    assert [cycle(n) for n in (4500, 2300, 2300)] == [2, 2, 2]  # the peak is 4,500 now
+    assert [cycle(n) for n in (2250 - MIN_DROP, 2250 - MIN_DROP)] == [2, 3]
+
+
+def _garbage_cycle() -> weakref.ref[object]:
+    """A reference cycle only the collector frees; the reference dies with it."""
+
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def _trim_with_the_collector_off(trimmer: HeapTrimmer) -> None:
+    enabled = gc.isenabled()
+    gc.disable()  # so that only the trim can free the cycle
+    try:
+        trimmer.trim()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_a_trim_collects_reference_cycles_then_trims_the_c_heap() -> None:
+    gone, trim, seen = _garbage_cycle(), Counter(), []
+    trimmer = HeapTrimmer(lambda: seen.append(gone() is None) or trim(), clock=Clock())
+    _trim_with_the_collector_off(trimmer)
+    assert seen == [True]  # collected before malloc_trim walks the heap
+    assert trim.calls == 1 and trimmer.trims == 1
+
+
+def test_without_malloc_trim_a_trim_only_collects(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Musl:  # a C library without glibc's extension
+        def __init__(self, name: object) -> None:
+            self.name = name
+
+    monkeypatch.setattr(heap.ctypes, "CDLL", Musl)
+    assert malloc_trim() is None
+    gone, trimmer = _garbage_cycle(), HeapTrimmer(clock=Clock())
+    _trim_with_the_collector_off(trimmer)
+    assert gone() is None and trimmer.trims == 1
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+def test_malloc_trim_hands_freed_pages_in_the_middle_of_the_heap_back(tmp_path: Path) -> None:
+    """64 MiB in 1 KiB buffers (glibc's, not pymalloc's: over 512 bytes) with one kept in
+    every 64: the free ranges between them are not the heap's top, so free() keeps them;
+    malloc_trim(0) hands their pages back."""
+    script = textwrap.dedent(
+        """
+        import json
+        from exporter.heap import _rss_bytes, malloc_trim
+
+        buffers = [bytearray(1024) for _ in range(64 * 1024)]
+        for b in buffers:
+            b[0] = 1  # touched: resident
+        kept = buffers[::64]
+        del buffers
+        before = _rss_bytes()
+        trim = malloc_trim()
+        assert trim is not None
+        released = trim()
+        print(json.dumps([before, _rss_bytes(), released, len(kept)]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    before, after, released, kept = json.loads(done.stdout)
+    assert kept == 1024 and released is True
+    assert before - after > 40 * 2**20, (before / 2**20, after / 2**20)
+
+
+def test_the_exporter_trims_after_every_other_sink() -> None:
+    config = parse_config(
+        ["--kubelet-socket", "/nonexistent/kubelet.sock", "--node-name", "n1"],
+        env={}, sources={},
+    )  # fmt: skip
+    exporter = Exporter(config, sources={"fake": gpu()})
+    sinks = exporter.poller.sinks
+    assert isinstance(sinks[-1], HeapTrimmer)
+    assert sum(isinstance(s, HeapTrimmer) for s in sinks) == 1
