@@ -63,9 +63,17 @@ async def _side_by_side(
     ]
 
 
-async def measure(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Cost]:
+async def _run(
+    scenario: str,
+    workdir: Path,
+    runs: list[tuple[str, tuple[str, ...]]],
+    warmup: float,
+    window: float,
+) -> tuple[list[float], list[_Window]]:
+    """One node, an exporter per (interval, extra flags), measured side by side:
+    (seconds each took to be ready, each one's window)."""
     node = NodeProcess.start(scenario, workdir)
-    exporters = [ExporterProcess(node, interval) for interval in INTERVALS]
+    exporters = [ExporterProcess(node, interval, *extra) for interval, extra in runs]
     try:
         async with aiohttp.ClientSession() as http:
             ready = [await e.wait_ready(http) for e in exporters]
@@ -75,6 +83,12 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
         for e in exporters:
             e.stop()
         node.stop()
+    return ready, windows
+
+
+async def measure(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Cost]:
+    runs = [(interval, ()) for interval in INTERVALS]
+    ready, windows = await _run(scenario, workdir, runs, warmup, window)
     return [
         Cost(
             interval=interval,
@@ -103,18 +117,8 @@ async def breakdown(
     scenario: str, workdir: Path, *, warmup: float, window: float
 ) -> dict[str, float]:
     """CPU seconds per cycle of each BREAKDOWN configuration, at a 1 s interval."""
-    node = NodeProcess.start(scenario, workdir)
-    exporters = [ExporterProcess(node, "1s", *extra) for _, extra in BREAKDOWN]
-    try:
-        async with aiohttp.ClientSession() as http:
-            for e in exporters:
-                await e.wait_ready(http)
-            await asyncio.sleep(warmup)
-            windows = await _side_by_side(exporters, http, window)
-    finally:
-        for e in exporters:
-            e.stop()
-        node.stop()
+    runs = [("1s", extra) for _, extra in BREAKDOWN]
+    _, windows = await _run(scenario, workdir, runs, warmup, window)
     return {
         name: w.cpu_s / w.cycles if w.cycles else float("nan")
         for (name, _), w in zip(BREAKDOWN, windows, strict=True)

@@ -5,6 +5,7 @@ read from /proc, as `top` would, so nothing in the measured process helps measur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -34,7 +35,20 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads), from /proc/PID/stat."""
+    """CPU time of a process, all its threads: the sum of each thread's time on a CPU in
+    nanoseconds (/proc/PID/task/*/schedstat), where the kernel keeps it; else user +
+    system from /proc/PID/stat, in 10 ms ticks (0.03 % of a core over a 30 s window: the
+    size of the differences measured here). Only live threads count in the first: the
+    exporter's threads live as long as it does (a source's worker, the executor's, gRPC's)."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                total += int((task / "schedstat").read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        total = 0
+    if total:
+        return total / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
 
