@@ -78,6 +78,9 @@ class NvmlPart:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         self.epoch_us = time.time_ns() // 1000 if epoch_us is None else epoch_us
         self.t = 0.0
+        self.generation_path = self.state_path.with_name(self.state_path.name + ".gen")
+        self.generation = 0
+        self.generation_path.write_bytes(bytes(8))  # before the library's first look
 
     def env(self) -> dict[str, str]:
         return {
@@ -94,10 +97,23 @@ class NvmlPart:
         tmp.write_text(render(self.spec, t, self.epoch_us))
         # rename() is atomic: the library never reads half a state (and sees a new inode)
         tmp.replace(self.state_path)
+        self._bump()
+
+    def _bump(self) -> None:
+        """After each change of the state file, the generation the library maps
+        (fakenvml.c, generation_unchanged): a call that sees it unchanged costs no system
+        call. The file stays for the node's life (the library maps it once)."""
+        self.generation += 1
+        fd = os.open(self.generation_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, self.generation.to_bytes(8, sys.byteorder), 0)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.state_path.unlink()
+        self._bump()  # the state is gone: a library still mapping it must look
 
 
 def make_part(scenario: Scenario, workdir: Path) -> NvmlPart:

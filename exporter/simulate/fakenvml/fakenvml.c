@@ -31,6 +31,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -360,9 +361,44 @@ static int state_may_have_changed(void) {
     return calls_watch < 0 || drain(calls_watch);
 }
 
-/* Re-read the state file when it was replaced. Called with `mu` held. */
-static void reload(void) {
+/* The writer (exporter/simulate/nvml.py) bumps a counter in `<state>.gen` after each
+ * replace; mapped shared, it tells every call whether anything changed without a system
+ * call (a real driver answers from its own memory too). Without the file, every call asks
+ * inotify. Called with `mu` held. */
+static const volatile unsigned long long *gen_map;
+static unsigned long long gen_seen;
+static char gen_for[sizeof state_path];
+
+static int generation_unchanged(void) {
+    if (strcmp(gen_for, state_path) != 0) {
+        char path[sizeof state_path + 8];
+        if (gen_map != NULL) munmap((void *)gen_map, sizeof *gen_map);
+        gen_map = NULL;
+        snprintf(gen_for, sizeof gen_for, "%s", state_path);
+        snprintf(path, sizeof path, "%s.gen", state_path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            void *m = mmap(NULL, sizeof *gen_map, PROT_READ, MAP_SHARED, fd, 0);
+            close(fd);
+            if (m != MAP_FAILED) gen_map = m;
+        }
+        /* A new file counts from its own start: this call checks the state in full. */
+        if (gen_map != NULL) gen_seen = __atomic_load_n(gen_map, __ATOMIC_ACQUIRE);
+        return 0;
+    }
+    if (gen_map == NULL) return 0;
+    unsigned long long g = __atomic_load_n(gen_map, __ATOMIC_ACQUIRE);
+    if (g == gen_seen) return 1;
+    gen_seen = g;
+    return 0;
+}
+
+/* Re-read the state file when it was replaced. Called with `mu` held. The XID wait, woken
+ * by the state file's own replacement (which comes before the writer's generation bump),
+ * does not trust the generation. */
+static void reload_if_changed(int trust_generation) {
     struct stat st;
+    if (cur != NULL && trust_generation && generation_unchanged()) return;
     if (cur != NULL && !state_may_have_changed()) return;
     if (state_path[0] == 0 || stat(state_path, &st) != 0) {
         free_state(cur);
@@ -383,6 +419,8 @@ static void reload(void) {
     cur = next;
     state_stat = st;
 }
+
+static void reload(void) { reload_if_changed(1); }
 
 /* Tests load the library once per test process; each simulated node is a new process
  * for the library (forget the version it mapped). Only while nobody holds NVML. */
@@ -1231,7 +1269,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             sleep_ms(left < 5 ? (unsigned)ceil(left) : 5);
         }
         pthread_mutex_lock(&mu);
-        reload();
+        reload_if_changed(0);
     }
 }
 
