@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,24 @@ async def test_allocatable_is_asked_at_most_every_interval_and_parsed_when_it_ch
     # GPU-b turns unhealthy at 3 s; the exporter learns it at the 5 s call.
     assert healthy == {0.0: both, 1.0: both, 2.0: both, 4.0: both, 5.0: one, 6.0: one, 10.0: one}
     assert len(parsed) == 2 and parsed[0] != parsed[1]  # the 10 s answer is the 5 s one
+
+
+async def test_a_restarted_kubelet_gets_a_new_channel_even_on_a_reused_inode(sock: Path) -> None:
+    """A kubelet restart recreates its socket, and the filesystem may hand the freed inode
+    number straight back (it does here). Keyed on the inode alone, the client kept its
+    channel and sent the next call down the dead connection ("Stream removed", a failed
+    cycle, now and then); keyed on the file's creation too, it rebuilds the channel."""
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    client = PodResourcesClient(sock)
+    try:
+        await client.poll()
+        before = (os.stat(sock).st_ino, client._channel)  # the channel: nothing else shows it
+        await kubelet.restart(api="v1")
+        if os.stat(sock).st_ino != before[0]:
+            pytest.skip("this filesystem gave the new socket a new inode number")
+        await client.poll()
+        assert client._channel is not None and client._channel is not before[1]
+    finally:
+        await client.close()
+        await kubelet.stop()

@@ -10,7 +10,7 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 - v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
 - a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
 - a deadline on every call (a hung kubelet must not stall the cycle);
-- a kubelet restart (new socket inode, or the socket gone and back): the channel is
+- a kubelet restart (a new socket file, or the socket gone and back): the channel is
   rebuilt instead of waiting out gRPC's reconnect back-off;
 - RESOURCE_EXHAUSTED ("rejected by rate limit", 100 qps / burst 10 across ALL clients):
   exponential back-off during which no call is made.
@@ -81,7 +81,9 @@ class PodResourcesClient:
         self._clock = clock
         self._wall_clock = wall_clock
         self._channel: grpc.aio.Channel | None = None
-        self._inode: int | None = None
+        self._socket_id: tuple[int, int, int] | None = None
+        """(device, inode, ctime) of the socket file: a new file (a restarted kubelet) is
+        a new ctime even where the filesystem hands the freed inode number straight back."""
         self._api = "v1"
         self._v1alpha1_since = 0.0
         self._allocatable: tuple[ContainerDevices, ...] = ()
@@ -262,7 +264,8 @@ class PodResourcesClient:
 
     async def _check_socket(self) -> None:
         try:
-            inode = os.stat(self.socket_path).st_ino
+            st = os.stat(self.socket_path)
+            socket_id = (st.st_dev, st.st_ino, st.st_ctime_ns)
         except FileNotFoundError:
             await self._drop_channel()
             raise PodResourcesError(
@@ -271,9 +274,9 @@ class PodResourcesClient:
         except OSError as exc:
             await self._drop_channel()
             raise PodResourcesError("NO_SOCKET", f"{self.socket_path}: {exc.strerror}") from exc
-        if inode != self._inode:
+        if socket_id != self._socket_id:
             await self._drop_channel()
-            self._inode = inode
+            self._socket_id = socket_id
 
     def _ensure_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
