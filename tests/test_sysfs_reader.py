@@ -157,3 +157,10 @@ def test_rates_use_the_injected_clock() -> None:
     clock.now = 120.0
     assert rates.per_second("e", None) is None
     assert rates.per_second("e", 10.0) is None, "a reset is no rate"
+
+
+def test_paths_join_the_root_as_pathlib_would(tmp_path: Path) -> None:
+    reader = Reader(tmp_path, set())
+    assert reader.path("class/drm") == f"{tmp_path}/class/drm"
+    assert reader.path("/proc/1/fdinfo") == "/proc/1/fdinfo"  # absolute stays itself
+    assert Reader(Path("/"), set()).path("class") == "/class"
