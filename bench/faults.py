@@ -122,13 +122,20 @@ async def scrapers(t: Target, n: int, rounds: int) -> Row:
     )
 
 
-async def idle_connections(t: Target, n: int) -> Row:
+async def _hold_then_scrape(
+    t: Target, n: int
+) -> tuple[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], tuple[bool, float]]:
+    """Open up to `n` idle connections (those refused are skipped), then one scrape."""
     conns = []
     for _ in range(n):
         with contextlib.suppress(OSError):
             conns.append(await asyncio.open_connection("127.0.0.1", t.port))
     async with aiohttp.ClientSession() as http:
-        ok, took = await scrape(http, t.url)
+        return conns, await scrape(http, t.url)
+
+
+async def idle_connections(t: Target, n: int) -> Row:
+    conns, (ok, took) = await _hold_then_scrape(t, n)
     fds = t.fds()
     started = time.monotonic()
     closed = 0
@@ -204,12 +211,7 @@ async def fd_exhaustion(log: Path, fd_limit: int, n: int, seconds: float) -> Row
     try:
         await wait_ready(t.url)
         before = t.log_lines()
-        conns = []
-        for _ in range(n):
-            with contextlib.suppress(OSError):
-                conns.append(await asyncio.open_connection("127.0.0.1", t.port))
-        async with aiohttp.ClientSession() as http:
-            ok, took = await scrape(http, t.url)
+        conns, (ok, took) = await _hold_then_scrape(t, n)
         await asyncio.sleep(seconds)
         lines = t.log_lines() - before
         for _, writer in conns:

@@ -6,15 +6,20 @@ binary fails the test with that instruction (a peer test never silently passes).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +198,39 @@ def chromium(url: str, *, screenshot: Path | None = None, budget_ms: int = 8000)
         )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+@dataclass
+class ScrapedSimulation:
+    prometheus: PrometheusServer
+    stop_seconds: float = 0.0
+    """How long the exporter took to exit after SIGTERM (set when the context ends)."""
+
+
+@contextlib.contextmanager
+def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[ScrapedSimulation]:
+    """`simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
+    every 1 s by a real Prometheus (`prometheus.started`: the exporter's start, monotonic).
+    On exit: SIGTERM, the exporter's log tail printed."""
+    port = free_port()
+    with (tmp / "exporter.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "simulate", str(scenario),
+             "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s", *extra],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    started = time.monotonic()
+    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s")
+    prom.start()
+    run = ScrapedSimulation(prom)
+    try:
+        prom.wait_for('up{job="kube-device-exporter"} == 1', timeout=30)
+        prom.started = started  # type: ignore[attr-defined]
+        yield run
+    finally:
+        prom.stop()
+        os.killpg(proc.pid, signal.SIGTERM)
+        stopping = time.monotonic()
+        proc.wait(timeout=20)
+        run.stop_seconds = time.monotonic() - stopping
+        print((tmp / "exporter.log").read_text()[-3000:])

@@ -9,10 +9,6 @@ short-job (MIG 1g, 0.9) of CronJob `nightly`, ending a few seconds in.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +18,7 @@ import yaml
 
 from exporter.simulate.scenario import load_scenario
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
-from tests.peers import PrometheusServer, free_port
+from tests.peers import PrometheusServer, scraped_simulation
 
 NODE = "demo-node-1"
 ENDS_AT = 20.0
@@ -79,32 +75,17 @@ def stack(
     tmp = tmp_path_factory.mktemp("kubeapi-e2e")
     scenario = _scenario(tmp)
     api = _api()
-    port = free_port()
-    log = (tmp / "exporter.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", str(scenario),
-         "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s",
-         "--kubernetes.api", "--kubernetes.kubeconfig", str(api.kubeconfig(tmp / "kubeconfig")),
-         "--kubernetes.pod-labels", "team"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    started = time.monotonic()
-    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s")
-    prom.start()
+    kubeconfig = str(api.kubeconfig(tmp / "kubeconfig"))
+    api_flags = ("--kubernetes.api", "--kubernetes.kubeconfig", kubeconfig)
     try:
-        prom.wait_for('up{job="kube-device-exporter"} == 1', timeout=30)
-        prom.started = started  # type: ignore[attr-defined]
-        yield prom, api
+        with scraped_simulation(
+            tmp, scenario, *api_flags, "--kubernetes.pod-labels", "team"
+        ) as run:
+            yield run.prometheus, api
     finally:
-        prom.stop()
-        os.killpg(proc.pid, signal.SIGTERM)
-        stopping = time.monotonic()
-        proc.wait(timeout=20)
-        took = time.monotonic() - stopping
         api.stop()
-        print((tmp / "exporter.log").read_text()[-3000:])
     # With a watch open on the API server, SIGTERM still ends the process in its budget.
-    assert took < 10, f"the exporter took {took:.1f}s to stop"
+    assert run.stop_seconds < 10, f"the exporter took {run.stop_seconds:.1f}s to stop"
 
 
 def _values(result: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:

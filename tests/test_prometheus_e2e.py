@@ -7,10 +7,6 @@ deleted mid-run (its series are gone after the next cycle).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +15,7 @@ import pytest
 import yaml
 
 from exporter.simulate.scenario import load_scenario
-from tests.peers import PrometheusServer, free_port
+from tests.peers import PrometheusServer, scraped_simulation
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-00000000000{}"
 MIG = "MIG-0b6f4a21-7d3c-5e2a-8f10-00000000010{}"
@@ -38,25 +34,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer
     scenario = tmp / "demo-short.yaml"
     scenario.write_text(yaml.safe_dump(doc))
 
-    port = free_port()
-    log = (tmp / "exporter.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", str(scenario),
-         "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    started = time.monotonic()
-    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s")
-    prom.start()
-    try:
-        prom.wait_for('up{job="kube-device-exporter"} == 1', timeout=30)
-        prom.started = started  # type: ignore[attr-defined]
-        yield prom
-    finally:
-        prom.stop()
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-        print((tmp / "exporter.log").read_text()[-3000:])
+    with scraped_simulation(tmp, scenario) as run:
+        yield run.prometheus
 
 
 def labels(result: list[dict[str, Any]]) -> list[dict[str, str]]:

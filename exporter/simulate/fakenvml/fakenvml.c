@@ -325,30 +325,23 @@ static int watch_state_dir(int flags) {
     return fd;
 }
 
-/* 1 when the directory may have changed since the last call (events drained). */
-static int drain(int fd) {
-    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-    int any = 0;
-    while (read(fd, buf, sizeof buf) > 0) any = 1;
-    return any;
-}
-
-/* 1 when one of the events drained names the state file (or names no file): the writer's
- * temporary file coming and going in the same directory is not a change of state. */
-static int drain_state_events(int fd) {
+/* Drains the watch; 1 when an event drained names the state file (or names no file), or,
+ * with `any`, when there was any event at all. The writer's temporary file coming and
+ * going in the same directory is not a change of state. */
+static int drain_events(int fd, int any) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     const char *slash = strrchr(state_path, '/');
     const char *base = slash ? slash + 1 : state_path;
-    int any = 0;
+    int changed = 0;
     ssize_t n;
     while ((n = read(fd, buf, sizeof buf)) > 0) {
         for (char *p = buf; p < buf + n;) {
             const struct inotify_event *ev = (const struct inotify_event *)p;
-            if (ev->len == 0 || strcmp(ev->name, base) == 0) any = 1;
+            if (any || ev->len == 0 || strcmp(ev->name, base) == 0) changed = 1;
             p += sizeof *ev + ev->len;
         }
     }
-    return any;
+    return changed;
 }
 
 static int state_may_have_changed(void) {
@@ -358,7 +351,7 @@ static int state_may_have_changed(void) {
         snprintf(watched_path, sizeof watched_path, "%s", state_path);
         return 1;
     }
-    return calls_watch < 0 || drain(calls_watch);
+    return calls_watch < 0 || drain_events(calls_watch, 1);
 }
 
 /* The writer (exporter/simulate/nvml.py) bumps a counter in `<state>.gen` after each
@@ -1229,7 +1222,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     /* Forget changes seen before this call (ENTER's reload reads them), so that only a
      * state written from here on wakes the poll. */
     int watch = set != NULL ? set->watch : -1;
-    if (watch >= 0) drain(watch);
+    if (watch >= 0) drain_events(watch, 1);
     ENTER();
     for (;;) {
         if (!live()) return leave(not_live());
@@ -1261,7 +1254,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             struct pollfd pfd = {watch, POLLIN, 0};
             /* A real driver's wait sleeps in the kernel until an event: wake (and re-read
              * the state) only when the state file itself was replaced, once per write. */
-            if (poll(&pfd, 1, (int)ceil(left)) > 0 && !drain_state_events(watch)) {
+            if (poll(&pfd, 1, (int)ceil(left)) > 0 && !drain_events(watch, 0)) {
                 pthread_mutex_lock(&mu);
                 continue;
             }
