@@ -24,9 +24,13 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="kube-device-exporter" \
       org.opencontainers.image.description="Which pod uses which GPU, accelerator or NIC, and how hard" \
       org.opencontainers.image.licenses="Apache-2.0"
+# PYTHONMALLOC=malloc (exporter/heap.py SHIPPED_ENV): on glibc's allocator the heap trimmer
+# hands memory back after a big node shrinks; Python's own keeps it near the peak
+# (docs/performance.md, "Memory under churn and on a big node").
 ENV PATH=/opt/kube-device-exporter/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PYTHONMALLOC=malloc
 COPY --from=build /opt/kube-device-exporter /opt/kube-device-exporter
 # Non-root by default; the DaemonSet runs it as UID 0 with every capability dropped because
 # the kubelet's PodResources socket is root's (deploy/base/daemonset.yaml says why).

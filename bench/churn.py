@@ -2,8 +2,8 @@
 churn`), so their RSS is the pipeline's alone: the real poller, join, Prometheus sink,
 /api/devices view and heap trimmer, fed by a kubelet whose pods come and go every cycle and
 by 8 GPUs time-sliced so that 1,000 pods can hold them. One process per variant (the
-exporter as it runs, without its heap trimmer, with glibc's allocator for every object),
-run side by side so that their CPU per cycle is compared under the same load."""
+exporter as the image runs it, without its heap trimmer, on Python's own allocator), run
+side by side so that their CPU per cycle is compared under the same load."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.heap import HeapTrimmer
+from exporter.heap import SHIPPED_ENV, HeapTrimmer
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -47,6 +47,8 @@ SAMPLES = (
 )
 SHRUNK_CYCLES = 90
 """Cycles after the shrink before RSS is read: both of the heap trimmer's trims run."""
+SWINGS = 3
+"""Times the node grows big and shrinks back: what stays after one swing must not grow."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ class Variant:
 
 
 VARIANTS = {
-    "": Variant("the exporter (Python's allocator, heap trimmer)", {}, True),
-    "untrimmed.": Variant("without the heap trimmer", {}, False),
-    "malloc.": Variant("`PYTHONMALLOC=malloc`, heap trimmer", {"PYTHONMALLOC": "malloc"}, True),
+    "": Variant("the exporter as the image runs it (glibc malloc, trimmer)", SHIPPED_ENV, True),
+    "untrimmed.": Variant("the same without the heap trimmer", SHIPPED_ENV, False),
+    "pymalloc.": Variant(
+        "Python's own allocator (pymalloc), heap trimmer", {"PYTHONMALLOC": "pymalloc"}, True
+    ),
 }
 """Prefix of a variant's keys in the results -> the variant."""
 
@@ -150,7 +154,9 @@ class ChurningKubelet:
         return None
 
 
-async def run(cycles: int, big_pods: int, *, trim: bool = True) -> dict[str, float]:
+async def run(
+    cycles: int, big_pods: int, *, trim: bool = True, swings: int = SWINGS
+) -> dict[str, float]:
     """`trim`: with the exporter's heap trimmer among the sinks (False: as before it)."""
     kubelet = ChurningKubelet()
     prometheus, view = PrometheusSink(), DevicesView()
@@ -190,19 +196,19 @@ async def run(cycles: int, big_pods: int, *, trim: bool = True) -> dict[str, flo
     gc.collect()  # what is allocated, not what the free lists and cycles hold yet
     out["warm_blocks"] = float(sys.getallocatedblocks())
     out["warm_c_heap"] = c_heap_in_use()
-    for swing in ("", "_again"):  # twice: what stays after the first swing must not grow
+    for swing in range(1, swings + 1):  # what stays after a swing must not grow with the next
         kubelet.resize(big_pods, 0, per_pod=GPUS)  # every pod holds a replica of every GPU
         for i in range(30):
             await cycle(i % 15 == 0)
-        out[f"big_rss{swing}"] = rss_bytes()
+        out[f"big_rss_{swing}"] = rss_bytes()
         out["big_series"] = float(prometheus.rendered.series if prometheus.rendered else 0)
         kubelet.resize(200, 0)
         for i in range(SHRUNK_CYCLES):
             await cycle(i % 15 == 0)
-        out[f"shrunk_rss{swing}"] = rss_bytes()
+        out[f"shrunk_rss_{swing}"] = rss_bytes()
         gc.collect()
-        out[f"shrunk_blocks{swing}"] = float(sys.getallocatedblocks())
-        out[f"shrunk_c_heap{swing}"] = c_heap_in_use()
+        out[f"shrunk_blocks_{swing}"] = float(sys.getallocatedblocks())
+        out[f"shrunk_c_heap_{swing}"] = c_heap_in_use()
     out["cycles"] = float(cycles)
     out["trims"] = float(trimmer.trims)
     await poller.close()

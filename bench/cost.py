@@ -66,14 +66,14 @@ async def _side_by_side(
 async def _run(
     scenario: str,
     workdir: Path,
-    runs: list[tuple[str, tuple[str, ...]]],
+    runs: list[tuple[str, tuple[str, ...], dict[str, str]]],
     warmup: float,
     window: float,
 ) -> tuple[list[float], list[_Window]]:
-    """One node, an exporter per (interval, extra flags), measured side by side:
-    (seconds each took to be ready, each one's window)."""
+    """One node, an exporter per (interval, extra flags, environment beyond the image's),
+    measured side by side: (seconds each took to be ready, each one's window)."""
     node = NodeProcess.start(scenario, workdir)
-    exporters = [ExporterProcess(node, interval, *extra) for interval, extra in runs]
+    exporters = [ExporterProcess(node, i, *extra, env=env) for i, extra, env in runs]
     try:
         async with aiohttp.ClientSession() as http:
             ready = [await e.wait_ready(http) for e in exporters]
@@ -87,7 +87,7 @@ async def _run(
 
 
 async def measure(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Cost]:
-    runs = [(interval, ()) for interval in INTERVALS]
+    runs: list[tuple[str, tuple[str, ...], dict[str, str]]] = [(i, (), {}) for i in INTERVALS]
     ready, windows = await _run(scenario, workdir, runs, warmup, window)
     return [
         Cost(
@@ -103,25 +103,27 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
     ]
 
 
-BREAKDOWN = (
-    ("everything", ()),
-    ("without the kubelet (no socket)", ("--kubelet-socket", "/nonexistent/kubelet.sock")),
-    ("without NVML", ("--no-collector.nvml",)),
-    ("without the XID event thread", ("--collector.nvml.xid-events", "false")),
+BREAKDOWN: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (
+    ("everything", (), {}),
+    ("without the kubelet (no socket)", ("--kubelet-socket", "/nonexistent/kubelet.sock"), {}),
+    ("without NVML", ("--no-collector.nvml",), {}),
+    ("without the XID event thread", ("--collector.nvml.xid-events", "false"), {}),
+    ("on Python's own allocator", (), {"PYTHONMALLOC": "pymalloc"}),
 )
-"""Exporters run side by side on one node at 1 s, each without one part: what a part
-costs is the difference from `everything`."""
+"""Exporters run side by side on one node at 1 s, each without one part (the last on
+pymalloc instead of the image's glibc malloc): what a part costs is the difference from
+`everything`."""
 
 
 async def breakdown(
     scenario: str, workdir: Path, *, warmup: float, window: float
 ) -> dict[str, float]:
     """CPU seconds per cycle of each BREAKDOWN configuration, at a 1 s interval."""
-    runs = [("1s", extra) for _, extra in BREAKDOWN]
+    runs = [("1s", extra, env) for _, extra, env in BREAKDOWN]
     _, windows = await _run(scenario, workdir, runs, warmup, window)
     return {
         name: w.cpu_s / w.cycles if w.cycles else float("nan")
-        for (name, _), w in zip(BREAKDOWN, windows, strict=True)
+        for (name, _, _), w in zip(BREAKDOWN, windows, strict=True)
     }
 
 

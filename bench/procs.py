@@ -20,6 +20,8 @@ from pathlib import Path
 
 import aiohttp
 
+from exporter.heap import SHIPPED_ENV
+
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PROMETHEUS_ACCEPT = (
@@ -124,7 +126,7 @@ class ExporterProcess:
                 f"127.0.0.1:{self.port}",
                 *extra,
             ],
-            {**node.env, **(env or {})},
+            {**SHIPPED_ENV, **node.env, **(env or {})},  # as the image runs it
         )
         self.pid = self.process.pid
         self.ready_after = 0.0

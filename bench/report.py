@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from bench.churn import SHRUNK_CYCLES, VARIANTS
+from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
 from bench.cost import BREAKDOWN, Cost, fit
 from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
@@ -100,21 +100,25 @@ def _costs(r: Results) -> list[str]:
 def _breakdown(r: Results) -> list[str]:
     if not r.breakdown:
         return []
-    names = [name for name, _ in BREAKDOWN]
+    names = [name for name, _, _ in BREAKDOWN]
     whole = r.breakdown[names[0]]
     kubelet = whole - r.breakdown[names[1]]
     nvml = whole - r.breakdown[names[2]]
     xid = whole - r.breakdown[names[3]]
+    malloc = whole - r.breakdown[names[4]]
     rows = [
         ("the kubelet: `List` (and `GetAllocatableResources` every 5 s) over gRPC", kubelet),
         ("NVML: collect(), the stand-in library, the XID event thread", nvml),
         ("of which the XID event thread (the stand-in re-reads its state there)", xid),
         ("the rest: the cycle, the join, the snapshot, HTTP, scrapes", whole - kubelet - nvml),
+        ("of the whole: glibc's malloc rather than Python's own allocator", malloc),
     ]
     out = [
         "## Where a dense cycle goes\n\n",
-        "Four exporters side by side on one `dense` node at 1 s, each without one part\n"
-        "(`bench/cost.py` BREAKDOWN); a part's cost is the difference from the whole.\n\n",
+        f"{len(BREAKDOWN)} exporters side by side on one `dense` node at 1 s, each without "
+        "one part\n(`bench/cost.py` BREAKDOWN; the last runs on Python's own allocator, "
+        "not the image's\n`PYTHONMALLOC=malloc`); a part's cost is the difference from the "
+        "whole.\n\n",
         "| part | CPU per cycle | share of the cycle |\n|---|---|---|\n",
         f"| everything | {_ms(whole)} | 100% |\n",
     ]
@@ -124,6 +128,9 @@ def _breakdown(r: Results) -> list[str]:
         "and pays for waking them every time (a `List` costs several times more CPU at 1 s\n"
         "spacing than back to back). That is why `GetAllocatableResources` is asked at most\n"
         "every 5 s, and why the answers' bytes are parsed only when they change.\n\n"
+        "The allocator row is what the image pays, on every cycle, for memory that goes back\n"
+        "after a big node shrinks (next section): glibc's malloc is slower than Python's own\n"
+        "for the many small objects of a cycle.\n\n"
     )
     return out
 
@@ -147,65 +154,74 @@ def _latency(r: Results) -> list[str]:
 
 
 def _memory(r: Results, args: argparse.Namespace) -> list[str]:
+    if not r.churn:
+        return []
     c = r.churn
     variants = list(VARIANTS.items())
+    swings = range(1, SWINGS + 1)
 
     def row(moment: str, *keys: str) -> str:
         cells = [", then ".join(f"{c[p + k] / MIB:.1f} MiB" for k in keys) for p, _ in variants]
         return f"| {moment} | " + " | ".join(cells) + " |\n"
 
-    trimmed, untrimmed, malloc = ("", "untrimmed.", "malloc.")
-    above = {p: c[p + "shrunk_rss"] - c[p + "warm_rss"] for p, _ in variants}
-    above_again = {p: c[p + "shrunk_rss_again"] - c[p + "warm_rss"] for p, _ in variants}
-    cpu = c[malloc + "cpu_per_cycle_s"] / c[trimmed + "cpu_per_cycle_s"] - 1
+    shipped, untrimmed, pymalloc = ("", "untrimmed.", "pymalloc.")
+
+    def above(prefix: str) -> str:
+        return ", ".join(
+            f"{(c[f'{prefix}shrunk_rss_{n}'] - c[prefix + 'warm_rss']) / MIB:.0f}" for n in swings
+        )
+
+    def swing(prefix: str, n: int) -> float:
+        return c[f"{prefix}big_rss_{n}"] - c[prefix + "warm_rss"]
+
+    kept = max(
+        (c[f"{shipped}shrunk_rss_{n}"] - c[shipped + "warm_rss"]) / swing(shipped, n)
+        for n in swings
+    )
+    cpu = c[shipped + "cpu_per_cycle_s"] / c[pymalloc + "cpu_per_cycle_s"] - 1
+    blocks = ", ".join(f"{c[f'{pymalloc}shrunk_blocks_{n}']:,.0f}" for n in swings)
+    heap = ", ".join(f"{c[f'{shipped}shrunk_c_heap_{n}'] / MIB:.1f}" for n in swings)
     return [
         "## Memory under churn and on a big node\n\n",
         "The real poller, join, Prometheus sink, `/api/devices` view and heap trimmer\n"
         "(`exporter/heap.py`) in processes of their own (`python -m bench churn`), 8 GPUs, a\n"
         "kubelet replacing 10 of 200 pods every cycle (new names, new series), then a big\n"
-        f"node, then back to 200 pods for {SHRUNK_CYCLES} cycles, twice. As in the exporter, "
-        "the start-up\nobjects are collected and frozen after the first cycle and nothing "
-        "forces a collection\nbefore a reading. One process per column, side by side.\n\n",
+        f"node, then back to 200 pods for {SHRUNK_CYCLES} cycles, {SWINGS} times. As in the "
+        "exporter, the start-up\nobjects are collected and frozen after the first cycle and "
+        "nothing forces a collection\nbefore a reading. One process per column, side by side; "
+        "the first runs as the image\ndoes, with `PYTHONMALLOC=malloc` (Dockerfile, "
+        "`exporter/heap.py` SHIPPED_ENV).\n\n",
         "| moment | " + " | ".join(v.label for _, v in variants) + " |\n",
         "|---|" + "---|" * len(variants) + "\n",
         row("warm (200 pods, 50 cycles)", "warm_rss"),
         row(f"after {int(c['cycles']):,} churn cycles", "churned_rss"),
         row(
-            f"{args.big_pods:,} pods each holding all 8 GPUs ({int(c['big_series']):,} series)",
-            "big_rss",
+            f"{args.big_pods:,} pods each holding all 8 GPUs ({int(c['big_series']):,} series), "
+            f"{SWINGS} times",
+            *(f"big_rss_{n}" for n in swings),
         ),
-        row("back to 200 pods", "shrunk_rss"),
-        row("big again, then back again", "big_rss_again", "shrunk_rss_again"),
+        row("back to 200 pods, after each time", *(f"shrunk_rss_{n}" for n in swings)),
         "| CPU per churn cycle | "
         + " | ".join(_ms(c[p + "cpu_per_cycle_s"]) for p, _ in variants)
         + " |\n\n",
-        f"Nothing is kept for pods that are gone: Python's live objects return to the warm "
-        f"count\n({c['warm_blocks']:,.0f} allocated blocks warm, {c['shrunk_blocks']:,.0f} and "
-        f"{c['shrunk_blocks_again']:,.0f} after each swing), and so do the bytes\nglibc's "
-        "malloc has handed out, where every table or array over 512 bytes lives (no dict\n"
-        f"keeps the big node's table): {c['warm_c_heap'] / MIB:.2f} MiB warm, "
-        f"{c['shrunk_c_heap'] / MIB:.2f} and {c['shrunk_c_heap_again'] / MIB:.2f} MiB. What "
-        "RSS keeps is allocator\npages. Python's allocator (pymalloc) serves every object up "
-        "to 512 bytes from 1 MiB arenas\nthat it unmaps only once every object in them is "
-        "freed; the objects of the pods that stay\n(their pods, the join, the Prometheus "
-        "layout) are built while the big node's still fill\nthe arenas, so they end up spread "
-        "over many of them and pin them.\n\n"
+        "Nothing is kept for pods that are gone: Python's live objects return to the warm "
+        f"count\n({c[pymalloc + 'warm_blocks']:,.0f} allocated blocks warm on pymalloc, "
+        f"{blocks} after each swing), and so do the\nbytes glibc's malloc has handed out in "
+        f"the image's process: {c[shipped + 'warm_c_heap'] / MIB:.1f} MiB warm, {heap} MiB "
+        "after each\nswing. What RSS keeps beyond that is allocator pages.\n\n"
         "After a cycle whose snapshot fell to half its peak or less, the heap trimmer runs a "
-        "full\ncollection (it also empties CPython's free lists, whose spare tuples from the "
-        "big node pin\narenas too) and glibc's `malloc_trim(0)`, and both again a minute "
-        "later. That hands back\n"
-        f"{(c[untrimmed + 'shrunk_rss'] - c[trimmed + 'shrunk_rss']) / MIB:.1f} MiB after the "
-        "first swing and "
-        f"{(c[untrimmed + 'shrunk_rss_again'] - c[trimmed + 'shrunk_rss_again']) / MIB:.1f} "
-        f"MiB after the second; RSS stays {above[trimmed] / MIB:.0f} and "
-        f"{above_again[trimmed] / MIB:.0f} MiB above\nits warm figure, under the big node's "
-        "peak (the next growth reuses those pages). With\n`PYTHONMALLOC=malloc` every object "
-        f"is glibc's and the trim brings RSS to {above[malloc] / MIB:.0f} and "
-        f"{above_again[malloc] / MIB:.0f} MiB\nabove warm, but every cycle costs "
-        f"{cpu * 100:.0f} % more CPU here (4-6 % on `dense` at 1 s with exporter\nprocesses "
-        "side by side, in four runs), and the peak and RSS at rest are higher: the\n"
-        "exporter keeps Python's allocator, whose CPU the 1 s budget needs. So memory does "
-        "*not*\nreturn to its baseline after a shrink; it stays bounded by the peak.\n\n",
+        "full\ncollection (it also empties CPython's free lists) and glibc's `malloc_trim(0)`, "
+        "which\nreleases every free page of the heap, and both again a minute later. As the "
+        f"image runs,\nRSS comes back to {above(shipped)} MiB above warm after each swing, at "
+        f"most {kept:.0%} of\nwhat the big node added, and it does not grow with the swings; "
+        f"without the trimmer it stays\nat the peak ({above(untrimmed)} MiB above warm). On "
+        "Python's own allocator (pymalloc, the\ninterpreter's default) it stays "
+        f"{above(pymalloc)} MiB above warm, creeping towards the peak: pymalloc\nunmaps a "
+        "1 MiB arena only once every object in it is freed, and the objects every cycle\n"
+        "allocates keep landing in the big node's arenas, so more of them stay mapped after "
+        "each\nswing. glibc's malloc costs "
+        f"{cpu * 100:.0f} % more CPU per churn cycle here (on `dense`, see the allocator\n"
+        "row of the breakdown above); the image pays it so that memory goes back.\n\n",
         "**Supported node size**, against the kit's 256Mi limit (deploy/base/daemonset.yaml):\n"
         "up to 64 GPUs with 1,600 pods (the generated row above) and up to 1,000 pods holding\n"
         "8 GPUs each, at a 1 s interval, all under 100 MiB; a 64-GPU node at 1 s costs a few\n"

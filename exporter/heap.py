@@ -14,11 +14,14 @@ Prometheus layout of the big node lives until the next scrape), it runs
   (MADV_DONTNEED), not only its top. Where the C library has none (musl, macOS), only
   the collection runs.
 
-What comes back depends on the allocator; docs/performance.md measures it. pymalloc
-(Python's own, the default) unmaps a 1 MiB arena only when every object in it is freed,
-and the objects of the pods still there, allocated while the big node's filled the
-arenas, are spread over many of them. With `PYTHONMALLOC=malloc` every object is glibc's
-and more pages come back, at more CPU per cycle.
+What comes back depends on the allocator; docs/performance.md measures it. The image
+runs Python on glibc's malloc (`SHIPPED_ENV`, set in the Dockerfile), where the trim
+brings RSS back to within a few MiB of where it was before the big node, however often
+the node grows and shrinks. Python's own allocator (pymalloc, the interpreter's default)
+unmaps a 1 MiB arena only once every object in it is freed; the objects that churn every
+cycle keep landing in the big node's arenas, so after each swing more of them stay
+mapped and RSS creeps towards the peak. glibc costs some CPU per cycle for that
+(docs/performance.md, "Where a dense cycle goes").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import ctypes
 import gc
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -39,6 +43,10 @@ SHRINK_RATIO = 0.5
 MIN_DROP = 500
 """... and by at least this many items (devices, allocations, processes...): about 1 MiB
 on a big node; below it there is too little to hand back to be worth the walk."""
+SHIPPED_ENV = {"PYTHONMALLOC": "malloc"}
+"""The environment the image starts Python with (Dockerfile `ENV`, checked by
+tests/test_dockerfile.py; the benchmarks run the exporter with it): the allocator is
+chosen before the interpreter starts, so it cannot be a flag."""
 AGAIN_AFTER = 60.0
 """Seconds from the first trim to the second (the usual scrape intervals are shorter)."""
 
@@ -52,6 +60,12 @@ def malloc_trim() -> Callable[[], bool] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: bool(trim(0))
+
+
+def uses_pymalloc() -> bool:
+    """Python's own allocator serves small objects here (it counts the blocks it has handed
+    out; under `PYTHONMALLOC=malloc` the count is 0)."""
+    return sys.getallocatedblocks() > 0
 
 
 def snapshot_size(snapshot: Snapshot) -> int:
@@ -86,6 +100,12 @@ class HeapTrimmer:
         self._due: list[float] = []
         """When the pending trims are due: each runs on the first cycle at or after it."""
         self.trims = 0
+        if uses_pymalloc():
+            log.info(
+                "Python's own allocator (pymalloc) serves small objects: after a big node "
+                "shrinks, RSS stays near its peak; the image sets PYTHONMALLOC=malloc, "
+                "set it in your own image too (docs/deploy.md, Resources)"
+            )
 
     def update(self, snapshot: Snapshot) -> None:
         now = self._clock()

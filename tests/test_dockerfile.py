@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from exporter.heap import SHIPPED_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -56,6 +58,18 @@ def test_stages_base_user_and_entrypoint() -> None:
         assert forbidden not in runtime_text, forbidden
     copies = [a for w, a in final if w == "COPY"]
     assert copies == ["--from=build /opt/kube-device-exporter /opt/kube-device-exporter"]
+
+
+def test_the_runtime_image_sets_the_environment_the_exporter_is_measured_with() -> None:
+    """heap.SHIPPED_ENV (glibc's malloc, so memory goes back after a big node shrinks) is what
+    the benchmarks run; an image without it would keep RSS near its peak."""
+    steps = _instructions()
+    final = steps[[i for i, (w, _) in enumerate(steps) if w == "FROM"][-1] :]
+    env = dict(
+        pair.split("=", 1) for w, a in final if w == "ENV" for pair in a.split() if "=" in pair
+    )
+    for name, value in SHIPPED_ENV.items():
+        assert env.get(name) == value, f"runtime stage: ENV {name}={value}"
 
 
 def _context(tmp: Path) -> Path:
