@@ -50,8 +50,9 @@ debs:
 fakenvml: $(RUNTIME)
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) PYTHON=$(CURDIR)/$(PY); fi
 
+# The demo runs Python as the image does (Dockerfile ENV PYTHONMALLOC, exporter/heap.py).
 demo: $(RUNTIME) fakenvml
-	$(VENV)/bin/kube-device-exporter simulate demo --web.listen-address $(DEMO_ADDR)
+	PYTHONMALLOC=malloc $(VENV)/bin/kube-device-exporter simulate demo --web.listen-address $(DEMO_ADDR)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check exporter tests bench monitoring

@@ -119,6 +119,14 @@ FIELDS = (
     _errors(NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, "nvlink_recovery"),
 )
 """Everything read through the one batched field-value call per GPU."""
+_FAST = tuple(f for f in FIELDS if not f.slow)
+_SLOW = tuple(f for f in FIELDS if f.slow)
+_REQUEST_ALL = [(f.field_id, f.scope) for f in FIELDS]
+_REQUEST_FAST = [(f.field_id, f.scope) for f in _FAST]
+"""The field-value requests of a cycle with the slow fields and of one without."""
+_REMAP_FLAGS = frozenset(
+    f.field_id for f in FIELDS if f.metric.startswith("hw.gpu.memory.row_remap")
+)
 
 
 class Reader:
@@ -224,23 +232,23 @@ class Reader:
 
     def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
         """The batched counters; True when a row remap is pending or has failed."""
-        fields = FIELDS if gpu.slow_now else tuple(f for f in FIELDS if not f.slow)
-        for spec in FIELDS:
-            if spec.slow and not gpu.slow_now:
+        fields = FIELDS if gpu.slow_now else _FAST
+        if not gpu.slow_now:
+            for spec in _SLOW:
                 last = self.counters.last((gpu.device.id, spec.field_id))
                 add(samples, spec.metric, last, *spec.attributes)
-        request = [(f.field_id, f.scope) for f in fields]
+        request = _REQUEST_ALL if gpu.slow_now else _REQUEST_FAST
         values = self.calls.get(pynvml.nvmlDeviceGetFieldValues, gpu.handle, request)
         degraded = False
         for i, spec in enumerate(fields):
             key = (gpu.device.id, spec.field_id)
-            ret = pynvml.NVML_ERROR_UNKNOWN if values is None else values[i].nvmlReturn
+            value = None if values is None else values[i]  # (a ctypes array builds a new one)
+            ret = pynvml.NVML_ERROR_UNKNOWN if value is None else value.nvmlReturn
             if ret == pynvml.NVML_SUCCESS:
-                raw = _field_number(values[i]) * spec.scale
+                raw = _field_number(value) * spec.scale
                 number = self.counters.update(key, raw) if spec.counter else raw
                 add(samples, spec.metric, number, *spec.attributes)
-                remap = spec.metric.startswith("hw.gpu.memory.row_remap")
-                degraded |= remap and (number or 0.0) > 0
+                degraded |= spec.field_id in _REMAP_FLAGS and (number or 0.0) > 0
             elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:
@@ -347,21 +355,28 @@ def _largest(a: float | None, b: float | None) -> float | None:
     return max(a, b)
 
 
+_STATUS = {
+    state: tuple(Sample("hw.status", float(s == state), (("hw.state", s),)) for s in STATES)
+    for state in STATES
+}
+
+
 def status(state: str) -> tuple[Sample, ...]:
-    return tuple(
-        Sample("hw.status", 1.0 if s == state else 0.0, (("hw.state", s),)) for s in STATES
-    )
+    """The status samples of a device in `state` (built once: samples are immutable)."""
+    return _STATUS[state]
+
+
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""nvmlValueType_t -> the member of nvmlValue_t that holds it."""
 
 
 def _field_number(value: Any) -> float:
-    kind, v = value.valueType, value.value
-    by_type = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-    }
-    return float(getattr(v, by_type.get(kind, "ullVal")))
+    return float(getattr(value.value, _VALUE_MEMBER.get(value.valueType, "ullVal")))
