@@ -19,6 +19,9 @@ import aiohttp
 from bench.procs import ExporterProcess, NodeProcess, cpu_seconds, rss_bytes
 
 INTERVALS = ("1s", "10s")
+Run = tuple[str, tuple[str, ...], dict[str, str]]
+"""One exporter of a side-by-side run: (interval, extra flags, environment beyond the
+image's)."""
 SCRAPE_EVERY = 15.0
 
 
@@ -66,7 +69,7 @@ async def _side_by_side(
 async def _run(
     scenario: str,
     workdir: Path,
-    runs: list[tuple[str, tuple[str, ...], dict[str, str]]],
+    runs: list[Run],
     warmup: float,
     window: float,
 ) -> tuple[list[float], list[_Window]]:
@@ -87,7 +90,7 @@ async def _run(
 
 
 async def measure(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Cost]:
-    runs: list[tuple[str, tuple[str, ...], dict[str, str]]] = [(i, (), {}) for i in INTERVALS]
+    runs: list[Run] = [(i, (), {}) for i in INTERVALS]
     ready, windows = await _run(scenario, workdir, runs, warmup, window)
     return [
         Cost(
@@ -103,7 +106,7 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
     ]
 
 
-BREAKDOWN: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (
+BREAKDOWN: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (  # (name, flags, env)
     ("everything", (), {}),
     ("without the kubelet (no socket)", ("--kubelet-socket", "/nonexistent/kubelet.sock"), {}),
     ("without NVML", ("--no-collector.nvml",), {}),

@@ -121,8 +121,8 @@ FIELDS = (
 """Everything read through the one batched field-value call per GPU."""
 _FAST = tuple(f for f in FIELDS if not f.slow)
 _SLOW = tuple(f for f in FIELDS if f.slow)
-_REQUEST_ALL = [(f.field_id, f.scope) for f in FIELDS]
-_REQUEST_FAST = [(f.field_id, f.scope) for f in _FAST]
+_REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
+_REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
 """The field-value requests of a cycle with the slow fields and of one without."""
 _REMAP_FLAGS = frozenset(
     f.field_id for f in FIELDS if f.metric.startswith("hw.gpu.memory.row_remap")
