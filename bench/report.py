@@ -166,17 +166,14 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
 
     shipped, untrimmed, pymalloc = ("", "untrimmed.", "pymalloc.")
 
-    def above(prefix: str) -> str:
-        return ", ".join(
-            f"{(c[f'{prefix}shrunk_rss_{n}'] - c[prefix + 'warm_rss']) / MIB:.0f}" for n in swings
-        )
+    def over_warm(prefix: str, key: str, n: int) -> float:
+        return c[f"{prefix}{key}_{n}"] - c[prefix + "warm_rss"]
 
-    def swing(prefix: str, n: int) -> float:
-        return c[f"{prefix}big_rss_{n}"] - c[prefix + "warm_rss"]
+    def above(prefix: str) -> str:
+        return ", ".join(f"{over_warm(prefix, 'shrunk_rss', n) / MIB:.0f}" for n in swings)
 
     kept = max(
-        (c[f"{shipped}shrunk_rss_{n}"] - c[shipped + "warm_rss"]) / swing(shipped, n)
-        for n in swings
+        over_warm(shipped, "shrunk_rss", n) / over_warm(shipped, "big_rss", n) for n in swings
     )
     cpu = c[shipped + "cpu_per_cycle_s"] / c[pymalloc + "cpu_per_cycle_s"] - 1
     blocks = ", ".join(f"{c[f'{pymalloc}shrunk_blocks_{n}']:,.0f}" for n in swings)

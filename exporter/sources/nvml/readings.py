@@ -232,12 +232,10 @@ class Reader:
 
     def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
         """The batched counters; True when a row remap is pending or has failed."""
-        fields = FIELDS if gpu.slow_now else _FAST
-        if not gpu.slow_now:
-            for spec in _SLOW:
-                last = self.counters.last((gpu.device.id, spec.field_id))
-                add(samples, spec.metric, last, *spec.attributes)
-        request = _REQUEST_ALL if gpu.slow_now else _REQUEST_FAST
+        fields, request = (FIELDS, _REQUEST_ALL) if gpu.slow_now else (_FAST, _REQUEST_FAST)
+        for spec in () if gpu.slow_now else _SLOW:  # between slow reads: the last value
+            last = self.counters.last((gpu.device.id, spec.field_id))
+            add(samples, spec.metric, last, *spec.attributes)
         values = self.calls.get(pynvml.nvmlDeviceGetFieldValues, gpu.handle, request)
         degraded = False
         for i, spec in enumerate(fields):
