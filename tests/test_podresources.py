@@ -17,7 +17,7 @@ from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.support import Clock
 
-parse_list = podresources_client._parse_list
+parse_list = podresources_client.parse_list
 
 SCENARIO = """
 node: n1
@@ -153,19 +153,30 @@ async def test_v1alpha1_only_kubelet_then_v1_appears(sock: Path) -> None:
 
 
 async def test_restart_on_the_same_path(sock: Path) -> None:
-    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    """A stopped kubelet leaves its socket behind (connect: UNAVAILABLE); the restarted
+    one answers empty for a while, and the client holds the last good answer meanwhile
+    (real-kubelet.md items 3, 4; control-plane.md item 11)."""
+    wall = Clock(100.0)
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0, monotonic=wall)
     await kubelet.start()
     client = PodResourcesClient(sock, timeout=2)
     try:
         assert (await client.poll()).pods
         await kubelet.stop()
-        assert not sock.exists()
+        assert sock.exists()
         with pytest.raises(PodResourcesError) as err:
             await client.poll()
-        assert err.value.code == "NO_SOCKET"
+        assert err.value.code == "UNAVAILABLE"
         await kubelet.start()
+        state = await client.poll()  # the kubelet answers nothing: held
+        assert [p.name for p in state.pods] == ["p1"]
+        assert [d.device_ids for d in state.allocatable] == [("GPU-a", "GPU-b")]
+        assert client.health().held == ("GetAllocatableResources", "List")
+        assert client.health().requests_total[("List", "OK")] == 2
+        wall.now += 1.0  # past the kubelet's window: its own answer again
         assert [p.name for p in (await client.poll()).pods] == ["p1"]
         assert client.health().connected
+        assert client.health().held == ()
     finally:
         await client.close()
         await kubelet.stop()
@@ -290,7 +301,7 @@ async def test_list_is_parsed_only_when_its_bytes_change(
         parsed.append(raw)
         return parse_list(response_type, raw, invalid)
 
-    monkeypatch.setattr(podresources_client, "_parse_list", counting_parse)
+    monkeypatch.setattr(podresources_client, "parse_list", counting_parse)
     clock = Clock()
     kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
     await kubelet.start()
