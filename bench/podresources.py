@@ -1,5 +1,5 @@
 """`python -m bench podresources`: what a List answer costs the client when the kubelet
-shuffles it, as the real one does (real-kubelet.md item 2), and which change check is cheaper.
+shuffles it, as the real one does (real kubelet K2), and which change check is cheaper.
 
 A simulated node (`simulate SCENARIO --node-only`, its own process) serves the scenario;
 this process fetches `--answers` List answers and times, per answer:

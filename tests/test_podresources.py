@@ -155,7 +155,7 @@ async def test_v1alpha1_only_kubelet_then_v1_appears(sock: Path) -> None:
 async def test_restart_on_the_same_path(sock: Path) -> None:
     """A stopped kubelet leaves its socket behind (connect: UNAVAILABLE); the restarted
     one answers empty for a while, and the client holds the last good answer meanwhile
-    (real-kubelet.md items 3, 4; control-plane.md item 11)."""
+    (real kubelet K3, K4; real kubelet C11)."""
     wall = Clock(100.0)
     kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0, monotonic=wall)
     await kubelet.start()

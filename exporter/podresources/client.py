@@ -7,7 +7,7 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
   plugin reports a device unhealthy (docs/podresources.md); two calls per 10 s cycle are
   0.2 of the kubelet's 100 qps shared by all clients;
 - the real kubelet sends pods, containers and devices in a new order on each call, one
-  entry per device (real-kubelet.md items 1, 2): answers are parsed into one canonical
+  entry per device (real kubelet K1, K2): answers are parsed into one canonical
   order (exporter/podresources/parse.py) and, when that equals the last, the last values
   are handed on unchanged (the poller's join cache then hits); identical bytes skip the
   parse (docs/podresources.md has the measured costs);
@@ -327,7 +327,7 @@ class PodResourcesClient:
                     ("grpc.max_reconnect_backoff_ms", 2000),
                     # A channel of its own subchannels: gRPC otherwise shares them across
                     # channels to one address, and the rebuilt channel for a restarted
-                    # kubelet took over the refused connection to its stale socket (item 3)
+                    # kubelet took over the refused connection to its stale socket (K3)
                     # with its reconnect back-off: UNAVAILABLE for another cycle or two.
                     ("grpc.use_local_subchannel_pool", 1),
                 ],

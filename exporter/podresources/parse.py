@@ -2,7 +2,7 @@
 
 The real kubelet sends pods, containers and devices in a different order on each call
 (map iteration) and one `ContainerDevices` per device, each with its own topology
-(/work/shared/reference/real-kubelet.md items 1, 2). The model is built canonical: pods
+(docs/podresources.md, real kubelet K1, K2). The model is built canonical: pods
 by namespace and name, containers by name, and a container's devices merged per (resource,
 NUMA nodes) with their IDs sorted, so the same kubelet state is the same `Pod` values on
 every call (the poller's join cache compares them) and no information is lost.
@@ -26,7 +26,7 @@ from exporter.model import (
 
 def _numa(topology: Any) -> tuple[int, ...]:
     """NUMA node IDs, sorted; node 0 arrives as `nodes { }` (proto3 omits the default ID,
-    real-kubelet.md item 11) and reads as 0."""
+    real kubelet K11) and reads as 0."""
     return tuple(sorted(node.ID for node in topology.nodes)) if topology is not None else ()
 
 

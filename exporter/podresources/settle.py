@@ -3,7 +3,7 @@
 Right after a restart the kubelet answers List and GetAllocatableResources successfully
 with nothing: 1.32 for about 0.1-0.25 s (List) and 0.3 s (allocatable, until its device
 plugins register again); 1.36 List with no pods for 0.96-0.97 s while allocatable is back
-within 0.14-0.5 s (/work/shared/reference/real-kubelet.md item 4, control-plane.md item 11).
+within 0.14-0.5 s (docs/podresources.md, real kubelet K4 and C11).
 Believed, such an answer drops every running pod's allocation series for a cycle and turns
 every device's `hw_device_allocatable` to 0, which is what `KubeDeviceNotAllocatable`
 alerts on.

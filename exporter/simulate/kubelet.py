@@ -1,24 +1,24 @@
 """A simulated kubelet: the PodResources gRPC API on a unix socket, served from a scenario.
 
 Faithful to the real kubelet where a client can tell; each behaviour cites what it copies
-in /work/shared/reference/real-kubelet.md (v1.32.10, "items") or control-plane.md (v1.36.2,
-"What the cluster then did"), the newer kubelet winning where they differ:
-- v1 and v1alpha1 on one socket, v1alpha1 without topology (item 13), or v1alpha1 alone
+in docs/podresources.md, "The real kubelet, observed" (K1-K14: v1.32.10; C-items: v1.36.2),
+the newer kubelet winning where they differ:
+- v1 and v1alpha1 on one socket, v1alpha1 without topology (K13), or v1alpha1 alone
   like a pre-1.20 kubelet; the exact error texts of disabled `Get`/`GetAllocatableResources`
-  and of an unknown pod (item 13);
+  and of an unknown pod (K13);
 - one token bucket, 100/s with a burst of 10, shared by every client, every method and
-  v1alpha1, spent before anything else so failed calls spend tokens too (item 12);
-- pods, containers and devices in a different order on each call (item 2; 1.36 item 10),
-  one `ContainerDevices` per device (item 1), NUMA node 0 as `nodes { }` (item 11)
+  v1alpha1, spent before anything else so failed calls spend tokens too (K12);
+- pods, containers and devices in a different order on each call (K2; C10),
+  one `ContainerDevices` per device (K1), NUMA node 0 as `nodes { }` (K11)
   (exporter/simulate/kubelet_wire.py);
 - a stopped kubelet leaves its socket file behind: connecting gives UNAVAILABLE until a new
-  kubelet replaces the file (item 3);
+  kubelet replaces the file (K3);
 - after a restart, List and GetAllocatableResources answer successfully with nothing for a
-  while (item 4; 1.36 item 11; `KubeletBehaviour.restart_*`);
+  while (K4; C11; `KubeletBehaviour.restart_*`);
 - devices the scenario marks `unhealthy` leave GetAllocatableResources and stay in List
-  (item 9, scenario.Unhealthy); a plugin that is down takes all its devices out at once
-  (item 10, scenario.PluginDown); failed pods stay in List without devices (item 6);
-  ordinary init containers are never listed, sidecars before app containers (item 8).
+  (K9, scenario.Unhealthy); a plugin that is down takes all its devices out at once
+  (K10, scenario.PluginDown); failed pods stay in List without devices (K6);
+  ordinary init containers are never listed, sidecars before app containers (K8).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class SimulatedKubelet:
     async def stop(self) -> None:
         """Stop serving and leave the socket file behind, as a stopped kubelet does: a
         client that connects gets UNAVAILABLE (connection refused) until the next start()
-        replaces the file (real-kubelet.md item 3)."""
+        replaces the file (real kubelet K3)."""
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace=None)
@@ -143,7 +143,7 @@ class SimulatedKubelet:
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Every call of every client, method and version takes a token first, so calls
-        that then fail spend one too (real-kubelet.md item 12)."""
+        that then fail spend one too (real kubelet K12)."""
         self.requests[method] = self.requests.get(method, 0) + 1
         if self.behaviour.rate_limit and not self._bucket.allow():
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RATE_LIMITED)
@@ -153,8 +153,7 @@ class SimulatedKubelet:
     def _in_restart_window(self, seconds: float) -> bool:
         """Within `seconds` of a restart: the kubelet answers successfully with nothing
         while its pod sources and the device manager's checkpoint load (List) and until
-        its device plugins register again (GetAllocatableResources); real-kubelet.md item
-        4, control-plane.md item 11."""
+        its device plugins register again (GetAllocatableResources): real kubelet K4, C11."""
         at = self._restarted_at
         return at is not None and self.monotonic() - at < seconds
 
@@ -163,7 +162,7 @@ class SimulatedKubelet:
             return ()
         pods = list(self.scenario.listed_at(self.clock()))
         if self.behaviour.shuffle:
-            self._rng.shuffle(pods)  # item 2: pods from a map, in a new order each call
+            self._rng.shuffle(pods)  # K2: pods from a map, in a new order each call
         return tuple(pods)
 
     def allocatable(self) -> tuple[ContainerDevices, ...]:

@@ -1,8 +1,7 @@
 """The simulated kubelet's answers on the wire, shaped as the real kubelet shapes them.
 
-Each shape cites what it copies: /work/shared/reference/real-kubelet.md (v1.32.10, items
-1-14) and control-plane.md (v1.36.2, "What the cluster then did"); where they differ the
-newer kubelet wins.
+Each shape cites what it copies in docs/podresources.md, "The real kubelet, observed"
+(K1-K14: v1.32.10; C-items: v1.36.2); where they differ the newer kubelet wins.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ from exporter.model import Container, ContainerDevices, Pod
 
 def _topology(pb: Any, numa: tuple[int, ...]) -> Any:
     # NUMA node 0 goes out as `topology { nodes { } }`: ID 0 is proto3's default and is not
-    # written (real-kubelet.md item 11); protobuf does exactly that for NUMANode(ID=0).
+    # written (real kubelet K11); protobuf does exactly that for NUMANode(ID=0).
     return pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa]) if numa else None
 
 
 def devices_to_v1(devices: ContainerDevices) -> list[v1_pb2.ContainerDevices]:
     """One `ContainerDevices` per device ID, each with its own topology: a container holding
-    two GPUs gets two entries (real-kubelet.md item 1, for List and GetAllocatableResources)."""
+    two GPUs gets two entries (real kubelet K1, for List and GetAllocatableResources)."""
     topology = _topology(v1_pb2, devices.numa_nodes)
     return [
         v1_pb2.ContainerDevices(
@@ -36,7 +35,7 @@ def devices_to_v1(devices: ContainerDevices) -> list[v1_pb2.ContainerDevices]:
 def _container_to_v1(c: Container, rng: random.Random | None) -> v1_pb2.ContainerResources:
     devices = [entry for d in c.devices for entry in devices_to_v1(d)]
     if rng is not None:
-        rng.shuffle(devices)  # item 2: devices in a different order on each call
+        rng.shuffle(devices)  # K2: devices in a different order on each call
     return v1_pb2.ContainerResources(
         name=c.name,
         devices=devices,
@@ -73,8 +72,8 @@ def ordered_containers(
     containers: tuple[Container, ...], sidecars: int, rng: random.Random | None
 ) -> list[Container]:
     """The pod's containers in the order of one answer: its `sidecars` sidecar init
-    containers (listed first by the scenario) before the app containers (real-kubelet.md
-    item 8), each group in a different order on each call (item 2)."""
+    containers (listed first by the scenario) before the app containers (real kubelet
+    K8), each group in a different order on each call (K2)."""
     head, tail = list(containers[:sidecars]), list(containers[sidecars:])
     if rng is not None:
         rng.shuffle(head)
@@ -95,7 +94,7 @@ def pod_to_v1(pod: Pod, sidecars: int = 0, rng: random.Random | None = None) -> 
 def pod_to_v1alpha1(
     pod: Pod, sidecars: int = 0, rng: random.Random | None = None
 ) -> v1alpha1_pb2.PodResources:
-    """v1alpha1 has no topology (real-kubelet.md item 13), otherwise v1's shapes."""
+    """v1alpha1 has no topology (real kubelet K13), otherwise v1's shapes."""
     containers = []
     for c in ordered_containers(pod.containers, sidecars, rng):
         devices = [
@@ -114,5 +113,5 @@ def allocatable_to_v1(
 ) -> v1_pb2.AllocatableResourcesResponse:
     devices = [entry for d in allocatable for entry in devices_to_v1(d)]
     if rng is not None:
-        rng.shuffle(devices)  # a map in the device manager, like List's (item 2)
+        rng.shuffle(devices)  # a map in the device manager, like List's (K2)
     return v1_pb2.AllocatableResourcesResponse(devices=devices)

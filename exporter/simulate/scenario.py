@@ -305,7 +305,7 @@ def _timed_pod(where: _Where, doc: Any, key: str) -> TimedPod:
     ]
     # Ordinary init containers never appear in List (their device goes to the app
     # container); sidecar init containers are listed before the app containers
-    # (real-kubelet.md item 8).
+    # (real kubelet K8).
     listed = [k for k in kinds if k[0] == "sidecar"] + [k for k in kinds if k[0] == ""]
     specs = [spec for _, _, spec in listed]
     containers = tuple(_container(where, spec, f"{key}.containers[{i}]") for _, i, spec in listed)

@@ -25,15 +25,15 @@ class KubeletBehaviour:
     """Seconds added before every answer (a slow kubelet)."""
     shuffle: bool = True
     """Pods, containers and devices in a different order on each call, as the kubelet's map
-    iteration gives them (real-kubelet.md item 2; control-plane.md item 10)."""
+    iteration gives them (real kubelet K2; real kubelet C10)."""
     restart_list_empty: float = 0.97
     """Seconds after a restart in which List answers successfully with no pods: 1.36 measured
-    0.96-0.97 s (control-plane.md item 11), 1.32 about 0.1-0.25 s (real-kubelet.md item 4);
+    0.96-0.97 s (real kubelet C11), 1.32 about 0.1-0.25 s (real kubelet K4);
     the newer kubelet's is the default."""
     restart_allocatable_empty: float = 0.5
     """Seconds after a restart in which GetAllocatableResources answers with no devices (its
-    plugins have not re-registered): 1.36 0.14-0.5 s (control-plane.md item 11), 1.32 about
-    0.3 s (real-kubelet.md item 4); the upper end of the newer kubelet's is the default."""
+    plugins have not re-registered): 1.36 0.14-0.5 s (real kubelet C11), 1.32 about
+    0.3 s (real kubelet K4); the upper end of the newer kubelet's is the default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +45,10 @@ class TimedPod:
     """(container name, host PIDs of its processes): what the host's /proc shows."""
     sidecars: int = 0
     """How many of `pod.containers`, first, are sidecar init containers (`restartPolicy:
-    Always`): the kubelet lists them before the app containers (real-kubelet.md item 8)."""
+    Always`): the kubelet lists them before the app containers (real kubelet K8)."""
     failed: float | None = None
     """Scenario second the pod fails: it stays in List with its containers and no devices
-    (real-kubelet.md item 6: List reports all pods, not only active ones)."""
+    (real kubelet K6: List reports all pods, not only active ones)."""
 
     def alive(self, t: float) -> bool:
         return self.start <= t and (self.end is None or t < self.end)
@@ -86,8 +86,8 @@ class Unhealthy:
 class PluginDown:
     """The device plugin of `resources` stopped from `start` until `end`: all its devices
     leave GetAllocatableResources at once and List is unchanged; they return when it
-    registers again (real-kubelet.md item 10). Not the same as a device turning unhealthy,
-    which leaves one device (item 9)."""
+    registers again (real kubelet K10). Not the same as a device turning unhealthy,
+    which leaves one device (K9)."""
 
     resources: tuple[str, ...]
     start: float = 0.0
