@@ -292,9 +292,11 @@ async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
         await kubelet.stop()
 
 
-async def test_list_is_parsed_only_when_its_bytes_change(
+async def test_a_shuffled_list_is_parsed_only_when_its_content_changes(
     sock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The kubelet sends pods, containers and devices in a new order on each call (real
+    kubelet K2): the same state is not parsed again, and the same objects are handed on."""
     parsed: list[bytes] = []
 
     def counting_parse(response_type: Any, raw: bytes, invalid: list[str]) -> tuple[Pod, ...]:
@@ -302,21 +304,43 @@ async def test_list_is_parsed_only_when_its_bytes_change(
         return parse_list(response_type, raw, invalid)
 
     monkeypatch.setattr(podresources_client, "parse_list", counting_parse)
+    scenario = SCENARIO + (
+        "pod_sets:\n  - {prefix: web, count: 30, containers: [app, side]}\n"
+        "  - {prefix: eight, count: 2, containers: [{name: c, devices: "
+        "[{resource: nvidia.com/gpu, ids: [G0, G1, G2, G3, G4, G5, G6, G7], numa: [0, 1]}]}]}\n"
+    )
     clock = Clock()
-    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
+    kubelet = SimulatedKubelet(parse_scenario(scenario), sock, clock=clock)
+    kubelet.set_behaviour(rate_limit=False)  # twelve polls back to back
     await kubelet.start()
     client = PodResourcesClient(sock)
+    answers: list[bytes] = []
+    real_call = client._call
+
+    async def recording_call(method: str, rpc: Any, request: Any) -> Any:
+        answer = await real_call(method, rpc, request)
+        if method == "List":
+            answers.append(answer)
+        return answer
+
+    client._call = recording_call  # type: ignore[method-assign]
     try:
         first = await client.poll()
-        again = await client.poll()
+        same = [await client.poll() for _ in range(10)]
         clock.now = 11.0  # `later` has started: a different answer
         grown = await client.poll()
     finally:
         await client.close()
         await kubelet.stop()
-    assert again.pods is first.pods
-    assert [p.name for p in grown.pods] == ["p1", "later"]
-    assert len(parsed) == 2 and parsed[0] != parsed[1]  # the first answer, then `later`
+    assert len(set(answers[:11])) == 11  # the kubelet's bytes differed every time
+    assert all(state.pods is first.pods for state in same)
+    assert [p.name for p in grown.pods][:2] == ["eight-0", "eight-1"]
+    assert "later" in [p.name for p in grown.pods]
+    assert len(parsed) == 2 and parsed[1] == answers[-1]  # the first answer, then `later`
+    (eight,) = first.pods[0].containers
+    assert [(d.resource_name, d.device_ids, d.numa_nodes) for d in eight.devices] == [
+        ("nvidia.com/gpu", tuple(f"G{i}" for i in range(8)), (0, 1))
+    ]  # eight entries of one device each, merged back per resource and NUMA nodes
 
 
 async def test_allocatable_is_asked_at_most_every_interval_and_parsed_when_it_changes(
