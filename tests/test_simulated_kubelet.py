@@ -269,3 +269,14 @@ async def test_one_token_bucket_for_every_client_method_and_version(kubelet: Kub
 def test_scenario_errors_name_the_key(snippet: str, problem: str) -> None:
     with pytest.raises(ScenarioError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         parse_scenario(f"node: n\n{snippet}\n")
+
+
+def test_the_documented_kubelet_part_is_a_scenario_that_says_what_the_comments_say() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "simulation.md").read_text()
+    block = text.split("## The kubelet part", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    scenario = parse_scenario(block)
+    trainer = scenario.pods[0]
+    assert [c.name for c in trainer.pod.containers] == ["proxy", "pytorch", "log-shipper"]
+    assert (trainer.sidecars, trainer.failed) == (1, 30.0)
+    assert scenario.plugin_down[0].covers("rdma/hca_shared_devices_a", 60.0)
+    assert scenario.kubelet.shuffle and scenario.kubelet.restart_list_empty == 0.97

@@ -270,8 +270,7 @@ class PodResourcesClient:
 
     def _raw_rpc(self, channel: grpc.aio.Channel, api: str, method: str) -> Any:
         """A unary call on `channel` that sends an empty request and keeps the answer's
-        bytes: parsed only when they differ from last time's (the same cycle after cycle
-        until a pod comes or goes, or a plugin's health changes)."""
+        bytes, so the client decides what to parse (`_list`, `_refresh_allocatable`)."""
         rpc = self._raw_rpcs.get((api, method))
         if rpc is None:
             rpc = self._raw_rpcs[(api, method)] = channel.unary_unary(
