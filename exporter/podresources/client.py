@@ -325,9 +325,10 @@ class PodResourcesClient:
                     ("grpc.initial_reconnect_backoff_ms", 200),
                     ("grpc.max_reconnect_backoff_ms", 2000),
                     # A channel of its own subchannels: gRPC otherwise shares them across
-                    # channels to one address, and the rebuilt channel for a restarted
-                    # kubelet took over the refused connection to its stale socket (K3)
-                    # with its reconnect back-off: UNAVAILABLE for another cycle or two.
+                    # channels to one address, and the channel rebuilt for a restarted
+                    # kubelet took over the refused connection to its stale socket (K3):
+                    # a call within that connection's reconnect back-off failed UNAVAILABLE
+                    # although the new kubelet was listening (test_restart_on_the_same_path).
                     ("grpc.use_local_subchannel_pool", 1),
                 ],
             )
