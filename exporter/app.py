@@ -29,7 +29,7 @@ from exporter.sinks.webauth import security_middleware
 from exporter.sinks.webserver import GuardedServer, ServerLimits
 from exporter.sinks.webstats import ServerStats, request_logger
 from exporter.sources import Source, SourceContext, registry
-from exporter.threads import in_daemon_thread
+from exporter.threads import DaemonExecutor, in_daemon_thread
 from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 ALLOCATABLE_EVERY = 5.0
@@ -119,7 +119,9 @@ class Exporter:
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs),
             pods=self.kubeapi,
-            resolver=ProcessResolver(config.procfs, config.container_logs),
+            resolver=ProcessResolver(
+                config.procfs, config.container_logs, timeout=config.collect_timeout
+            ),
             process_series=config.process_series,
         )
         self._runner: web.AppRunner | None = None
@@ -206,10 +208,22 @@ class Exporter:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.poller.ready.wait(), timeout)
 
+    def reload(self) -> None:
+        """SIGHUP: re-read what can change without a restart (--web.config.file), as
+        Prometheus does on HUP; everything else is a flag, read once."""
+        watcher = self.web_stats.watcher
+        if watcher is None:
+            log.info("SIGHUP: nothing to reload (no --web.config.file)")
+            return
+        log.info("SIGHUP: reloading %s", watcher.path)
+        watcher.reload(" on SIGHUP")
+
 
 async def serve(config: Config, stop: asyncio.Event) -> None:
     exporter = Exporter(config)
     await exporter.start()
+    with contextlib.suppress(NotImplementedError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, exporter.reload)
     try:
         await stop.wait()
     finally:
@@ -217,10 +231,17 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM stop; SIGHUP reloads (`Exporter.reload`, installed once the
+    exporter runs) and until then is logged and ignored: its default action ends the
+    process, which an operator's `kill -HUP` never means."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: log.info("SIGHUP while starting: nothing to reload yet")
+        )
 
 
 SYSFS_FREE_SOURCES = frozenset({"nvml"})
@@ -252,6 +273,9 @@ def run(config: Config) -> int:
         log.warning("%s", problem)
 
     async def main() -> None:
+        # asyncio.run ends by waiting for the default executor's threads: a host read stuck
+        # in one would hold SIGTERM for ever. Daemon threads, never waited for.
+        asyncio.get_running_loop().set_default_executor(DaemonExecutor())
         stop = asyncio.Event()
         install_signal_handlers(stop)
         await serve(config, stop)
