@@ -1,0 +1,181 @@
+"""Basic auth under a password flood (issue 25, items 3 and 5): the real scraper is never
+starved, bcrypt work is bounded per client and overall, failures are rate-limited and
+counted, and unknown user names cost what known ones do."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import bcrypt
+import pytest
+import yaml
+
+from exporter import basicauth
+from exporter.app import Exporter
+from exporter.basicauth import BasicAuth, Verdict
+from tests.support import Clock, StaticSource
+from tests.test_exporter import config_for, gpu_result
+
+PASSWORD = b"s3cret"
+
+
+def header(user: str, password: bytes) -> str:
+    return "Basic " + base64.b64encode(user.encode() + b":" + password).decode()
+
+
+def users(cost: int) -> dict[str, bytes]:
+    return {"prometheus": bcrypt.hashpw(PASSWORD, bcrypt.gensalt(cost))}
+
+
+async def test_guesses_never_evict_the_scrapers_cached_success() -> None:
+    auth, known = BasicAuth(), users(4)
+    assert await auth.check(known, header("prometheus", PASSWORD), "10.0.0.1") is Verdict.OK
+    assert auth.checks == 1
+    for i in range(600):  # wrong guesses from 600 clients, far more than any cache holds
+        peer = f"10.1.{i // 250}.{i % 250}"
+        assert await auth.check(known, header("prometheus", b"guess%d" % i), peer) in (
+            Verdict.DENIED,
+            Verdict.RATE_LIMITED,
+        )
+    checks = auth.checks
+    assert await auth.check(known, header("prometheus", PASSWORD), "10.0.0.1") is Verdict.OK
+    assert auth.checks == checks, "the scraper's success was evicted: it paid bcrypt again"
+
+
+async def test_failures_are_rate_limited_per_client_without_bcrypt() -> None:
+    clock = Clock()
+    auth, known = BasicAuth(clock=clock), users(4)
+    wrong = header("prometheus", b"wrong")
+    verdicts = [await auth.check(known, wrong, "10.0.0.9") for _ in range(5)]
+    assert verdicts == [Verdict.DENIED] * 3 + [Verdict.RATE_LIMITED] * 2
+    assert auth.checks == 3
+    assert await auth.check(known, wrong, "10.0.0.8") is Verdict.DENIED, "others unaffected"
+    clock.now += basicauth.FAILURE_REFILL_SECONDS
+    assert await auth.check(known, wrong, "10.0.0.9") is Verdict.DENIED
+    assert await auth.check(known, header("prometheus", PASSWORD), "10.0.0.9") is (
+        Verdict.RATE_LIMITED
+    ), "out of budget: even the right password waits (bcrypt is what is limited)"
+
+
+async def test_waiting_is_bounded_and_a_client_that_passed_goes_first() -> None:
+    auth, slow = BasicAuth(), users(10)
+    right = header("prometheus", PASSWORD)
+    assert await auth.check(slow, right, "10.0.0.1") is Verdict.OK
+    rotated = {"prometheus": bcrypt.hashpw(b"rotated", bcrypt.gensalt(10))}
+    guesses = [
+        asyncio.ensure_future(auth.check(slow, header("prometheus", b"x"), f"10.2.0.{i}"))
+        for i in range(12)
+    ]
+    await asyncio.sleep(0)  # the guesses are in: one runs, MAX_WAITING wait
+    done_order: list[str] = []
+    scraper = asyncio.ensure_future(
+        auth.check(rotated, header("prometheus", b"rotated"), "10.0.0.1")
+    )
+    scraper.add_done_callback(lambda _: done_order.append("scraper"))
+    for g in guesses:
+        g.add_done_callback(lambda f: done_order.append(f.result().value))
+    await asyncio.gather(scraper, *guesses)
+    assert scraper.result() is Verdict.OK
+    refused = 12 - 1 - basicauth.MAX_WAITING
+    assert [g.result() for g in guesses].count(Verdict.RATE_LIMITED) == refused
+    assert auth.checks == 1 + 1 + basicauth.MAX_WAITING + 1
+    # refused at once, then the running guess, then the scraper before the waiting ones
+    assert done_order[refused : refused + 2] == ["denied", "scraper"], done_order
+
+
+async def test_unknown_users_take_as_long_as_known_ones() -> None:
+    """A cost-11 user: a wrong password and an unknown user cost the same bcrypt (the dummy
+    hash was cost 10: unknown names answered in half the time)."""
+    auth, known = BasicAuth(), users(11)
+    await auth.check(known, header("nobody", b"x"), "10.3.0.0")  # the dummy is made once
+
+    async def took(user: str, peer: str) -> float:
+        started = time.perf_counter()
+        assert await auth.check(known, header(user, b"wrong"), peer) is Verdict.DENIED
+        return time.perf_counter() - started
+
+    known_user = [await took("prometheus", f"10.3.1.{i}") for i in range(3)]
+    unknown_user = [await took("nobody", f"10.3.2.{i}") for i in range(3)]
+    ratio = statistics.median(unknown_user) / statistics.median(known_user)
+    assert 0.75 < ratio < 1.33, (known_user, unknown_user)
+
+
+# --- over HTTP --------------------------------------------------------------------------
+
+FLOOD_CLIENTS = 250
+
+
+@pytest.fixture
+async def guarded(tmp_path: Path) -> AsyncIterator[Exporter]:
+    """Basic auth only (no TLS: the flood is about bcrypt, not handshakes), at cost 10."""
+    path = tmp_path / "web.yml"
+    path.write_text(
+        yaml.safe_dump({"basic_auth_users": {"prometheus": users(10)["prometheus"].decode()}})
+    )
+    exp = Exporter(
+        config_for(tmp_path / "none.sock", "--web.config.file", str(path)),
+        sources={"fake": StaticSource(gpu_result())},
+    )
+    await exp.start()
+    await exp.wait_ready(10)
+    try:
+        yield exp
+    finally:
+        await exp.stop()
+
+
+async def flood(url: str, stop: asyncio.Event) -> int:
+    """Wrong guesses from FLOOD_CLIENTS clients (127.0.0.2 and up), each as fast as it is
+    answered, until `stop`; how many were sent."""
+    sent = 0
+
+    async def guesser(n: int) -> None:
+        nonlocal sent
+        connector = aiohttp.TCPConnector(local_addr=(f"127.0.{n // 250}.{n % 250 + 2}", 0))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            while not stop.is_set():
+                auth = {"Authorization": header("prometheus", b"guess%d" % sent)}
+                try:
+                    async with http.get(url, headers=auth) as r:
+                        await r.read()
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+                sent += 1
+
+    await asyncio.gather(*(guesser(n) for n in range(FLOOD_CLIENTS)))
+    return sent
+
+
+async def test_a_flood_of_wrong_guesses_never_starves_the_real_scraper(guarded: Exporter) -> None:
+    url = f"{guarded.url}metrics"
+    right = {"Authorization": header("prometheus", PASSWORD)}
+    latencies: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers=right) as r:
+            assert r.status == 200
+        stop = asyncio.Event()
+        guessing = asyncio.ensure_future(flood(url, stop))
+        await asyncio.sleep(1.0)
+        for _ in range(20):
+            started = time.monotonic()
+            async with http.get(url, headers=right, timeout=aiohttp.ClientTimeout(10)) as r:
+                assert r.status == 200
+                await r.read()
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.25)
+        stop.set()
+        sent = await guessing
+    stats = guarded.web_stats
+    print(
+        f"{sent} guesses from {FLOOD_CLIENTS} clients: scrapes p50 "
+        f"{statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; "
+        f"401: {stats.unauthorized}, 429: {stats.rate_limited}"
+    )
+    assert max(latencies) < 2.0
+    assert stats.rate_limited > 0 and stats.unauthorized > 0
