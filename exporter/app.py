@@ -117,7 +117,7 @@ class Exporter:
             interval=config.collect_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
-            cpu_nodes=CpuNodeMap(config.sysfs),
+            cpu_nodes=CpuNodeMap(config.sysfs, timeout=config.collect_timeout),
             pods=self.kubeapi,
             resolver=ProcessResolver(
                 config.procfs, config.container_logs, timeout=config.collect_timeout
