@@ -85,6 +85,8 @@ class BasicAuth:
         key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password))).digest()
         if hashed is not None and key in self._passed:
             self._passed.move_to_end(key)
+            if peer in self._clients:  # a scraper stays remembered (first in line) however
+                self._clients.move_to_end(peer)  # many addresses guess meanwhile
             return Verdict.OK
         client = self._client(peer)
         if client.busy or client.tokens < 1.0:
