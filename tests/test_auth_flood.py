@@ -8,19 +8,13 @@ import asyncio
 import base64
 import statistics
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
 import bcrypt
 import pytest
-import yaml
 
 from exporter import basicauth
-from exporter.app import Exporter
 from exporter.basicauth import BasicAuth, Verdict
-from tests.support import Clock, StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support import Clock
 
 PASSWORD = b"s3cret"
 
@@ -114,78 +108,3 @@ async def test_unknown_users_cost_what_known_ones_do(monkeypatch: pytest.MonkeyP
     assert {h[:7] for h in checked} == {b"$2b$12$"}, "every check at cost 12"
     ratio = statistics.median(took["nobody"]) / statistics.median(took["prometheus"])
     assert 0.6 < ratio < 1.7, took  # a cost-10 dummy: 0.25
-
-
-# --- over HTTP --------------------------------------------------------------------------
-
-FLOOD_CLIENTS = 250
-
-
-@pytest.fixture
-async def guarded(tmp_path: Path) -> AsyncIterator[Exporter]:
-    """Basic auth only (no TLS: the flood is about bcrypt, not handshakes), at cost 10."""
-    path = tmp_path / "web.yml"
-    path.write_text(
-        yaml.safe_dump({"basic_auth_users": {"prometheus": users(10)["prometheus"].decode()}})
-    )
-    exp = Exporter(
-        config_for(tmp_path / "none.sock", "--web.config.file", str(path)),
-        sources={"fake": StaticSource(gpu_result())},
-    )
-    await exp.start()
-    await exp.wait_ready(10)
-    try:
-        yield exp
-    finally:
-        await exp.stop()
-
-
-async def flood(url: str, stop: asyncio.Event) -> int:
-    """Wrong guesses from FLOOD_CLIENTS clients (127.0.0.2 and up), each as fast as it is
-    answered, until `stop`; how many were sent."""
-    sent = 0
-
-    async def guesser(n: int) -> None:
-        nonlocal sent
-        connector = aiohttp.TCPConnector(local_addr=(f"127.0.{n // 250}.{n % 250 + 2}", 0))
-        async with aiohttp.ClientSession(connector=connector) as http:
-            while not stop.is_set():
-                auth = {"Authorization": header("prometheus", b"guess%d" % sent)}
-                try:
-                    async with http.get(url, headers=auth) as r:
-                        await r.read()
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-                sent += 1
-
-    await asyncio.gather(*(guesser(n) for n in range(FLOOD_CLIENTS)))
-    return sent
-
-
-async def test_a_flood_of_wrong_guesses_never_starves_the_real_scraper(guarded: Exporter) -> None:
-    url = f"{guarded.url}metrics"
-    right = {"Authorization": header("prometheus", PASSWORD)}
-    latencies: list[float] = []
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url, headers=right) as r:
-            assert r.status == 200
-        stop = asyncio.Event()
-        guessing = asyncio.ensure_future(flood(url, stop))
-        await asyncio.sleep(1.0)
-        for _ in range(20):
-            started = time.monotonic()
-            async with http.get(url, headers=right, timeout=aiohttp.ClientTimeout(10)) as r:
-                assert r.status == 200
-                await r.read()
-            latencies.append(time.monotonic() - started)
-            await asyncio.sleep(0.25)
-        stop.set()
-        sent = await guessing
-    stats = guarded.web_stats
-    print(
-        f"{sent} guesses from {FLOOD_CLIENTS} clients: scrapes p50 "
-        f"{statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; "
-        f"401: {stats.unauthorized}, 429: {stats.rate_limited}"
-    )
-    assert max(latencies) < 2.0
-    assert stats.rate_limited > 0 and stats.unauthorized > 0
