@@ -194,6 +194,43 @@ async def test_reads_that_sleep_turn_attribution_off_and_sigterm_is_prompt(
     print(f"SIGTERM to exit with two reads stuck: {took:.2f} s")
 
 
+def stuck_ifindex(tmp_path: Path) -> Path:
+    """The netdev source reads class/net/*/ifindex while it is made (is this the host's
+    network namespace?)."""
+    net = tmp_path / "node" / "sysfs-empty" / "class" / "net" / "eth0"
+    net.mkdir(parents=True)
+    (net / "ifindex").write_text("2\n")
+    return net / "ifindex"
+
+
+AUTO = ("--collector.netdev.vf-netlink", "auto")
+
+
+async def test_sigterm_while_a_source_is_made_with_a_read_stuck(tmp_path: Path) -> None:
+    async with exporter(tmp_path, *AUTO, stuck=(stuck_ifindex(tmp_path),)) as running:
+        await asyncio.sleep(3)
+        assert running.proc.poll() is None
+        assert "serving on" not in running.log(), "the read was not stuck"
+        took = running.terminate()
+    assert took < EXIT_WITHIN
+
+
+async def test_a_source_stuck_while_made_is_left_out(tmp_path: Path) -> None:
+    """The exporter starts without it after SOURCE_START_SECONDS, the others collecting."""
+    async with exporter(tmp_path, *AUTO, stuck=(stuck_ifindex(tmp_path),)) as running:
+        text = await running.metrics(timeout=30)
+        success = {
+            s.labels["source"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "kube_device_exporter_source_success"
+        }
+        assert success["netdev"] == 0.0 and success["nvml"] == 1.0, success
+        assert container_processes(text) == {"alpha": 4.0, "": 1.0}
+        running.terminate()
+    assert "source netdev could not start: not made within 10s" in running.log()
+
+
 async def test_sighup_is_logged_and_never_kills(tmp_path: Path) -> None:
     async with exporter(tmp_path) as running:
         await running.metrics()
