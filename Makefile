@@ -5,7 +5,7 @@
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
 #                    docs/alerts.md, docs/runbooks.md and the Helm chart's files/
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
-#   make faults  fault and load runs against real exporter processes (about 2 minutes)
+#   make faults  fault and load runs against real exporter processes (about 4 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from aiohttp import web
 
@@ -29,7 +30,7 @@ from exporter.sinks.webauth import security_middleware
 from exporter.sinks.webserver import GuardedServer, ServerLimits
 from exporter.sinks.webstats import ServerStats, request_logger
 from exporter.sources import Source, SourceContext, registry
-from exporter.threads import in_daemon_thread
+from exporter.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
 from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 ALLOCATABLE_EVERY = 5.0
@@ -38,6 +39,10 @@ default 10 s interval; every fifth at 1 s, where each call costs about half a Li
 (docs/performance.md). A health change then shows within 5 s, against the alert's 1 m."""
 
 log = logging.getLogger("exporter")
+
+SOURCE_START_SECONDS = 10.0
+"""A source's constructor reads a few files at most (netdev: is this the host's network
+namespace?); one that takes longer is stuck in a read, and the exporter starts without it."""
 
 SHUTDOWN_SECONDS = 8.0
 """From SIGTERM to exit; the kubelet's default grace period is 30 s, ours says 10 s."""
@@ -69,8 +74,13 @@ def build_sources(config: Config, *, clock: Callable[[], float] | None = None) -
             clock=clock,
             logger=logging.getLogger(f"exporter.sources.{name}"),
         )
+        maker = BoundedWorker(f"start-{name}", idle_exit=0.0)
         try:
-            sources[name] = info.factory(ctx)
+            sources[name] = maker.call(partial(info.factory, ctx), SOURCE_START_SECONDS)
+        except TimeoutError:
+            why = f"not made within {SOURCE_START_SECONDS:g}s (a host read stuck?)"
+            log.warning("source %s could not start: %s", name, why)
+            sources[name] = _Unavailable(TimeoutError(why))
         except Exception as exc:  # noqa: BLE001 - one broken source must not stop the others
             log.warning("source %s could not start: %s", name, exc)
             sources[name] = _Unavailable(exc)
@@ -117,9 +127,11 @@ class Exporter:
             interval=config.collect_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
-            cpu_nodes=CpuNodeMap(config.sysfs),
+            cpu_nodes=CpuNodeMap(config.sysfs, timeout=config.collect_timeout),
             pods=self.kubeapi,
-            resolver=ProcessResolver(config.procfs, config.container_logs),
+            resolver=ProcessResolver(
+                config.procfs, config.container_logs, timeout=config.collect_timeout
+            ),
             process_series=config.process_series,
         )
         self._runner: web.AppRunner | None = None
@@ -206,10 +218,21 @@ class Exporter:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.poller.ready.wait(), timeout)
 
+    def reload(self) -> None:
+        """SIGHUP: re-read what can change without a restart (--web.config.file), as
+        Prometheus does on HUP; everything else is a flag, read once."""
+        watcher = self.web_stats.watcher
+        if watcher is None:
+            log.info("SIGHUP: nothing to reload (no --web.config.file)")
+            return
+        log.info("SIGHUP: reloading %s", watcher.path)
+        watcher.reload(" on SIGHUP")
 
-async def serve(config: Config, stop: asyncio.Event) -> None:
-    exporter = Exporter(config)
+
+async def serve(exporter: Exporter, stop: asyncio.Event) -> None:
     await exporter.start()
+    with contextlib.suppress(NotImplementedError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, exporter.reload)
     try:
         await stop.wait()
     finally:
@@ -217,10 +240,17 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM stop; SIGHUP reloads (`Exporter.reload`, installed once the
+    exporter runs) and until then is logged and ignored: its default action ends the
+    process, which an operator's `kill -HUP` never means."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: log.info("SIGHUP while starting: nothing to reload yet")
+        )
 
 
 SYSFS_FREE_SOURCES = frozenset({"nvml"})
@@ -247,14 +277,21 @@ def host_path_problems(config: Config) -> list[str]:
 
 
 def run(config: Config) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until Exporter.reload takes it: never fatal
     logsetup.setup(config.log_level, config.log_format)
     for problem in host_path_problems(config):
         log.warning("%s", problem)
 
     async def main() -> None:
+        # asyncio.run ends by waiting for the default executor's threads: a host read stuck
+        # in one would hold SIGTERM for ever. Daemon threads, never waited for.
+        asyncio.get_running_loop().set_default_executor(DaemonExecutor())
+        # Sources are made (some read sysfs) before SIGTERM is the loop's: a read that hangs
+        # meanwhile blocks the loop, and SIGTERM's default action still ends the process.
+        exporter = Exporter(config)
         stop = asyncio.Event()
         install_signal_handlers(stop)
-        await serve(config, stop)
+        await serve(exporter, stop)
 
     try:
         asyncio.run(main())

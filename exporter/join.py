@@ -24,6 +24,7 @@ from exporter.model import (
     DeviceReading,
     Holder,
     JoinedDevice,
+    Pod,
     PodResourcesState,
     SourceResult,
 )
@@ -110,6 +111,7 @@ def join(
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
     state = state or PodResourcesState()
+    state = replace(state, pods=merged_pods(state.pods))
     allocatable = tuple(d for d in state.allocatable if matcher(d.resource_name))
     index = _Index([r.device for r in readings], allocatable if state.allocatable_known else None)
 
@@ -326,6 +328,34 @@ def _device_plugin(holder: Holder, devs: ContainerDevices, index: _Index) -> lis
                 )
             )
     return out
+
+
+def merged_pods(pods: Sequence[Pod]) -> tuple[Pod, ...]:
+    """One pod per (namespace, name), one container per name within it: a List that names
+    a pod twice (the same pod three times was seen) would otherwise give identical series
+    twice, which is invalid exposition. What the copies hold is merged, each item once."""
+    if len({(p.namespace, p.name) for p in pods}) == len(pods):
+        return tuple(pods)  # the usual case: nothing to merge, nothing copied
+    by_pod: dict[tuple[str, str], dict[str, Container]] = {}
+    for pod in pods:
+        containers = by_pod.setdefault((pod.namespace, pod.name), {})
+        for c in pod.containers:
+            have = containers.get(c.name)
+            containers[c.name] = c if have is None else _merged_container(have, c)
+    return tuple(
+        Pod(name, namespace, tuple(containers.values()))
+        for (namespace, name), containers in by_pod.items()
+    )
+
+
+def _merged_container(a: Container, b: Container) -> Container:
+    return Container(
+        a.name,
+        devices=tuple(dict.fromkeys(a.devices + b.devices)),
+        cpu_ids=tuple(sorted(set(a.cpu_ids + b.cpu_ids))),
+        memory=tuple(dict.fromkeys(a.memory + b.memory)),
+        dynamic_resources=tuple(dict.fromkeys(a.dynamic_resources + b.dynamic_resources)),
+    )
 
 
 def _dedupe(allocations: list[Allocation]) -> list[Allocation]:

@@ -206,7 +206,8 @@ ATTRIBUTES: dict[str, str] = {
     "sink": "Sink name (`otlp`).",
     "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
     "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
-    "`malformed`, `unauthorized`.",
+    "`malformed`, `unauthorized`, `rate_limited` (a password check refused without bcrypt: "
+    "the client's failures over budget, or too many checks waiting).",
 }
 
 DEVICE_ATTRIBUTES = (
@@ -722,6 +723,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "a failed one keeps the previous config.",
         scope=_E,
         attributes=("result",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.web_config.last_reload_successful",
+        G,
+        "",
+        "1 when the last read of --web.config.file was used; 0 while it is empty, missing, "
+        "invalid or would turn TLS or basic auth off, and the last good config is kept.",
+        scope=_E,
     ),
     MetricSpec(
         "kube_device_exporter.export.batches",

@@ -17,7 +17,11 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
+
+from exporter import hostfiles
+from exporter.threads import BoundedWorker
 
 log = logging.getLogger("exporter.numa")
 
@@ -51,9 +55,10 @@ def read_cpu_nodes(sysfs: Path) -> dict[int, int]:
         m = _NODE.match(entry.name)
         if not m:
             continue
+        text = hostfiles.read_text(entry / "cpulist", 64 * 1024, nofollow=True)
         try:
-            cpus = parse_cpulist((entry / "cpulist").read_text())
-        except (OSError, ValueError) as exc:
+            cpus = parse_cpulist(text if text is not None else "")
+        except ValueError as exc:
             log.debug("skipping %s: %s", entry, exc)
             continue
         for cpu in cpus:
@@ -62,7 +67,9 @@ def read_cpu_nodes(sysfs: Path) -> dict[int, int]:
 
 
 class CpuNodeMap:
-    """`read_cpu_nodes(sysfs)`, re-read when older than `refresh` seconds."""
+    """`read_cpu_nodes(sysfs)`, re-read when older than `refresh` seconds. A read that has not
+    returned in `timeout` seconds (a hung mount) keeps the last map; it is tried again once
+    that read returns."""
 
     def __init__(
         self,
@@ -70,9 +77,13 @@ class CpuNodeMap:
         *,
         refresh: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        timeout: float = 5.0,
     ) -> None:
         self.sysfs = sysfs
         self.refresh = refresh
+        self.timeout = timeout
+        self._worker = BoundedWorker("numa")
+        self._stuck = False
         self._clock = clock
         self._map: dict[int, int] = {}
         self._read_at: float | None = None
@@ -83,7 +94,18 @@ class CpuNodeMap:
     def get(self) -> Mapping[int, int]:
         """The map, read from sysfs first when stale (blocking: call it off the loop)."""
         if self.stale():
-            fresh = read_cpu_nodes(self.sysfs)
+            try:
+                fresh = self._worker.call(partial(read_cpu_nodes, self.sysfs), self.timeout)
+            except TimeoutError:  # Stuck too: the last read has not returned yet
+                if not self._stuck:
+                    log.warning(
+                        "reading %s takes over %gs: keeping the last CPU map",
+                        self.sysfs / NODE_DIR,
+                        self.timeout,
+                    )
+                self._stuck = True
+                return self._map
+            self._stuck = False
             if not fresh and self._read_at is None:
                 log.info(
                     "no NUMA nodes under %s: containers' exclusive CPUs are not placed",

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 from exporter.attribution.resolver import ProcessResolver
@@ -37,7 +38,7 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.threads import DaemonWorker, in_daemon_thread
+from exporter.threads import BoundedWorker, DaemonWorker, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 
@@ -94,8 +95,8 @@ class Poller:
         self.source_timeout = source_timeout
         self.stale_after = stale_after
         self.absent_recheck = absent_recheck
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self._clock, self._wall_clock = clock, wall_clock
+        self._publisher = BoundedWorker("publish")
         self.cpu_nodes = cpu_nodes
         self._resources: dict[str, str] = {}
         """hw.id -> the resource the kubelet listed it under: a device that leaves the
@@ -123,9 +124,8 @@ class Poller:
         results = await self._collect_all()
         state, answered = await self._kubelet_state(kubelet, started)
         cpu_nodes = await self._cpu_nodes()
-        snapshot = await asyncio.to_thread(
-            self._publish, started, state, answered, results, cpu_nodes
-        )
+        publish = partial(self._publish, started, state, answered, results, cpu_nodes)
+        snapshot = await self._publisher.run(publish, self.interval + self.source_timeout)
         self.snapshot = snapshot
         self.ready.set()
         return snapshot

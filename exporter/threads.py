@@ -17,6 +17,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -88,3 +89,111 @@ class DaemonWorker:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             _run_and_settle(*job)
+
+
+class Stuck(TimeoutError):
+    """The worker's last call has not returned: the new one was not queued behind it."""
+
+
+class BoundedWorker:
+    """One daemon thread whose calls each have a deadline, for a step with no worker of its
+    own (the publish step, the attribution's host reads). A call that overruns stays in the
+    thread; the caller gets `TimeoutError`, and `Stuck` at once for every call until that one
+    returns: nothing piles up behind a read that never comes back. The thread ends after
+    `idle_exit` seconds without a call (a new one starts with the next)."""
+
+    def __init__(self, name: str, idle_exit: float = 60.0) -> None:
+        self.name = name
+        self.idle_exit = idle_exit
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = False
+        self._running: Future[Any] | None = None
+
+    def start(self, fn: Callable[[], T]) -> Future[T]:
+        """`fn()` in the worker thread; `Stuck` when the last call is still in it."""
+        if self._running is not None and not self._running.done():
+            raise Stuck(f"{self.name}: the last call has not returned")
+        future: Future[T] = Future()
+        self._running = future
+        with self._lock:
+            self._jobs.put((fn, future))
+            if not self._thread:
+                self._thread = True
+                threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+        return future
+
+    def call(self, fn: Callable[[], T], timeout: float) -> T:
+        """From a thread: `fn()`'s result within `timeout` seconds, or TimeoutError."""
+        return self.start(fn).result(timeout)  # concurrent.futures' TimeoutError is the builtin
+
+    async def run(self, fn: Callable[[], T], timeout: float) -> T:
+        """From the event loop: the same, awaited (the loop keeps serving meanwhile)."""
+        return await asyncio.wait_for(asyncio.wrap_future(self.start(fn)), timeout)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, future = self._jobs.get(timeout=self.idle_exit)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._thread = False
+                        return
+                continue
+            if not future.set_running_or_notify_cancel():
+                continue  # given up on before it started
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(exc)
+
+
+class DaemonExecutor(ThreadPoolExecutor):
+    """The event loop's default executor (`asyncio.to_thread`), on daemon threads.
+
+    `asyncio.run` ends by waiting for the default executor's threads (for ever on 3.11), and
+    interpreter exit joins every ThreadPoolExecutor thread: one call stuck in a host read
+    would hold SIGTERM past any grace period. These threads are daemons, registered nowhere,
+    and `shutdown` never waits for a call in progress; idle threads are reused, as in
+    ThreadPoolExecutor, up to `max_workers` (more calls queue). A ThreadPoolExecutor only
+    because the loop accepts nothing else: `submit` and `shutdown` are its own."""
+
+    def __init__(self, max_workers: int = 8, name: str = "executor") -> None:
+        super().__init__(max_workers=1)  # its state stays unused: no thread is started
+        self.max_workers = max_workers
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._idle = threading.Semaphore(0)
+        self._started = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if self._started < self.max_workers:
+                    self._started += 1
+                    name = f"{self.name}-{self._started}"
+                    threading.Thread(target=self._serve, name=name, daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Idle threads end; a thread in a call is left to it (never waited for)."""
+        with self._lock:
+            for _ in range(self._started):
+                self._jobs.put(None)
+            self._started = 0
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                    future.set_exception(exc)
+            self._idle.release()

@@ -24,10 +24,6 @@ ignored: a security setting that silently does nothing is worse than an error.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
 import logging
 import os
 import ssl
@@ -249,12 +245,23 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     return ctx
 
 
-def load_web_config(path: Path) -> WebConfig:
+def load_web_config(path: Path, *, allow_empty: bool = True) -> WebConfig:
+    """The file's config. An empty file (no YAML document) is a valid empty config at start,
+    as for the toolkit; `allow_empty=False` (a reload) refuses it."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError(f"cannot read {path}: {exc}") from exc
+    if not allow_empty and not _has_document(text):
+        raise WebConfigError(f"{path} is empty")
     return parse_web_config(text, path.parent)
+
+
+def _has_document(text: str) -> bool:
+    try:
+        return yaml.safe_load(text) is not None
+    except yaml.YAMLError:
+        return True  # not empty: parse_web_config says what is wrong
 
 
 def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -270,10 +277,15 @@ def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
 
 
 class WebConfigWatcher:
-    """The current WebConfig, re-read when the file or a file it names changes.
+    """The current WebConfig, re-read when the file or a file it names changes, or on demand
+    (SIGHUP).
 
-    Checked at most once per `check_interval` seconds, on use. A change that does not parse
-    keeps the last good config (logged once per state, counted in self-metrics)."""
+    Checked at most once per `check_interval` seconds, on use. What a reload may not do:
+    - replace a good config with an empty, unreadable, missing or invalid file (a writer
+      that truncates before it writes, a Secret caught mid-update): the last good config
+      stays, with a warning and `last_reload_ok` false until a good file is read;
+    - turn TLS or basic auth off once either was on: a file without them is refused the
+      same way (to turn them off, restart the process with such a file)."""
 
     def __init__(
         self,
@@ -289,6 +301,8 @@ class WebConfigWatcher:
         self._stamp = self._files_stamp(self.config)
         self._checked = clock()
         self.reloads: Counter[str] = Counter()
+        self.last_reload_ok = True
+        """False while the file on disk is not the config in use (the last reload failed)."""
         self._states = StateLog(log)
 
     def _files_stamp(self, config: WebConfig) -> tuple[tuple[int, int, int], ...]:
@@ -303,75 +317,31 @@ class WebConfigWatcher:
         if stamp == self._stamp:
             return self.config
         self._stamp = stamp
+        self.reload()
+        return self.config
+
+    def reload(self, why: str = "") -> bool:
+        """Read the file again now; False (and the last good config kept) when it is refused."""
         try:
-            config = load_web_config(self.path)
+            config = self._acceptable(load_web_config(self.path, allow_empty=False))
         except WebConfigError as exc:
             self.reloads["failure"] += 1
-            self._states.failed("reload", f"web config {self.path} not reloaded: {exc}")
-            return self.config
+            self.last_reload_ok = False
+            self._states.failed(
+                "reload", f"web config {self.path} not reloaded{why}, keeping the last good: {exc}"
+            )
+            return False
         self.reloads["success"] += 1
-        self._states.ok("reload", f"web config {self.path} reloaded")
-        log.info("web config %s reloaded", self.path)
+        self.last_reload_ok = True
+        self._states.ok("reload", f"web config {self.path} good again")
+        log.info("web config %s reloaded%s", self.path, why)
         self.config = config
         self._stamp = self._files_stamp(config)
+        return True
+
+    def _acceptable(self, config: WebConfig) -> WebConfig:
+        if self.config.tls is not None and config.tls is None:
+            raise WebConfigError("it has no tls_server_config, and TLS was on")
+        if self.config.auth and not config.auth:
+            raise WebConfigError("it has no basic_auth_users, and basic auth was on")
         return config
-
-
-_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
-
-
-class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes, as exporter-toolkit does.
-
-    bcrypt is slow by design (tens of ms): it runs in a worker thread, one at a time (a flood of
-    wrong passwords costs one core, not all), and results are cached by a digest of (user, hash,
-    password), so a scraper pays for bcrypt once. Unknown users are checked against a dummy hash
-    so their answer takes as long as a wrong password's."""
-
-    CACHE_SIZE = 128
-
-    def __init__(self) -> None:
-        self._cache: dict[bytes, bool] = {}
-        self._lock = asyncio.Lock()
-
-    async def check(self, users: Mapping[str, bytes], header: str) -> bool:
-        credentials = _decode_basic(header)
-        if credentials is None:
-            return False
-        user, password = credentials
-        hashed = users.get(user)
-        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password))).digest()
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        async with self._lock:
-            ok = await asyncio.to_thread(_checkpw, password, hashed or _DUMMY_HASH)
-        ok = ok and hashed is not None
-        if len(self._cache) >= self.CACHE_SIZE:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = ok
-        return ok
-
-
-def _checkpw(password: bytes, hashed: bytes) -> bool:
-    try:
-        return bcrypt.checkpw(password, hashed)
-    except ValueError:  # bcrypt 5 refuses passwords over 72 bytes: no hash can match them
-        return False
-
-
-def _decode_basic(header: str) -> tuple[str, bytes] | None:
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic" or not value:
-        return None
-    try:
-        raw = base64.b64decode(value.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user, sep, password = raw.partition(b":")
-    if not sep:
-        return None
-    try:
-        return user.decode(), password
-    except UnicodeDecodeError:
-        return None

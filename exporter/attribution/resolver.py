@@ -10,6 +10,12 @@ hostPID, the host's /proc mounted read-only at `--path.procfs`):
 A PID's owner is cached by (PID, start time): a PID reused by a new process has another
 start time (`proc(5)`, field 22 of `stat`) and is resolved again. Names are cached by
 container ID; the directory is listed again when its mtime changes.
+
+Host reads never block (`exporter.hostfiles`), and the whole resolution runs in its own
+daemon thread under a deadline: a read that sleeps anyway (a hung mount) turns attribution
+off for the cycles it lasts, said once, and never holds the cycle, readiness or SIGTERM. A
+process whose `stat` cannot be read, is not a regular file, is oversized or does not parse
+has no owner: it counts in the group of no pod, as a host process does.
 """
 
 from __future__ import annotations
@@ -19,30 +25,27 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from exporter import hostfiles
 from exporter.attribution.cgroup import CgroupIdentity, parse_cgroup_file
 from exporter.attribution.containerlogs import ContainerLogDirectory
 from exporter.model import Owner
+from exporter.threads import BoundedWorker, Stuck
 
 PID_NS_INIT_INO = 0xEFFFFFFC
 """The initial PID namespace's inode (`PROC_PID_INIT_INO`, include/linux/proc_ns.h)."""
 _READ_LIMIT = 64 * 1024
+STAT_LIMIT = 4096
+"""`/proc/<pid>/stat` is 52 numbers and a command name of at most 64 bytes: a few hundred
+bytes. Longer is not the kernel's file."""
 
 log = logging.getLogger("exporter.attribution")
 
 
 def read_small(path: Path, limit: int = _READ_LIMIT) -> str | None:
-    """A procfs file, read once with one bounded read; None when it cannot be read (the
-    process exited, or we may not)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    """A procfs file, read once with one bounded read that never blocks; None when it
+    cannot be read (the process exited, or we may not), is not a regular file, or is
+    longer than `limit`."""
+    return hostfiles.read_text(path, limit)
 
 
 def start_time(stat: str) -> int | None:
@@ -50,7 +53,7 @@ def start_time(stat: str) -> int | None:
     name (field 2) may hold spaces and parentheses: fields are counted after the last `)`."""
     _, paren, rest = stat.rpartition(")")
     fields = rest.split()
-    if not paren or len(fields) < 20 or not fields[19].isdigit():
+    if not paren or len(fields) < 20 or not (fields[19].isascii() and fields[19].isdigit()):
         return None
     return int(fields[19])
 
@@ -78,15 +81,31 @@ def own_pid_namespace(procfs: Path) -> str:
 
 
 class ProcessResolver:
-    def __init__(self, procfs: Path, container_logs: Path) -> None:
+    def __init__(self, procfs: Path, container_logs: Path, *, timeout: float = 5.0) -> None:
         self.procfs = procfs
         self.logs = ContainerLogDirectory(container_logs)
+        self.timeout = timeout
         self._cgroups: dict[int, tuple[int, CgroupIdentity | None]] = {}
         self._off_reason: str | None = None
+        self._worker = BoundedWorker("attribution")
 
     def resolve(self, pids: Iterable[int]) -> dict[int, Owner] | None:
         """Owner of each PID that belongs to a named container; None when attribution is
-        off (said once per change of reason)."""
+        off (said once per change of reason), a host read among them stuck included."""
+        wanted = sorted(set(pids))
+        try:
+            reason, owners = self._worker.call(lambda: self._resolve(wanted), self.timeout)
+        except (Stuck, TimeoutError):
+            reason, owners = (
+                f"a read under {self.procfs} or {self.logs.path} has not returned in "
+                f"{self.timeout:g}s (a hung mount?)",
+                None,
+            )
+        self._say(reason)
+        return owners
+
+    def _resolve(self, wanted: list[int]) -> tuple[str, dict[int, Owner] | None]:
+        """In the worker thread: (why attribution is off or "", owners)."""
         reason = self._unavailable()
         names = None
         if not reason:
@@ -94,16 +113,13 @@ class ProcessResolver:
                 names = self.logs.names()
             except OSError as exc:
                 reason = f"cannot list {self.logs.path}: {exc.strerror}"
-        self._say(reason)
         if names is None:
             self._cgroups.clear()
-            return None
+            return reason, None
         owners: dict[int, Owner] = {}
-        wanted = set(pids)
-        for pid in list(self._cgroups):
-            if pid not in wanted:
-                del self._cgroups[pid]
-        for pid in sorted(wanted):
+        for pid in set(self._cgroups).difference(wanted):
+            del self._cgroups[pid]
+        for pid in wanted:
             identity = self._identity(pid)
             if identity is None:
                 continue
@@ -113,12 +129,12 @@ class ProcessResolver:
             owners[pid] = Owner(
                 name.namespace, name.pod, name.container, identity.pod_uid, name.container_id
             )
-        return owners
+        return "", owners
 
     def _identity(self, pid: int) -> CgroupIdentity | None:
         if pid <= 0:
             return None
-        stat = read_small(self.procfs / str(pid) / "stat")
+        stat = read_small(self.procfs / str(pid) / "stat", STAT_LIMIT)
         started = start_time(stat) if stat is not None else None
         if started is None:
             self._cgroups.pop(pid, None)

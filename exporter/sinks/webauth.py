@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from exporter.basicauth import BasicAuth, Verdict
 from exporter.sinks.webstats import ServerStats
-from exporter.webconfig import BasicAuth, WebConfigWatcher
+from exporter.webconfig import WebConfigWatcher
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Answer without basic auth (still over TLS when TLS is on): kubelet probes cannot send
@@ -31,13 +32,11 @@ def security_middleware(watcher: WebConfigWatcher, stats: ServerStats) -> Middle
         config = watcher.current()
         if config.auth and request.path not in PROBE_PATHS:
             header = request.headers.get("Authorization", "")
-            if not header or not await auth.check(config.users, header):
-                stats.unauthorized += 1
-                response: web.StreamResponse = web.Response(
-                    status=401,
-                    text="Unauthorized\n",
-                    headers={"WWW-Authenticate": 'Basic realm="kube-device-exporter"'},
-                )
+            verdict = Verdict.DENIED
+            if header:
+                verdict = await auth.check(config.users, header, request.remote or "")
+            if verdict is not Verdict.OK:
+                response = _refusal(verdict, stats)
                 response.headers.update(config.headers)
                 return response
         try:
@@ -49,3 +48,17 @@ def security_middleware(watcher: WebConfigWatcher, stats: ServerStats) -> Middle
         return response
 
     return middleware
+
+
+def _refusal(verdict: Verdict, stats: ServerStats) -> web.StreamResponse:
+    """401 for wrong or missing credentials; 429 for a check refused without bcrypt (this
+    client's failures over budget, or too many checks waiting): try again later."""
+    if verdict is Verdict.RATE_LIMITED:
+        stats.rate_limited += 1
+        return web.Response(status=429, text="Too Many Requests\n", headers={"Retry-After": "2"})
+    stats.unauthorized += 1
+    return web.Response(
+        status=401,
+        text="Unauthorized\n",
+        headers={"WWW-Authenticate": 'Basic realm="kube-device-exporter"'},
+    )

@@ -66,6 +66,7 @@ class ServerStats:
             "accepting connections fails (file descriptors exhausted?)", quiet_after, clock
         )
         self.unauthorized = 0
+        self.rate_limited = 0
         self.watcher: WebConfigWatcher | None = None
 
     def self_samples(self) -> tuple[Sample, ...]:
@@ -78,7 +79,11 @@ class ServerStats:
                     (("reason", reason),),
                 )
             )
-        rejected = (("malformed", self.malformed.total), ("unauthorized", self.unauthorized))
+        rejected = (
+            ("malformed", self.malformed.total),
+            ("unauthorized", self.unauthorized),
+            ("rate_limited", self.rate_limited),
+        )
         for reason, count in rejected:
             out.append(
                 Sample(
@@ -99,6 +104,12 @@ class ServerStats:
                         (("result", result),),
                     )
                 )
+            out.append(
+                Sample(
+                    "kube_device_exporter.web_config.last_reload_successful",
+                    float(self.watcher.last_reload_ok),
+                )
+            )
         return tuple(out)
 
 

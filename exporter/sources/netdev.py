@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from exporter import hostfiles
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
@@ -303,10 +304,9 @@ def in_host_netns(sysfs: Path) -> bool:
     net = sysfs / "class" / "net"
     try:
         for entry in net.iterdir():
-            try:
-                host.add((entry.name, int((entry / "ifindex").read_text().strip())))
-            except (OSError, ValueError):
-                continue
+            text = hostfiles.read_text(entry / "ifindex", 64, nofollow=True)
+            if text is not None and text.strip().isascii() and text.strip().isdigit():
+                host.add((entry.name, int(text)))
     except OSError:
         return False
     return bool(host) and host == ours

@@ -1,0 +1,114 @@
+"""A List that names the same pod more than once gives one series per identity (issue 25,
+item 7); no golden output holds a series twice. promtool does not flag duplicate series
+(it parses them as valid), so the check here is our own, and promtool lints the result."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.join import merged_pods
+from exporter.model import (
+    Container,
+    ContainerDevices,
+    ContainerMemory,
+    Pod,
+    PodResourcesHealth,
+    PodResourcesState,
+)
+from exporter.poller import Poller
+from tests.peers import promtool_check_metrics
+from tests.support import StaticSource, metrics_text
+from tests.test_exporter import GPU, gpu_result
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def duplicate_series(text: str) -> list[str]:
+    """Every (name, labels) that appears more than once in a Prometheus text output."""
+    seen: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            seen[(s.name, tuple(sorted(s.labels.items())))] += 1
+    return [f"{name}{dict(labels)} x{n}" for (name, labels), n in seen.items() if n > 1]
+
+
+class FixedKubelet:
+    """A PodResources client that answers the same List every time."""
+
+    def __init__(self, state: PodResourcesState) -> None:
+        self.state = state
+
+    async def poll(self) -> PodResourcesState:
+        return self.state
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(api_version="v1", connected=True)
+
+    async def close(self) -> None:
+        return None
+
+
+TRAINER = Pod(
+    "trainer",
+    "ml",
+    (
+        Container(
+            "main",
+            (ContainerDevices("nvidia.com/gpu", (GPU,), (0,)),),
+            cpu_ids=(2, 3),
+            memory=(ContainerMemory("memory", 2**30, (0,)),),
+        ),
+    ),
+)
+
+
+async def test_a_pod_listed_three_times_gives_each_series_once() -> None:
+    text = await _text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
+    assert "hw_container_cpus_exclusive{" in text
+    assert duplicate_series(text) == []
+    promtool_check_metrics(text)
+    once = await _text_of(PodResourcesState(pods=(TRAINER,), api_version="v1"))
+    assert text == once, "three copies of a pod read as one"
+
+
+async def _text_of(state: PodResourcesState) -> str:
+    poller = Poller(
+        node="n1",
+        sources={"fake": StaticSource(gpu_result())},
+        client=FixedKubelet(state),  # type: ignore[arg-type]
+        clock=lambda: 0.0,
+        wall_clock=lambda: 1.7e9,
+    )
+    try:
+        return metrics_text(await poller.run_once())
+    finally:
+        await poller.close()
+
+
+def test_copies_that_differ_are_merged_each_item_once() -> None:
+    other = Pod(
+        "trainer",
+        "ml",
+        (
+            Container(
+                "main", (ContainerDevices("nvidia.com/gpu", ("GPU-other",)),), cpu_ids=(3, 4)
+            ),
+            Container("sidecar"),
+        ),
+    )
+    [merged] = merged_pods((TRAINER, other, TRAINER))
+    main, sidecar = merged.containers
+    assert [d.device_ids for d in main.devices] == [(GPU,), ("GPU-other",)]
+    assert main.cpu_ids == (2, 3, 4)
+    assert sidecar.name == "sidecar"
+    assert merged_pods((TRAINER,)) == (TRAINER,)
+
+
+@pytest.mark.parametrize("golden", sorted(p.name for p in GOLDEN.glob("*.prom")))
+def test_no_golden_output_holds_a_series_twice(golden: str) -> None:
+    text = (GOLDEN / golden).read_text()
+    assert duplicate_series(text) == []
