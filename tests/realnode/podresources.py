@@ -20,7 +20,16 @@ Holder = tuple[str, str, str]
 
 class Lister:
     def __init__(self, socket: Path, timeout: float = 2.0) -> None:
-        self.channel = grpc.insecure_channel(f"unix://{socket}")
+        # Reconnect within 10-50 ms (gRPC's default back-off waits a second or more after a
+        # refused connection), so a restarted kubelet's first answers are seen.
+        self.channel = grpc.insecure_channel(
+            f"unix://{socket}",
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 10),
+                ("grpc.min_reconnect_backoff_ms", 10),
+                ("grpc.max_reconnect_backoff_ms", 50),
+            ],
+        )
         self.v1 = v1_grpc.PodResourcesListerStub(self.channel)
         self.v1alpha1 = v1alpha1_grpc.PodResourcesListerStub(self.channel)
         self.timeout = timeout
