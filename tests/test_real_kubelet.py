@@ -186,9 +186,10 @@ def test_4_restart_window_list_from_checkpoint_allocatable_waits_for_plugin(
     answered = [s for s in seen if s[1] >= 0]
     assert answered, f"the kubelet never answered after the restart: {seen}"
     empty_both = [s for s in answered if s[1] == 0 and s[3] == 0]
+    listed_again = next((s[0] for s in answered if s[1] > 0), None)
     print(
-        f"behaviour 4: first answer at {answered[0][0]:.3f} s; both empty in {len(empty_both)} answers"
-        f" ({empty_both[:1]} first)"
+        f"behaviour 4: first answer {answered[0][0]:.3f} s after the start, {len(empty_both)} "
+        f"answers with List and allocatable both empty, List back at {listed_again} s"
     )
     while_down = [s for s in answered if s[0] < 2.5]
     assert while_down, f"no answer while the plugins were away: {seen}"

@@ -350,3 +350,42 @@ def test_podresources_calls_per_cycle_doctor_and_podresources(rig: Rig) -> None:
             }
     print(f"calls spent: {spent}")
     assert 1 <= spent["doctor"] <= 3 and 1 <= spent["podresources"] <= 3, spent
+
+
+@pytest.fixture
+def fresh_rig(tmp_path: Path) -> Iterator[Rig]:
+    """A node and exporter of its own: the test kills a pod."""
+    for node in standalone_node(KUBELET):
+        yield from rig_for(node, tmp_path)
+
+
+def test_pod_killed_at_readmission_shows_as_gone(fresh_rig: Rig) -> None:
+    """Behaviour 5 as users see it: a kubelet restart while the plugins are away kills the
+    pod whose finished init container held a GPU; its allocation series go (and stay
+    gone), while the pods whose GPU containers run keep theirs in every scrape."""
+    node = fresh_rig.node
+    killed = {a for a in listed(node, (INIT,))}
+    survivors = listed(node, SURVIVORS)
+    assert killed and killed <= allocations(wait_cycles(fresh_rig))
+    with Scraper(fresh_rig.exporter, every=0.2) as scraper:
+        for plugin in node.plugins:
+            plugin.stop()
+        node.kubelet.stop()
+        node.kubelet.start()
+        node.kubelet.wait_ready()
+        time.sleep(1.5)
+        for plugin in node.plugins:
+            plugin.start()
+        node.kubelet.wait_pod(INIT.name, "Failed", timeout=30)
+        gone_after = wait_for(
+            fresh_rig,
+            lambda s: not (killed & allocations(s)),
+            20,
+            "the killed pod's allocation series going",
+        )
+        time.sleep(2.5)
+    assert not killed & allocations(gone_after)
+    last_seen = max(at for at, s in scraper.results if killed & allocations(s))
+    assert all(not killed & allocations(s) for at, s in scraper.results if at > last_seen)
+    assert gaps(scraper.results, survivors) == []
+    assert allocatable_zeros(scraper.results) == []  # plugins away: gone, not unhealthy
