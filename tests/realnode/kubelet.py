@@ -34,6 +34,14 @@ from tests.realnode.procs import stop_pid
 POD_RESOURCES_SOCKET = Path("pod-resources") / "kubelet.sock"
 
 
+def version_config(kubelet_version: str) -> dict[str, Any]:
+    """What only some versions take: `failCgroupV1` exists from 1.31 (and 1.35 refuses a
+    cgroup v1 host without it, control-plane.md behaviour 1)."""
+    if minor_version(kubelet_version) >= (1, 31):
+        return {"failCgroupV1": False}
+    return {}
+
+
 def feature_gates(kubelet_version: str) -> dict[str, bool]:
     gates = {}
     if "kubeedge" in kubelet_version:
@@ -114,7 +122,7 @@ class Kubelet:
             "makeIPTablesUtilChains": False,
             "podLogsDir": "/var/log/pods",
         }
-        self.config = merge(base, extra or {})
+        self.config = merge(base | version_config(self.version), extra or {})
 
     @property
     def pod_resources_socket(self) -> Path:
