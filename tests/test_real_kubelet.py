@@ -1,6 +1,6 @@
 """The real kubelet (KDE_E2E_KUBELET, v1.32 here), Debian's containerd and runc, our device
 plugin and static pods with busybox containers: the 14 behaviours of
-../shared/reference/real-kubelet.md ("What the real kubelet did"), each test naming its
+docs/podresources.md ("Real-kubelet behaviours"), each test naming its
 number. The answers are read with a plain gRPC client (tests/realnode/podresources.py),
 so what is asserted is the kubelet's, not the exporter's.
 

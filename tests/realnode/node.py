@@ -1,7 +1,7 @@
 """One real node: a private mount namespace, containerd with our images, a kubelet, and
 the clean-up of all of it (also when a test failed half-way).
 
-`RealNode.start()` is the ~20 s bring-up of real-kubelet.md; `close()` stops by PID the
+`start_runtime()` and `start_kubelet()` bring a node up (docs/real-node.md); `close()` stops by PID the
 kubelet, containerd's tasks, containerd and its shims, then anything still in our cgroup
 root or our mount namespace, removes the cgroups and our folder, and returns what it
 could not remove (tests assert it is nothing).
