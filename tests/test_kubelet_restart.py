@@ -176,27 +176,31 @@ async def test_without_the_hold_the_restart_window_drops_the_pod_and_the_device(
     tmp_path: Path,
 ) -> None:
     """What the exporter did before the hold (`restart_settle=0`): the cycles inside the
-    kubelet's window lose the running pod and report its GPU not allocatable, so the test
-    above fails on that behaviour."""
+    kubelet's window lose the running pod and its GPU's allocatable series, so the test
+    above fails on that behaviour. (An empty allocatable answer reads as every plugin gone,
+    K10: the series end rather than read 0, which before that join rule was a
+    KubeDeviceNotAllocatable pending on every device.)"""
     cycles = await _restart_run(tmp_path, 0.0, list_empty=0.97, allocatable_empty=0.5)
     lost = [c.at for c in cycles if not c.allocated("train")]
     assert lost and all(10.0 - 1e-9 <= t < 10.97 for t in lost)
-    zero = [c.at for c in cycles if c.get(ALLOCATABLE, **GPU_HELD) == 0.0]
+    gone = [c.at for c in cycles if c.get(ALLOCATABLE, **GPU_HELD) is None]
     # The allocatable answer is asked for every `allocatable_interval` (1 s here, 5 s in the
     # exporter at short cycles): an empty one stands until the next call.
-    assert zero and all(10.0 - 1e-9 <= t < 11.0 - 1e-9 for t in zero)
+    assert gone and all(10.0 - 1e-9 <= t < 11.0 - 1e-9 for t in gone)
+    assert all(c.get(ALLOCATABLE, **GPU_HELD) != 0.0 for c in cycles)
 
 
 async def test_a_plugin_back_late_is_held_then_believed_gone(tmp_path: Path) -> None:
     """A resource whose plugin has not registered again is held for the window (a partial
     allocatable answer: one plugin back, the other not yet); a plugin that stays away is
-    believed gone after it, and its device is then reported not allocatable, as it is."""
+    believed gone after it: its device's allocatable series ends (the plugin is gone, K10;
+    not 0, which would say the device turned unhealthy)."""
     cycles = await _restart_run(
         tmp_path, 5.0, list_empty=0.97, allocatable_empty=0.5, plugin_b_back=100.0
     )
     free = {round(c.at, 1): c.get(ALLOCATABLE, **GPU_FREE) for c in cycles}
     assert {free[t] for t in free if t < 14.9} == {1.0}
-    assert {free[t] for t in free if t >= 15.2} == {0.0}
+    assert {free[t] for t in free if t >= 15.2} == {None}
     assert all(
         c.get(HELD, method="GetAllocatableResources") == 1.0 for c in cycles if 10.5 <= c.at < 14.9
     )
