@@ -95,7 +95,17 @@ def test_2_order_changes_between_calls(node: StandaloneNode, lister: Lister) -> 
     for _ in range(20):
         answers.append(lister.list_bytes())
         time.sleep(0.02)  # far under the rate limit (behaviour 12)
-    parsed = [holdings(v1.ListPodResourcesResponse.FromString(a)) for a in answers]
+    # The failed pod's device leaves List whenever the device manager next frees it
+    # (behaviour 6, observed mid-run here): only the running pods' content must not change.
+    failed = name(node, FAILING)
+    parsed = [
+        {
+            h: r
+            for h, r in holdings(v1.ListPodResourcesResponse.FromString(a)).items()
+            if h[1] != failed
+        }
+        for a in answers
+    ]
     for i, p in enumerate(parsed):
         assert p == parsed[0], (
             i,
