@@ -265,6 +265,9 @@ RUNBOOKS: dict[str, Runbook] = {
             "Restart the plugin's pod; if it registers again, the series reads 1 within one "
             "allocatable interval (5 s). A one-device resource whose device is unhealthy: "
             "see KubeDeviceNotAllocatable's steps.",
+            "A plugin removed from the node on purpose: the exporter remembers the resource "
+            "for as long as it runs; restart its pod on the node once no container holds "
+            "the resource's devices any more.",
         ),
     ),
     "KubeDeviceContainerNumaMisaligned": Runbook(
