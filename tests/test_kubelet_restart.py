@@ -81,7 +81,9 @@ class Cycle:
 class Node:
     """A simulated kubelet and an exporter polling it every STEP seconds of fake time."""
 
-    def __init__(self, tmp: Path, settle: float, **kubelet: float) -> None:
+    def __init__(
+        self, tmp: Path, settle: float, readings: SourceResult = READINGS, **kubelet: float
+    ) -> None:
         self.wall = Clock(1000.0)  # the kubelet's, the client's and the poller's clock
         self.scenario_t = Clock(0.0)
         sock = tmp / "pod-resources" / "kubelet.sock"
@@ -94,7 +96,7 @@ class Node:
         )
         self.poller = Poller(
             node="node-1",
-            sources={"nvml": StaticSource(READINGS)},
+            sources={"nvml": StaticSource(readings)},
             client=self.client,
             clock=self.wall,
             interval=STEP,
@@ -217,16 +219,19 @@ async def test_a_plugin_back_late_is_held_then_believed_gone(tmp_path: Path) -> 
     assert {c.get(REGISTERED, hw_allocation_resource=RESOURCES[0]) for c in cycles} == {1.0}
 
 
+@pytest.mark.parametrize("seen", [True, False], ids=["devices-seen", "no-source-sees-them"])
 async def test_a_plugin_stopped_without_a_restart_reads_not_registered_until_it_is_back(
-    tmp_path: Path,
+    tmp_path: Path, seen: bool
 ) -> None:
     """`plugin_down` with the kubelet running (K10: all the plugin's devices leave
     GetAllocatableResources at once, List unchanged): the resource reads
     hw_allocation_resource_registered 0 from the first allocatable answer without it
     (asked every second here) until the one after it registers again, and its device has no
     hw_device_allocatable series meanwhile (not 0: no device turned unhealthy). Nothing is
-    held: the socket is not new."""
-    node = Node(tmp_path, 5.0, list_empty=0.97, allocatable_empty=0.5, plugin_b_back=14.0)
+    held: the socket is not new. With no source seeing the devices (an RDMA pool, a
+    missing driver) the client's memory of listed resources alone tells the plugin gone."""
+    readings = READINGS if seen else SourceResult("nvml", ())
+    node = Node(tmp_path, 5.0, readings, list_empty=0.97, allocatable_empty=0.5, plugin_b_back=14)
     await node.kubelet.start()
     try:
         await node.run_until(18.0)
@@ -240,9 +245,10 @@ async def test_a_plugin_stopped_without_a_restart_reads_not_registered_until_it_
         )
         for c in node.cycles
     }
-    assert {state[t] for t in state if t < 9.8} == {(1.0, 1.0)}
+    up = 1.0 if seen else None
+    assert {state[t] for t in state if t < 9.8} == {(1.0, up)}
     assert {state[t] for t in state if 11.2 <= t < 13.8} == {(0.0, None)}
-    assert {state[t] for t in state if t >= 15.2} == {(1.0, 1.0)}
+    assert {state[t] for t in state if t >= 15.2} == {(1.0, up)}
     assert {c.get(REGISTERED, hw_allocation_resource=RESOURCES[0]) for c in node.cycles} == {1.0}
     assert all(c.get(HELD, method="GetAllocatableResources") == 0.0 for c in node.cycles)
     assert all(c.allocated("train") for c in node.cycles)
