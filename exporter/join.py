@@ -87,6 +87,8 @@ class JoinResult:
     resource, when the kubelet's allocatable list is known."""
     containers: tuple[ContainerNuma, ...] = ()
     """NUMA placement of every container holding devices of matched resources."""
+    registered: tuple[tuple[str, bool], ...] = ()
+    """(resource, whether the kubelet lists any device of it now): see `_registered`."""
 
 
 class ResourceMatcher:
@@ -189,7 +191,28 @@ def join(
         allocatable,
         tuple(sorted(unseen.items())),
         placements,
+        _registered(allocatable, allocations, state, matcher, known_resources or {}),
     )
+
+
+def _registered(
+    allocatable: Sequence[ContainerDevices],
+    allocations: Sequence[Allocation],
+    state: PodResourcesState,
+    matcher: ResourceMatcher,
+    known: Mapping[str, str],
+) -> tuple[tuple[str, bool], ...]:
+    """Per resource: True while the kubelet lists a device of it as allocatable; False while
+    it lists none but listed some to this process before, or a container holds some: its
+    plugin is not registered (K10 in docs/podresources.md). A one-device resource whose
+    device turns unhealthy reads False too (the same answer). Held answers count as listed
+    (podresources/settle.py); nothing while the allocatable list is unknown."""
+    if not state.allocatable_known:
+        return ()
+    offered = {d.resource_name for d in allocatable if d.device_ids}
+    held = {a.resource_name for a in allocations if a.kind is AllocationKind.DEVICE_PLUGIN}
+    before = {r for r in state.resources_listed if matcher(r)} | set(known.values())
+    return tuple(sorted((r, r in offered) for r in offered | held | before))
 
 
 def _resources(
@@ -208,8 +231,8 @@ def _resources(
     A resource with no allocatable device at all is left out too: its device plugin is
     not registered (stopped, restarting, or not yet back after a kubelet restart), and the
     kubelet then drops all its devices at once (docs/podresources.md, real-kubelet
-    behaviour 10) — nothing says a device turned unhealthy. (A resource of one device that
-    turns unhealthy looks the same, and shows as a plugin gone.)"""
+    behaviour 10) — nothing says a device turned unhealthy; `_registered` says it is gone.
+    (A resource of one device that turns unhealthy looks the same.)"""
     if not allocatable_known:
         return {}
     parents = {r.device.parent for r in readings if r.device.parent}

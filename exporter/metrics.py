@@ -459,6 +459,20 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("hw.allocation.resource",),
     ),
     MetricSpec(
+        "hw.allocation.resource.registered",
+        G,
+        "",
+        "1 while the kubelet lists at least one device of the resource as allocatable "
+        "(GetAllocatableResources); 0 while it lists none although it listed some to this "
+        "exporter process before, or a container holds devices of it: its device plugin is "
+        "not registered (stopped, crashed, not back after an upgrade or a kubelet restart), "
+        "so no new pod can get its devices. A resource of one device that its plugin marks "
+        "unhealthy reads 0 too: the kubelet's answer is the same. Answers held across a "
+        "kubelet restart count as listed. No series while the allocatable list is unknown.",
+        scope=_A,
+        attributes=("hw.allocation.resource",),
+    ),
+    MetricSpec(
         "hw.allocated.devices",
         U,
         "{device}",
@@ -475,8 +489,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "it before, or a container holds it, and does not list it now while it lists other "
         "devices of the resource: the plugin reported it unhealthy. No series for devices "
         "of no known resource (a MIG-mode parent) nor while the kubelet lists no device of "
-        "the resource at all (its plugin is not registered: `hw_allocatable_devices` has "
-        "no series for the resource either).",
+        "the resource at all (its plugin is not registered: "
+        "`hw_allocation_resource_registered` is 0).",
         scope=_A,
         attributes=("hw.id", "hw.allocation.resource"),
     ),

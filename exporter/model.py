@@ -138,6 +138,9 @@ class PodResourcesState:
     allocatable: tuple[ContainerDevices, ...] = ()
     allocatable_known: bool = False
     api_version: str = ""
+    resources_listed: frozenset[str] = frozenset()
+    """Every resource GetAllocatableResources listed a device of since this process started
+    (the client remembers): one listed by none now has lost its plugin, not never had one."""
 
 
 # --- the joined result ---------------------------------------------------------------
@@ -305,6 +308,8 @@ class Snapshot:
     """Exporter-scope samples contributed by other parts (e.g. the OTLP sink's export counts)."""
     unseen: tuple[tuple[str, int], ...] = ()
     """(resource, allocatable devices no source sees); see join.JoinResult.unseen."""
+    registered: tuple[tuple[str, bool], ...] = ()
+    """(resource, whether its device plugin is registered); see join.JoinResult.registered."""
     containers: tuple[ContainerNuma, ...] = ()
     """NUMA placement of every container holding matched devices; see join.container_numa."""
     pods: tuple[PodInfo, ...] = ()

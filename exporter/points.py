@@ -132,6 +132,9 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     for resource in sorted(set(allocatable) | set(allocated)):
         attrs = (("hw.allocation.resource", resource), *node)
         yield Point(SPECS["hw.allocated.devices"], attrs, float(allocated[resource]))
+    for resource, registered in snapshot.registered:
+        attrs = (("hw.allocation.resource", resource), *node)
+        yield Point(SPECS["hw.allocation.resource.registered"], attrs, float(registered))
     for resource, count in snapshot.unseen:
         attrs = (("hw.allocation.resource", resource), *node)
         yield Point(SPECS["kube_device_exporter.devices.unseen"], attrs, float(count))

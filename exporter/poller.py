@@ -99,8 +99,7 @@ class Poller:
         self._publisher = BoundedWorker("publish")
         self.cpu_nodes = cpu_nodes
         self._resources: dict[str, str] = {}
-        """hw.id -> the resource the kubelet listed it under: a device that leaves the
-        allocatable list (its plugin marked it unhealthy) keeps its resource."""
+        """hw.id -> the resource it was listed under: kept when it leaves the list (unhealthy)."""
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
         self.resolver = resolver
         self.process_series = process_series
@@ -180,6 +179,7 @@ class Poller:
             last_success_timestamp=self._last_success,
             self_samples=tuple(self_samples),
             unseen=joined.unseen,
+            registered=joined.registered,
             containers=joined.containers,
             pods=self.pods.pod_infos((a.holder.namespace, a.holder.pod) for a in joined.allocations)
             if self.pods

@@ -679,6 +679,9 @@ def _kubelet_view_alerts() -> list[Alert]:
         "hw.id": "GPU-1",
         "hw.allocation.resource": "nvidia.com/gpu",
     }
+    registered = "hw.allocation.resource.registered"
+    plugin = f'{registered}{{{N1}, hw.allocation.resource="nvidia.com/gpu"}}'
+    plugin_labels = {"k8s.node.name": "node-1", "hw.allocation.resource": "nvidia.com/gpu"}
     aligned = "hw.container.numa.aligned"
     holder = 'k8s.namespace.name="ml", k8s.pod.name="train-0", k8s.container.name="pytorch"'
     container = f"{aligned}{{{N1}, {holder}}}"
@@ -713,6 +716,28 @@ def _kubelet_view_alerts() -> list[Alert]:
                     "6m",
                 ),
                 Case("came back", {series: "1+0x5 0+0x3 1+0x10"}, "12m"),
+            ),
+        ),
+        Alert(
+            "KubeDevicePluginNotRegistered",
+            f"max by (k8s.node.name, hw.allocation.resource) ({registered}) == 0",
+            "5m",
+            "warning",
+            "No device plugin for {hw.allocation.resource} is registered on {k8s.node.name}",
+            "The kubelet on {k8s.node.name} lists no allocatable {hw.allocation.resource} "
+            "device, although it did before or a container holds one: the resource's device "
+            "plugin stopped and has not registered again. No new pod can get these devices "
+            "on the node; pods that hold them keep running.",
+            (
+                Case(
+                    "plugin stopped 10m ago",
+                    {plugin: "1+0x5 0+0x15"},
+                    "15m",
+                    (plugin_labels,),
+                ),
+                Case("registered all along", {plugin: "1+0x20"}, "15m"),
+                Case("a plugin upgrade: away for 2m", {plugin: "1+0x5 0+0x2 1+0x10"}, "9m"),
+                Case("registered again", {plugin: "1+0x5 0+0x7 1+0x10"}, "15m"),
             ),
         ),
         Alert(

@@ -204,7 +204,9 @@ def _allocation() -> list[PanelBuilder]:
         ),
         table_panel(
             "Resources",
-            "Per extended resource and node: device IDs allocatable and held.",
+            "Per extended resource and node: device IDs allocatable and held, and whether "
+            "its device plugin is registered (0: the kubelet lists none of its devices any "
+            "more, KubeDevicePluginNotRegistered; the row then has no Allocatable).",
             [
                 (
                     "Allocatable",
@@ -215,6 +217,11 @@ def _allocation() -> list[PanelBuilder]:
                     "Held",
                     f"sum by (k8s.node.name, hw.allocation.resource)"
                     f" ({sel('hw.allocated.devices', NODE)})",
+                ),
+                (
+                    "Plugin registered",
+                    f"max by (k8s.node.name, hw.allocation.resource)"
+                    f" ({sel('hw.allocation.resource.registered', NODE)})",
                 ),
             ],
             span=12,

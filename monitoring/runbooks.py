@@ -240,9 +240,34 @@ RUNBOOKS: dict[str, Runbook] = {
             _RESET,
             "A plugin that stops or restarts (an upgrade) does not fire this alert: the "
             "kubelet then drops all of the plugin's devices at once, which the exporter reads "
-            "as the plugin gone and ends the resource's `hw_device_allocatable` and "
-            "`hw_allocatable_devices` series (docs/podresources.md). A resource of a single "
-            "device that turns unhealthy looks the same: check that its plugin runs.",
+            "as the plugin gone: the resource's `hw_device_allocatable` series end and "
+            "`hw_allocation_resource_registered` reads 0, which fires "
+            "KubeDevicePluginNotRegistered when the plugin stays away for 5 minutes "
+            "(docs/podresources.md). A resource of a single device that turns unhealthy "
+            "looks the same: it fires KubeDevicePluginNotRegistered, not this alert.",
+        ),
+    ),
+    "KubeDevicePluginNotRegistered": Runbook(
+        "The kubelet lists no allocatable device of the resource although it did before "
+        "(this exporter process saw it) or a container holds one: the device plugin is not "
+        "registered with the kubelet. It crashed, was deleted or is stuck in an upgrade, or "
+        "did not register again after a kubelet restart (a plugin must watch for the "
+        "kubelet's new socket). The kubelet drops all of a plugin's devices at once then "
+        "(docs/podresources.md, behaviour 10): no new pod can get them on this node, while "
+        "pods that hold them keep running. A resource of a single device that its plugin "
+        "marks unhealthy reads the same.",
+        (
+            "`kubectl -n <plugin namespace> get pods -o wide --field-selector "
+            "spec.nodeName=<node>`: is the plugin's pod running on the node, and restarting?",
+            "The plugin's log (`kubectl -n <plugin namespace> logs <device plugin pod on the "
+            "node>`) says whether it registered (`Registered device plugin` for the NVIDIA "
+            "plugin) or why not; the kubelet's log on the node says whether it accepted it.",
+            "Restart the plugin's pod; if it registers again, the series reads 1 within one "
+            "allocatable interval (5 s). A one-device resource whose device is unhealthy: "
+            "see KubeDeviceNotAllocatable's steps.",
+            "A plugin removed from the node on purpose: the exporter remembers the resource "
+            "for as long as it runs; restart its pod on the node once no container holds "
+            "the resource's devices any more.",
         ),
     ),
     "KubeDeviceContainerNumaMisaligned": Runbook(

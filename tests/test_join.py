@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from exporter.join import ResourceMatcher, join, normalize_device_id, pci_address
@@ -264,3 +266,79 @@ def test_a_resource_with_nothing_allocatable_is_a_plugin_gone_not_unhealthy_devi
         "nvidia.com/gpu",
         False,
     )
+
+
+def registered(state: PodResourcesState, **known: str) -> dict[str, bool]:
+    return dict(join([RESULT], state, known_resources=known).registered)
+
+
+def gpus(*ids: str) -> tuple[ContainerDevices, ...]:
+    return (ContainerDevices("nvidia.com/gpu", ids),) if ids else ()
+
+
+def test_a_plugin_gone_is_not_registered_and_its_devices_have_no_allocatable_series() -> None:
+    """hw_allocation_resource_registered: the resource reads 0 (not registered) once the
+    kubelet lists none of its devices, though it listed them to this process before;
+    its devices then have no resource (no hw_device_allocatable series, not 0)."""
+    listed = frozenset({"nvidia.com/gpu"})
+    before = PodResourcesState(allocatable=gpus(GPU0, GPU1), allocatable_known=True)
+    assert registered(before) == {"nvidia.com/gpu": True}
+    gone = PodResourcesState(allocatable_known=True, resources_listed=listed)
+    result = join([RESULT], gone, known_resources={GPU0: "nvidia.com/gpu"})
+    assert dict(result.registered) == {"nvidia.com/gpu": False}
+    assert [j.resource for j in result.devices if j.resource] == []
+    back = PodResourcesState(allocatable=gpus(GPU0, GPU1), allocatable_known=True)
+    assert registered(replace(back, resources_listed=listed)) == {"nvidia.com/gpu": True}
+
+
+def test_a_container_holding_devices_of_a_resource_never_listed_reads_not_registered() -> None:
+    """An exporter started while the plugin is down has no memory of it; a container that
+    holds its devices says the resource exists. A resource nobody holds and this process
+    never saw listed has no series (nothing says it ever existed on this node)."""
+    held = Pod("p", "n", (container("c", "nvidia.com/gpu", GPU1),))
+    state = PodResourcesState(pods=(held,), allocatable_known=True)
+    assert registered(state) == {"nvidia.com/gpu": False}
+    assert registered(PodResourcesState(allocatable_known=True)) == {}
+
+
+def test_one_device_unhealthy_is_that_device_not_allocatable_the_resource_registered() -> None:
+    state = PodResourcesState(
+        allocatable=gpus(GPU0),
+        allocatable_known=True,
+        resources_listed=frozenset({"nvidia.com/gpu"}),
+    )
+    result = join([RESULT], state, known_resources={GPU1: "nvidia.com/gpu"})
+    assert dict(result.registered) == {"nvidia.com/gpu": True}
+    assert (joined(result, GPU1).resource, joined(result, GPU1).allocatable) == (
+        "nvidia.com/gpu",
+        False,
+    )
+    assert joined(result, GPU0).allocatable
+
+
+def test_a_one_device_resource_whose_device_turns_unhealthy_reads_not_registered() -> None:
+    """The kubelet's answer is the same as for a plugin gone (the help text says so); the
+    device comes back and so does the resource."""
+    mig = ContainerDevices("nvidia.com/mig-1g.10gb", (MIG,))
+    listed = frozenset({"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"})
+    healthy = PodResourcesState(
+        allocatable=(*gpus(GPU0), mig), allocatable_known=True, resources_listed=listed
+    )
+    assert registered(healthy) == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.10gb": True}
+    unhealthy = replace(healthy, allocatable=gpus(GPU0))
+    assert registered(unhealthy) == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.10gb": False}
+    assert registered(healthy) == {"nvidia.com/gpu": True, "nvidia.com/mig-1g.10gb": True}
+
+
+def test_no_registered_series_while_the_allocatable_list_is_unknown() -> None:
+    """v1alpha1 or the gate off: a container's holdings say nothing about the plugin."""
+    held = Pod("p", "n", (container("c", "nvidia.com/gpu", GPU1),))
+    state = PodResourcesState(pods=(held,), resources_listed=frozenset({"nvidia.com/gpu"}))
+    assert registered(state, **{GPU1: "nvidia.com/gpu"}) == {}
+
+
+def test_resources_outside_the_patterns_have_no_registered_series() -> None:
+    state = PodResourcesState(
+        allocatable_known=True, resources_listed=frozenset({"cpu/x", "nvidia.com/gpu"})
+    )
+    assert registered(state) == {"nvidia.com/gpu": False}

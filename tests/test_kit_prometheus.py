@@ -763,8 +763,9 @@ def test_overview_resources_table_counts_what_the_kubelet_lists(cluster: Cluster
     """The overview's `Resources` table on the nodes whose pods never change (numa, mixed):
     allocatable per resource is the scenario's `allocatable` IDs less those its plugin
     reports unhealthy (numa: GPU ...003 from 2 s on, so 3 of 4), allocated the IDs its
-    pods hold (numa: 4, the unhealthy GPU staying with its pod)."""
-    allocatable_q, allocated_q = _panel("overview", "Resources")
+    pods hold (numa: 4, the unhealthy GPU staying with its pod); every such resource's
+    plugin registered (1), none of them being down in any bundled scenario."""
+    allocatable_q, allocated_q, registered_q = _panel("overview", "Resources")
     resource = kit.prometheus_label("hw.allocation.resource")
     checked = []
     for name in SCENARIOS:
@@ -778,7 +779,12 @@ def test_overview_resources_table_counts_what_the_kubelet_lists(cluster: Cluster
         for devices in scenario.allocatable_at(now):
             allocatable[devices.resource_name] += len(devices.device_ids)
         allocated = Counter(h.resource for h in handed)
-        for query, expected in ((allocatable_q, allocatable), (allocated_q, allocated)):
+        registered = dict.fromkeys(allocatable | allocated, 1.0)
+        for query, expected in (
+            (allocatable_q, allocatable),
+            (allocated_q, allocated),
+            (registered_q, registered),
+        ):
             shown = partial(_latest, cluster, query, resource, node=scenario.node)
             assert _settled(shown, expected) == expected, (name, query.ref)
         checked.append(name)

@@ -60,7 +60,7 @@ READINGS = SourceResult("nvml", (_gpu("GPU-held"), _gpu("GPU-free")))
 
 SERIES = re.compile(
     r"^(hw_allocation_info|hw_device_allocatable|hw_not_allocatable_devices|"
-    r"kube_device_exporter_podresources_held)\{([^}]*)\} (\S+)$"
+    r"hw_allocation_resource_registered|kube_device_exporter_podresources_held)\{([^}]*)\} (\S+)$"
 )
 KEEP = ("hw_id", "k8s_pod_name", "hw_allocation_resource", "method")
 
@@ -81,7 +81,9 @@ class Cycle:
 class Node:
     """A simulated kubelet and an exporter polling it every STEP seconds of fake time."""
 
-    def __init__(self, tmp: Path, settle: float, **kubelet: float) -> None:
+    def __init__(
+        self, tmp: Path, settle: float, readings: SourceResult = READINGS, **kubelet: float
+    ) -> None:
         self.wall = Clock(1000.0)  # the kubelet's, the client's and the poller's clock
         self.scenario_t = Clock(0.0)
         sock = tmp / "pod-resources" / "kubelet.sock"
@@ -94,7 +96,7 @@ class Node:
         )
         self.poller = Poller(
             node="node-1",
-            sources={"nvml": StaticSource(READINGS)},
+            sources={"nvml": StaticSource(readings)},
             client=self.client,
             clock=self.wall,
             interval=STEP,
@@ -127,8 +129,10 @@ class Node:
 
 ALLOCATABLE = "hw_device_allocatable"
 HELD = "kube_device_exporter_podresources_held"
+REGISTERED = "hw_allocation_resource_registered"
 GPU_HELD = {"hw_allocation_resource": "nvidia.com/gpu", "hw_id": "GPU-held"}
 GPU_FREE = {"hw_allocation_resource": "nvidia.com/gpu-b", "hw_id": "GPU-free"}
+RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu-b")
 
 
 async def _restart_run(tmp: Path, settle: float, **kubelet: float) -> list[Cycle]:
@@ -161,6 +165,8 @@ async def test_no_cycle_across_a_restart_loses_a_running_pod_or_a_device(
         assert c.allocated("train"), f"train's allocation series gone at {c.at:.1f} s"
         assert c.get(ALLOCATABLE, **GPU_HELD) == 1.0, f"GPU-held not allocatable at {c.at:.1f} s"
         assert c.get(ALLOCATABLE, **GPU_FREE) == 1.0, f"GPU-free not allocatable at {c.at:.1f} s"
+        # held answers count as listed: no KubeDevicePluginNotRegistered across a restart
+        assert [c.get(REGISTERED, hw_allocation_resource=r) for r in RESOURCES] == [1.0, 1.0]
     in_window = [c for c in cycles if 10.0 - 1e-9 <= c.at < 10.0 + list_empty]
     assert in_window and all(c.get(HELD, method="List") == 1.0 for c in in_window)
     assert {c.get(HELD, method="List") for c in cycles if c.at >= 15.2} == {0.0}
@@ -205,3 +211,44 @@ async def test_a_plugin_back_late_is_held_then_believed_gone(tmp_path: Path) -> 
         c.get(HELD, method="GetAllocatableResources") == 1.0 for c in cycles if 10.5 <= c.at < 14.9
     )
     assert all(c.get(HELD, method="GetAllocatableResources") == 0.0 for c in cycles if c.at >= 15.2)
+    plugin_b = {
+        round(c.at, 1): c.get(REGISTERED, hw_allocation_resource=RESOURCES[1]) for c in cycles
+    }
+    assert {plugin_b[t] for t in plugin_b if t < 14.9} == {1.0}
+    assert {plugin_b[t] for t in plugin_b if t >= 15.2} == {0.0}
+    assert {c.get(REGISTERED, hw_allocation_resource=RESOURCES[0]) for c in cycles} == {1.0}
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["devices-seen", "no-source-sees-them"])
+async def test_a_plugin_stopped_without_a_restart_reads_not_registered_until_it_is_back(
+    tmp_path: Path, seen: bool
+) -> None:
+    """`plugin_down` with the kubelet running (K10: all the plugin's devices leave
+    GetAllocatableResources at once, List unchanged): the resource reads
+    hw_allocation_resource_registered 0 from the first allocatable answer without it
+    (asked every second here) until the one after it registers again, and its device has no
+    hw_device_allocatable series meanwhile (not 0: no device turned unhealthy). Nothing is
+    held: the socket is not new. With no source seeing the devices (an RDMA pool, a
+    missing driver) the client's memory of listed resources alone tells the plugin gone."""
+    readings = READINGS if seen else SourceResult("nvml", ())
+    node = Node(tmp_path, 5.0, readings, list_empty=0.97, allocatable_empty=0.5, plugin_b_back=14)
+    await node.kubelet.start()
+    try:
+        await node.run_until(18.0)
+    finally:
+        await node.client.close()
+        await node.kubelet.stop()
+    state = {
+        round(c.at, 1): (
+            c.get(REGISTERED, hw_allocation_resource=RESOURCES[1]),
+            c.get(ALLOCATABLE, **GPU_FREE),
+        )
+        for c in node.cycles
+    }
+    up = 1.0 if seen else None
+    assert {state[t] for t in state if t < 9.8} == {(1.0, up)}
+    assert {state[t] for t in state if 11.2 <= t < 13.8} == {(0.0, None)}
+    assert {state[t] for t in state if t >= 15.2} == {(1.0, up)}
+    assert {c.get(REGISTERED, hw_allocation_resource=RESOURCES[0]) for c in node.cycles} == {1.0}
+    assert all(c.get(HELD, method="GetAllocatableResources") == 0.0 for c in node.cycles)
+    assert all(c.allocated("train") for c in node.cycles)

@@ -145,6 +145,14 @@ def gaps(
     return out
 
 
+def registered(samples: list[Series]) -> dict[str, float]:
+    """hw_allocation_resource_registered by resource."""
+    return {
+        s.labels["hw_allocation_resource"]: s.value
+        for s in series(samples, "hw_allocation_resource_registered")
+    }
+
+
 def allocatable_zeros(results: list[tuple[float, list[Series]]]) -> list[tuple[float, str, str]]:
     """(time, device, resource) for each hw_device_allocatable 0 in the scrapes."""
     return [
@@ -237,7 +245,9 @@ def test_plugin_restart_drops_no_allocation_and_raises_no_false_alarm(rig: Rig) 
     drops all its devices from GetAllocatableResources, behaviour 10) loses no allocation
     series, and its devices never read hw_device_allocatable 0 (which feeds
     KubeDeviceNotAllocatable): the plugin is gone, no device turned unhealthy. Told apart
-    from that: the resource has no hw_allocatable_devices series while it is gone."""
+    from that: the resource has no hw_allocatable_devices series while it is gone, and
+    reads hw_allocation_resource_registered 0 (KubeDevicePluginNotRegistered) until the
+    plugin registers again, then 1; the other plugin's resource (MIG) stays 1 throughout."""
     expected = listed(rig.node, SURVIVORS)
     wait_cycles(rig)
     with Scraper(rig.exporter, every=0.2) as scraper:
@@ -248,10 +258,17 @@ def test_plugin_restart_drops_no_allocation_and_raises_no_false_alarm(rig: Rig) 
         )  # fmt: skip
         rig.node.gpu.start()
         rig.node.wait_allocatable()
-        wait_for(
+        back = wait_for(
             rig, lambda s: len(series(s, "hw_device_allocatable", hw_allocation_resource=GPU)) == len(GPUS),
             ALLOCATABLE_INTERVAL + 3, "the GPUs allocatable again",
         )  # fmt: skip
+    assert registered(gone) == {GPU: 0.0, MIG: 1.0}
+    assert registered(back) == {GPU: 1.0, MIG: 1.0}
+    # Every scrape has the GPU resource's series: 1, then 0 while the plugin is away, then 1
+    # (the scraper's last scrape may precede `back`'s).
+    seen = [registered(samples).get(GPU) for _, samples in [*scraper.results, (0.0, back)]]
+    changes = [v for i, v in enumerate(seen) if i == 0 or v != seen[i - 1]]
+    assert changes == [1.0, 0.0, 1.0], changes
     assert series(gone, "hw_device_allocatable", hw_allocation_resource=GPU) == []
     held_gpus = [a for a in listed(rig.node) if a[3] in GPUS]
     assert series(gone, "hw_allocated_devices", hw_allocation_resource=GPU)[0].value == len(
@@ -286,6 +303,7 @@ def test_unhealthy_device_is_not_allocatable_others_are(rig: Rig) -> None:
         assert [
             s.value for s in series(samples, "hw_allocatable_devices", hw_allocation_resource=GPU)
         ] == [len(GPUS) - 1.0]
+        assert registered(samples) == {GPU: 1.0, MIG: 1.0}  # the plugin is there
         assert listed(rig.node, (SOLO,)) <= allocations(samples)
     finally:
         rig.node.gpu.set_health(device, True)

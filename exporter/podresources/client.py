@@ -184,6 +184,7 @@ class PodResourcesClient:
             allocatable=self._allocatable,
             allocatable_known=self._allocatable_known,
             api_version=self._api,
+            resources_listed=self._settle.listed,
         )
 
     async def _list_v1(self, channel: grpc.aio.Channel) -> tuple[Pod, ...]:

@@ -50,7 +50,8 @@ async def _inspect(socket: Path, pod: str | None) -> dict[str, Any]:
         if pod is not None:
             namespace, name = pod.split("/")
             return {"pod": asdict(await client.get(name, namespace))}
-        state = await client.poll()
-        return asdict(state)
+        shown = asdict(await client.poll())
+        del shown["resources_listed"]  # the exporter's memory across answers; one answer here
+        return shown
     finally:
         await client.close()

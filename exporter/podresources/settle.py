@@ -45,6 +45,9 @@ class RestartSettle:
         self._allocatable: tuple[ContainerDevices, ...] = ()
         self.held: dict[str, bool] = {LIST: False, ALLOCATABLE: False}
         """method -> whether its last answer was replaced by the last good one."""
+        self.listed: frozenset[str] = frozenset()
+        """Every resource an allocatable answer (held ones included) listed a device of: one
+        missing later has lost its plugin (`hw_allocation_resource_registered` 0)."""
 
     def new_socket(self) -> None:
         """The socket file changed identity (a kubelet started on it): the window opens."""
@@ -71,6 +74,7 @@ class RestartSettle:
         if hold:
             devices = tuple(sorted(devices + missing, key=_device_key))
         self._allocatable = devices
+        self.listed |= {d.resource_name for d in devices if d.device_ids}
         resources = sorted({d.resource_name for d in missing})
         self._note(ALLOCATABLE, hold, f"resources {', '.join(resources)}")
         return devices
