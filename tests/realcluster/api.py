@@ -140,3 +140,23 @@ class Api:
         except ApiStatus as exc:
             if exc.code != 404:
                 raise
+
+
+def namespace(api: Api, name: str, timeout: float = 20.0) -> None:
+    """Create `name` and wait for its `default` ServiceAccount: the ServiceAccount admission
+    plugin refuses pods until the controller manager has made it (a real API server's
+    behaviour the loopback one has no notion of)."""
+    from tests.realcluster.daemons import wait_for
+
+    api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def has_default() -> bool:
+        try:
+            api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
+        except ApiStatus as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return True
+
+    wait_for(f"namespace {name}'s default ServiceAccount", has_default, timeout)

@@ -28,9 +28,12 @@ class DaemonDied(RuntimeError):
 
 
 class Daemon:
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.argv = list(argv)
+        self.env = env
         self.log = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -46,6 +49,7 @@ class Daemon:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=self.env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads start before it)
             )
