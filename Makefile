@@ -7,6 +7,7 @@
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
 #   make faults  fault and load runs against real exporter processes (about 2 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
+#   make realnode  only the real-kubelet tier (tests/test_real_kubelet*.py; README)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -16,15 +17,25 @@ STAMP := $(VENV)/.installed
 # setuptools prints a banner on every editable install; it says nothing to us.
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --disable-pip-version-check
 DEBS := prometheus chromium
+# The real-node tiers' peers (tests/realnode): Debian's containerd and runc, a static
+# busybox for the workload image, gcc for the static pause, the CNI plugins.
+NODE_DEBS := containerd runc busybox-static containernetworking-plugins gcc
+# Kubernetes binaries for the real-node tiers: unpacked from K8S_SHARED (checked against
+# its SHA256SUMS) into K8S; `make pytest` points KDE_E2E_* at them when they are there.
+K8S_SHARED ?= ../shared/k8s
+K8S := $(VENV)/k8s
+E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
+	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
+	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(K8S)/etcd-v* 2>/dev/null | head -n1)}"
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: install demo test lint typecheck pytest bench faults soak proto docs debs fakenvml monitoring image push clean
+.PHONY: install demo test lint typecheck pytest realnode k8s bench faults soak proto docs debs fakenvml monitoring image push clean
 
-install: $(STAMP) debs fakenvml
+install: $(STAMP) debs fakenvml k8s
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,11 +51,33 @@ $(STAMP): $(RUNTIME)
 debs:
 	@missing=""; command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	for pkg in $(NODE_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "not root: install$$missing yourself for the peer tests"; fi; \
+	fi
+
+# Each K8S_SHARED/NAME.xz is unpacked to K8S/NAME once; both the archive and the binary
+# must match SHA256SUMS. Without K8S_SHARED the real-node tiers skip (README).
+k8s:
+	@if [ -f $(K8S_SHARED)/SHA256SUMS ]; then \
+	  mkdir -p $(K8S); \
+	  for xz in $(K8S_SHARED)/*.xz; do \
+	    name=$$(basename $$xz .xz); \
+	    want=$$(awk -v n=$$name '$$2 == n {print $$1}' $(K8S_SHARED)/SHA256SUMS); \
+	    packed=$$(awk -v n=$$name.xz '$$2 == n {print $$1}' $(K8S_SHARED)/SHA256SUMS); \
+	    if [ -z "$$want" ] || [ -z "$$packed" ]; then echo "k8s: $$name is not in SHA256SUMS" >&2; exit 1; fi; \
+	    if [ -x $(K8S)/$$name ] && [ "$$(sha256sum < $(K8S)/$$name | cut -d' ' -f1)" = "$$want" ]; then continue; fi; \
+	    [ "$$(sha256sum < $$xz | cut -d' ' -f1)" = "$$packed" ] || { echo "k8s: $$xz does not match SHA256SUMS" >&2; exit 1; }; \
+	    echo "unpacking $$xz"; \
+	    xz -dc $$xz > $(K8S)/$$name.part && chmod +x $(K8S)/$$name.part; \
+	    [ "$$(sha256sum < $(K8S)/$$name.part | cut -d' ' -f1)" = "$$want" ] || { echo "k8s: $$name does not match SHA256SUMS" >&2; exit 1; }; \
+	    mv $(K8S)/$$name.part $(K8S)/$$name; \
+	  done; \
 	fi
 
 fakenvml: $(RUNTIME)
@@ -62,7 +95,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: install
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(E2E_ENV) $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+realnode: install
+	$(E2E_ENV) $(VENV)/bin/pytest -q tests/test_real_kubelet*.py $(PYTEST_ARGS)
 
 test: install lint typecheck pytest
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Regenerates exporter/_proto/ from proto/. The generator is pinned: the
-# committed output must equal what this script writes (tests/test_proto_gen.py).
-#   proto/generate.sh [OUTPUT_DIR]   (default: exporter/_proto)
+# Regenerates exporter/_proto/ (the product's protos) and tests/_proto/ (protos of test
+# peers: the device plugin, ...) from proto/. The generator is pinned: the committed
+# output must equal what this script writes (tests/test_proto_gen.py).
+#   proto/generate.sh [OUTPUT_DIR [TEST_OUTPUT_DIR]]
+#   (defaults: exporter/_proto and tests/_proto)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 out=${1:-$root/exporter/_proto}
+tests_out=${2:-$root/tests/_proto}
 py=${PYTHON:-python}
 want_tools=1.85.1
 want_mypy_protobuf=5.1.0
@@ -16,16 +19,27 @@ if [ "$have_tools" != "$want_tools" ] || [ "$have_mp" != "$want_mypy_protobuf" ]
   exit 1
 fi
 plugin_dir=$(dirname "$("$py" -c 'import shutil,sys; print(shutil.which("protoc-gen-mypy", path=__import__("os").path.dirname(sys.executable)))')")
+# gen OUTPUT PACKAGE PROTO_DIR: one proto/PROTO_DIR/api.proto into OUTPUT/PROTO_DIR, its
+# imports rewritten to PACKAGE (protoc writes them relative to proto/).
+gen() {
+  local dest=$1 package=$2 dir=$3
+  PATH="$plugin_dir:$PATH" "$py" -m grpc_tools.protoc -I "$here" \
+    --python_out="$dest" --mypy_out="$dest" \
+    --grpc_python_out="$dest" --mypy_grpc_out="$dest" \
+    "$dir/api.proto"
+  local module=${dir//\//.}
+  sed -i "s/^from $module import/from $package.$module import/" \
+    "$dest/$dir/api_pb2_grpc.py" "$dest/$dir/api_pb2_grpc.pyi"
+  touch "$dest/$dir/__init__.py" "$dest/${dir%%/*}/__init__.py"
+}
 rm -rf "$out/podresources"
 mkdir -p "$out"
 for version in v1 v1alpha1; do
-  PATH="$plugin_dir:$PATH" "$py" -m grpc_tools.protoc -I "$here" \
-    --python_out="$out" --mypy_out="$out" \
-    --grpc_python_out="$out" --mypy_grpc_out="$out" \
-    "podresources/$version/api.proto"
-  # protoc writes imports relative to proto/; make them package-absolute.
-  sed -i "s/^from podresources\.$version import/from exporter._proto.podresources.$version import/" \
-    "$out/podresources/$version/api_pb2_grpc.py" "$out/podresources/$version/api_pb2_grpc.pyi"
-  touch "$out/podresources/$version/__init__.py"
+  gen "$out" exporter._proto "podresources/$version"
 done
-touch "$out/__init__.py" "$out/podresources/__init__.py"
+touch "$out/__init__.py"
+# Test peers' protos: never shipped (tests/ is not in the wheel).
+rm -rf "$tests_out/deviceplugin"
+mkdir -p "$tests_out"
+gen "$tests_out" tests._proto deviceplugin/v1beta1
+touch "$tests_out/__init__.py"
