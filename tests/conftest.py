@@ -8,6 +8,8 @@ import pytest
 
 from tests.realcluster import binaries
 from tests.realcluster.controlplane import ControlPlane, running
+from tests.realcluster.node import ClusterNode
+from tests.realnode.binaries import Missing, node_tools
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,3 +35,19 @@ def control_plane() -> Iterator[ControlPlane]:
         pytest.skip(f"real cluster: {why}")
     with running() as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def cluster_node(control_plane: ControlPlane) -> Iterator[ClusterNode]:
+    """A real 1.36 kubelet (containerd, images, a device plugin) joined to the control
+    plane, Ready; skipped with one line without root or the Debian tools."""
+    try:
+        node_tools()
+    except Missing as exc:
+        pytest.skip(f"real cluster node: {exc}")
+    node = ClusterNode(control_plane)
+    try:
+        yield node.start()
+    finally:
+        left = node.close()
+        assert not left, f"the cluster node left behind: {left}"

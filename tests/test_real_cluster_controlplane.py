@@ -22,7 +22,9 @@ NAMESPACE = "kde-cp"
 def test_up_quickly_with_every_component(control_plane: ControlPlane) -> None:
     assert control_plane.timings["controllers"] < 20, control_plane.timings
     api = control_plane.admin()
-    assert api.get("/version")["gitVersion"] == "v1.36.2"
+    # The binary's own version (v1.36.2 for the shared one; any of the line may be named).
+    assert binaries.kubernetes_version() == f"Kubernetes {api.get('/version')['gitVersion']}"
+    assert api.get("/version")["minor"] == "36"
     assert [d.name for d in control_plane.daemons] == [
         "etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"
     ]  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import rbac
+from tests.realcluster import oracle, rbac
 from tests.realcluster.api import Api, namespace
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
@@ -108,29 +108,9 @@ def cluster(
     admin.delete({"kind": "Node", "metadata": {"name": SIM_NODE}})
 
 
-def expected_info(cluster: Cluster) -> set[frozenset[tuple[str, str]]]:
+def expected_info(cluster: Cluster) -> set[oracle.Series]:
     """The series the docs promise, computed from the API's own objects (names, UIDs)."""
-    out = set()
-    for name, pod in cluster.pods().items():
-        labels = {"k8s_node_name": SIM_NODE, "k8s_namespace_name": NS, "k8s_pod_name": name,
-                  "k8s_pod_uid": pod["metadata"]["uid"]}  # fmt: skip
-        owner = pod["metadata"].get("ownerReferences", [{}])[0]
-        kind, owner_name = owner.get("kind"), owner.get("name", "")
-        if kind == "ReplicaSet":
-            labels |= {"k8s_replicaset_name": owner_name, "k8s_deployment_name": "train",
-                       "k8s_workload_kind": "Deployment", "k8s_workload_name": "train"}  # fmt: skip
-        elif kind == "Job":
-            labels |= {"k8s_job_name": "nightly-manual", "k8s_cronjob_name": "nightly",
-                       "k8s_workload_kind": "CronJob", "k8s_workload_name": "nightly"}  # fmt: skip
-        elif kind in ("StatefulSet", "DaemonSet"):
-            labels |= {f"k8s_{kind.lower()}_name": owner_name, "k8s_workload_kind": kind,
-                       "k8s_workload_name": owner_name}  # fmt: skip
-        else:
-            labels |= {"k8s_workload_kind": "Pod", "k8s_workload_name": name}
-        if "team" in pod["metadata"].get("labels", {}):
-            labels["k8s_pod_label_team"] = pod["metadata"]["labels"]["team"]
-        out.add(frozenset(labels.items()))
-    return out
+    return {oracle.info(cluster.admin, p, SIM_NODE, ("team",)) for p in cluster.pods().values()}
 
 
 def test_every_owner_named_exactly(cluster: Cluster) -> None:

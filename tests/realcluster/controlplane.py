@@ -110,8 +110,8 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         began = time.monotonic()
-        hyperkube = binaries.binary(binaries.HYPERKUBE)
-        etcd_bin = binaries.binary(binaries.ETCD)
+        hyperkube = binaries.hyperkube()
+        etcd_bin = binaries.etcd()
         self.timings["binaries"] = time.monotonic() - began
         self._certificates()
         self.timings["certificates"] = time.monotonic() - began

@@ -84,20 +84,42 @@ class Metrics:
 
 
 @contextlib.contextmanager
+def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
+            *flags: str) -> Iterator[Metrics]:  # fmt: skip
+    """The exporter as the DaemonSet runs it, on the real kubelet's PodResources socket, with
+    an empty sysfs (this machine's devices are not the test's) and no NVML (absent here)."""
+    sysfs = workdir / "sysfs-empty"
+    (sysfs / "class").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "exporter", "--kubelet-socket", str(socket),
+            "--node-name", node, "--path.sysfs", str(sysfs),
+            "--collector.netdev.vf-netlink", "false", "--collect-interval", "1s",
+            "--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
+    with _running(workdir, "exporter-node", argv, {}) as metrics:
+        yield metrics
+
+
+@contextlib.contextmanager
 def simulated_node(workdir: Path, scenario_path: Path, kubeconfig: Path,
                    *flags: str) -> Iterator[Metrics]:  # fmt: skip
+    argv = [sys.executable, "-m", "exporter", "simulate", str(scenario_path),
+            "--collect-interval", "500ms", "--kubernetes.api",
+            "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
+    # The simulated node keeps its sockets and trees in a folder of the test's.
+    env = {"KDE_SIMULATE_WORKDIR": str(workdir / "simulated-node")}
+    with _running(workdir, "exporter", argv, env) as metrics:
+        yield metrics
+
+
+@contextlib.contextmanager
+def _running(workdir: Path, name: str, argv: list[str], env: dict[str, str]) -> Iterator[Metrics]:
     port = free_port()
     daemon = Daemon(
-        "exporter",
-        [sys.executable, "-m", "exporter", "simulate", str(scenario_path),
-         "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "500ms",
-         "--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig), *flags],
+        name,
+        [*argv, "--web.listen-address", f"127.0.0.1:{port}"],
         workdir,
-        # The tier's own KDE_E2E_* variables are not the exporter's; the simulated node
-        # keeps its sockets and trees in a folder of the test's.
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("KDE_")},
-             "KDE_SIMULATE_WORKDIR": str(workdir / "simulated-node")},
-    )  # fmt: skip
+        # The tier's own KDE_E2E_* variables are not the exporter's.
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("KDE_")}, **env},
+    )
     daemon.start()
     metrics = Metrics(f"http://127.0.0.1:{port}/metrics", daemon)
     try:
