@@ -132,6 +132,10 @@ def test_every_owner_named_exactly(cluster: Cluster) -> None:
             for s in metrics.series("kube_device_exporter_kubernetes_requests_total")
         }
         assert codes == {"200"}
+        # One line per request at INFO was the HTTP library's; the exporter's log has none.
+        log = metrics.daemon.log.read_text()
+        assert "watching the 6 pods of node kde-sim-node" in log
+        assert "HTTP Request" not in log
         # A pod deleted from the API leaves the info series at once, though the (simulated)
         # kubelet still lists it: the series follows the API's pod, never a stale cache.
         cluster.admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/debug",

@@ -37,6 +37,7 @@ from exporter.kubeapi.client import (
     NotConfigured,
     OwnerRef,
     PodMeta,
+    describe,
 )
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.log import StateLog
@@ -202,7 +203,7 @@ class PodWatcher:
                 denied = isinstance(exc, NotConfigured)  # only an operator fixes that
                 self._states.failed(
                     f"api/{type(exc).__name__}",
-                    f"Kubernetes API unavailable ({type(exc).__name__}: {exc}); pod UIDs, "
+                    f"Kubernetes API unavailable ({describe(exc)}); pod UIDs, "
                     "owners and labels are missing until it answers, devices are exported as "
                     "PodResources gives them",
                 )
