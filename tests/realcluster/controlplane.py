@@ -61,6 +61,14 @@ def _https_ok(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
+def _http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(json.loads(resp.read()).get("health") == "true")
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def kubeconfig(path: Path, server: str, ca: Path, pair: Pair | None = None,
                token: str | None = None) -> Path:  # fmt: skip
     """A kubeconfig naming the files (client certificate) or holding a bearer token."""
@@ -89,8 +97,9 @@ class ControlPlane:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.daemons: list[Daemon] = []
         self.timings: dict[str, float] = {}
-        etcd_port, _peer, self.api_port, sched_port, cm_port = _free_ports(5)
+        etcd_port, peer_port, self.api_port, sched_port, cm_port = _free_ports(5)
         self.etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self.etcd_peer_url = f"http://127.0.0.1:{peer_port}"  # the shared etcd's: port + 1
         self.server = f"https://127.0.0.1:{self.api_port}"
         self.ports = {"scheduler": sched_port, "controller-manager": cm_port}
 
@@ -110,16 +119,15 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         began = time.monotonic()
-        hyperkube = binaries.hyperkube()
-        etcd_bin = binaries.etcd()
-        self.timings["binaries"] = time.monotonic() - began
+        run = binaries.components()
         self._certificates()
         self.timings["certificates"] = time.monotonic() - began
-        etcd = self._daemon("etcd", [str(etcd_bin), str(self.dir / "etcd"), self.etcd_url])
-        wait_for("etcd", lambda: f"etcd ready on {self.etcd_url}" in etcd.tail(200),
+        etcd = self._daemon("etcd", binaries.etcd_argv(self.dir / "etcd", self.etcd_url,
+                                                       self.etcd_peer_url))  # fmt: skip
+        wait_for("etcd /health", lambda: _http_healthy(self.etcd_url + "/health"),
                  START_TIMEOUT, [etcd])  # fmt: skip
         self.timings["etcd"] = time.monotonic() - began
-        api = self._daemon("kube-apiserver", [str(hyperkube), "kube-apiserver", *self._api_flags()])
+        api = self._daemon("kube-apiserver", [*run["kube-apiserver"], *self._api_flags()])
         context = ssl.create_default_context(cafile=str(self.pki.ca))
         context.load_cert_chain(str(self.admin_pair.cert), str(self.admin_pair.key))
         wait_for("kube-apiserver /readyz", lambda: _https_ok(self.server + "/readyz", context),
@@ -128,7 +136,7 @@ class ControlPlane:
         admin_kc = kubeconfig(self.dir / "admin.kubeconfig", self.server, self.pki.ca,
                               self.admin_pair)  # fmt: skip
         controllers = [
-            self._daemon(name, [str(hyperkube), name, *self._controller_flags(name, admin_kc)])
+            self._daemon(name, [*run[name], *self._controller_flags(name, admin_kc)])
             for name in ("kube-scheduler", "kube-controller-manager")
         ]
         insecure = ssl.create_default_context()
