@@ -16,6 +16,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("v1", "namespaces", False),
     "Node": ("v1", "nodes", False),
     "Pod": ("v1", "pods", True),
+    "Service": ("v1", "services", True),
     "ServiceAccount": ("v1", "serviceaccounts", True),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
@@ -66,11 +67,13 @@ class Api:
         if cert is not None:
             self.context.load_cert_chain(str(cert[0]), str(cert[1]))
         self.token = token
+        self.warnings: list[str] = []
+        """The `Warning` headers of the last successful answer (admission warnings)."""
 
     def as_token(self, token: str) -> Api:
         """The same server, authenticated by `token` alone (no client certificate)."""
         api = Api.__new__(Api)
-        api.server, api.token = self.server, token
+        api.server, api.token, api.warnings = self.server, token, []
         api.context = ssl.create_default_context()
         api.context.load_verify_locations(cadata=self._ca_data())
         return api
@@ -100,6 +103,7 @@ class Api:
         try:
             with urllib.request.urlopen(req, context=self.context, timeout=timeout) as resp:
                 raw = resp.read()
+                self.warnings = resp.headers.get_all("Warning") or []
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
