@@ -201,10 +201,17 @@ def _resources(
     allocatable under before. Nothing when the allocatable list is unknown (no v1 kubelet,
     the gate off): then allocatable or not cannot be told. A device that is another seen
     device's parent (a GPU in MIG mode) is left out: its capacity is its children's, and
-    it leaves the list by design when it is partitioned."""
+    it leaves the list by design when it is partitioned.
+
+    A resource with no allocatable device at all is left out too: its device plugin is
+    not registered (stopped, restarting, or not yet back after a kubelet restart), and the
+    kubelet then drops all its devices at once (docs/podresources.md, real-kubelet
+    behaviour 10) — nothing says a device turned unhealthy. (A resource of one device that
+    turns unhealthy looks the same, and shows as a plugin gone.)"""
     if not allocatable_known:
         return {}
     parents = {r.device.parent for r in readings if r.device.parent}
+    offered = set(allocatable.values())
     held = {
         a.device_id: a.resource_name
         for a in allocations
@@ -216,7 +223,7 @@ def _resources(
         if device_id in parents:
             continue
         resource = allocatable.get(device_id) or held.get(device_id) or known.get(device_id)
-        if resource:
+        if resource in offered:
             out[device_id] = resource
     return out
 

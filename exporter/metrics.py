@@ -471,8 +471,11 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "",
         "1 when the kubelet lists the device as allocatable for `hw_allocation_resource` "
         "(GetAllocatableResources: its device plugin reports it healthy); 0 when it listed "
-        "it before, or a container holds it, and does not list it now: the plugin reported "
-        "it unhealthy. Devices of no known resource (a MIG-mode parent) have no series.",
+        "it before, or a container holds it, and does not list it now while it lists other "
+        "devices of the resource: the plugin reported it unhealthy. No series for devices "
+        "of no known resource (a MIG-mode parent) nor while the kubelet lists no device of "
+        "the resource at all (its plugin is not registered: `hw_allocatable_devices` has "
+        "no series for the resource either).",
         scope=_A,
         attributes=("hw.id", "hw.allocation.resource"),
     ),

@@ -238,3 +238,29 @@ def test_allocatable_outside_the_patterns_is_left_out() -> None:
     )
     result = join([RESULT], state)
     assert [d.resource_name for d in result.allocatable] == ["nvidia.com/gpu"]
+
+
+def test_a_resource_with_nothing_allocatable_is_a_plugin_gone_not_unhealthy_devices() -> None:
+    """Real kubelet, behaviour 10 (docs/podresources.md): a device plugin that stops takes
+    all its devices out of GetAllocatableResources at once. Its devices then have no
+    resource (no hw_device_allocatable series), while a device that leaves a resource whose
+    other devices stay listed is not allocatable (its plugin said unhealthy)."""
+    held = Pod("p", "n", (container("c", "nvidia.com/gpu", GPU1),))
+    gone = PodResourcesState(
+        pods=(held,),
+        allocatable=(ContainerDevices("example.com/nic", ("mlx5_0/1",)),),
+        allocatable_known=True,
+    )
+    result = join([RESULT], gone, known_resources={GPU1: "nvidia.com/gpu", GPU0: "nvidia.com/gpu"})
+    assert (joined(result, GPU1).resource, joined(result, GPU0).resource) == ("", "")
+    assert len(result.allocations) == 1  # the holder keeps its allocation
+    unhealthy = PodResourcesState(
+        pods=(held,),
+        allocatable=(ContainerDevices("nvidia.com/gpu", (GPU0,)),),  # GPU1 left it alone
+        allocatable_known=True,
+    )
+    result = join([RESULT], unhealthy, known_resources={GPU1: "nvidia.com/gpu"})
+    assert (joined(result, GPU1).resource, joined(result, GPU1).allocatable) == (
+        "nvidia.com/gpu",
+        False,
+    )

@@ -76,3 +76,40 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def pod_pids(pod_uid: str) -> list[int]:
+    """PIDs running in the pod's cgroup (`.../pod<UID>/...`, cgroupfs driver), any hierarchy."""
+    marker = f"/pod{pod_uid}/"
+    found = []
+    for pid in all_pids():
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        if marker in text:
+            found.append(pid)
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {key: value for key, _, value in pairs}
+
+
+def pids_in_container(container_id: str) -> list[int]:
+    """PIDs in the container's cgroup (cgroupfs driver: `.../pod<UID>/<ID>`)."""
+    marker = f"/{container_id}"
+    found = []
+    for pid in all_pids():
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        if any(line.endswith(marker) for line in text.splitlines()):
+            found.append(pid)
+    return found
