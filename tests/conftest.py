@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.realcluster import binaries
 from tests.realcluster.controlplane import ControlPlane, running
-from tests.realcluster.node import ClusterNode
 from tests.realnode.binaries import Missing, node_tools
+
+if TYPE_CHECKING:
+    # Imported where used: it imports grpc, which must come after exporter/__init__.py has
+    # set GRPC_VERBOSITY (tests/test_grpc_quiet.py).
+    from tests.realcluster.node import ClusterNode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,6 +50,8 @@ def cluster_node(control_plane: ControlPlane) -> Iterator[ClusterNode]:
         node_tools()
     except Missing as exc:
         pytest.skip(f"real cluster node: {exc}")
+    from tests.realcluster.node import ClusterNode
+
     node = ClusterNode(control_plane)
     try:
         yield node.start()

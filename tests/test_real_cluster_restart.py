@@ -1,4 +1,4 @@
-"""Kubelet restarts on the real 1.36 kubelet (control-plane.md, "What it did" 11; issue 34,
+"""Kubelet restarts on the real 1.36 kubelet (docs/testing.md; issue 34,
 item 7): List answers successfully with no pods for about a second after a restart, while
 the pods run on; and whether an exporter scraped across restarts keeps the running pods'
 allocations.

@@ -1,7 +1,7 @@
 """The real-cluster tier: a Kubernetes 1.36 control plane (etcd, kube-apiserver with
 `--authorization-mode=Node,RBAC`, kube-scheduler, kube-controller-manager) on loopback, from
-binaries named by `KDE_E2E_HYPERKUBE` and `KDE_E2E_ETCD` (../shared/reference/control-plane.md
-says how they run here). It proves what the project's loopback API server
+binaries named by `KDE_E2E_HYPERKUBE` and `KDE_E2E_ETCD` (docs/testing.md says how they run
+here and what they did). It proves what the project's loopback API server
 (tests/kubeapi_server.py) cannot: the kit's RBAC under the real authorizer, ServiceAccount
 tokens from the TokenRequest API, and owners made by the real controllers.
 

@@ -35,12 +35,12 @@ def components() -> dict[str, list[str]]:
     value = os.environ.get(HYPERKUBE_ENV, "")
     folder = Path(value)
     if value and folder.is_dir():
-        found = {name: folder / name for name in COMPONENTS}
+        found = {name: folder.resolve() / name for name in COMPONENTS}
         absent = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
         if absent:
             raise Missing(f"{HYPERKUBE_ENV}={value} lacks {', '.join(absent)}")
         return {name: [str(path)] for name, path in found.items()}
-    hyperkube = binary_from(HYPERKUBE_ENV)
+    hyperkube = binary_from(HYPERKUBE_ENV).resolve()  # a link to it must not be relative
     return {name: [str(hyperkube), name] for name in COMPONENTS}
 
 
@@ -76,7 +76,7 @@ def _official_etcd(binary: Path) -> bool:
 
 def etcd_argv(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
     """The etcd command for one member on `client_url` (peers on `peer_url`)."""
-    binary = binary_from(ETCD_ENV)
+    binary = binary_from(ETCD_ENV).resolve()
     if not _official_etcd(binary):
         return [str(binary), str(data_dir), client_url]  # peers: the client port + 1
     return [

@@ -1,5 +1,5 @@
 """etcd, kube-apiserver, kube-scheduler and kube-controller-manager on loopback, in the order
-and with the flags of ../shared/reference/control-plane.md ("Running it", steps 1-3).
+and with the flags docs/testing.md lists ("Running Kubernetes 1.36 on one machine").
 
 Everything lives in one private folder (certificates, kubeconfigs, etcd's data, logs) that
 `stop()` removes after stopping each process by its PID, newest first. Ports are free ones

@@ -2,7 +2,7 @@
 
 tests/realnode's RealNode (private mount namespace, containerd, the pause and busybox images,
 a cgroup root of its own) with the kubelet that `hyperkube` is when run as `kubelet`, and the
-differences control-plane.md lists for 1.36 in a cluster: `failCgroupV1: false` (this host is
+differences docs/testing.md lists for 1.36 in a cluster: `failCgroupV1: false` (this host is
 cgroup v1), no feature gates, TLS serving with a `system:node:NODE` certificate that is also
 its client certificate, webhook authentication and authorization, `--node-ip=127.0.0.1`, and
 a CNI folder holding only Debian's `loopback` plugin (without any CNI config the node is never

@@ -1,4 +1,5 @@
-"""Certificates for a loopback cluster, made with openssl as control-plane.md describes.
+"""Certificates for a loopback cluster, made with openssl (docs/testing.md,
+"Running Kubernetes 1.36 on one machine").
 
 One EC P-256 CA; each pair is a key plus a CSR signed by the CA with an extension file
 (`extendedKeyUsage=serverAuth,clientAuth`, and the SANs of a server). The service-account
