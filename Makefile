@@ -25,9 +25,10 @@ NODE_DEBS := containerd runc busybox-static containernetworking-plugins gcc
 # its SHA256SUMS) into K8S; `make pytest` points KDE_E2E_* at them when they are there.
 K8S_SHARED ?= ../shared/k8s
 K8S := $(VENV)/k8s
-E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
-	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
-	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(K8S)/etcd-v* 2>/dev/null | head -n1)}"
+# Absolute: the kubelet is started through nsenter, from another working directory.
+E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(CURDIR)/$(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
+	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(CURDIR)/$(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
+	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(CURDIR)/$(K8S)/etcd-v* 2>/dev/null | head -n1)}"
 FAKENVML := exporter/simulate/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)

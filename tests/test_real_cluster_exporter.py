@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from exporter.kubeapi.client import ACCEPT_LIST, ACCEPT_OBJECT
 from tests.realcluster import oracle, rbac
 from tests.realcluster.api import Api, namespace
 from tests.realcluster.controlplane import ControlPlane
@@ -111,6 +112,23 @@ def cluster(
 def expected_info(cluster: Cluster) -> set[oracle.Series]:
     """The series the docs promise, computed from the API's own objects (names, UIDs)."""
     return {oracle.info(cluster.admin, p, SIM_NODE, ("team",)) for p in cluster.pods().values()}
+
+
+def test_the_api_server_answers_metadata_only(cluster: Cluster) -> None:
+    """The exporter asks for PartialObjectMetadata (exporter/kubeapi/client.py): the real
+    API server answers so, and no pod spec or status crosses the wire."""
+    pods = cluster.admin.request("GET", "/api/v1/pods", params={
+        "fieldSelector": f"spec.nodeName={SIM_NODE}"}, accept=ACCEPT_LIST)  # fmt: skip
+    assert pods["kind"] == "PartialObjectMetadataList"
+    assert pods["apiVersion"] == "meta.k8s.io/v1"
+    assert len(pods["items"]) == 6
+    assert all(set(item) == {"kind", "apiVersion", "metadata"} for item in pods["items"])
+    train = next(p for p in pods["items"] if p["metadata"]["name"].startswith("train-"))
+    assert train["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    owner = train["metadata"]["ownerReferences"][0]["name"]
+    rs = cluster.admin.request("GET", f"/apis/apps/v1/namespaces/{NS}/replicasets/{owner}",
+                               accept=ACCEPT_OBJECT)  # fmt: skip
+    assert (rs["kind"], set(rs)) == ("PartialObjectMetadata", {"kind", "apiVersion", "metadata"})
 
 
 def test_every_owner_named_exactly(cluster: Cluster) -> None:

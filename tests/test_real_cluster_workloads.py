@@ -143,6 +143,13 @@ def test_1_each_owner_named_exactly(scene: Scene) -> None:
     assert {dict(s)["hw_allocation_resource"] for s in allocations} == {RESOURCE}
     assert len({dict(s)["hw_allocation_device_id"] for s in allocations}) == 4
     assert scene.metrics.value("kube_device_exporter_kubernetes_up") == 1
+    # Under the kit's RBAC: only the documented requests, none refused.
+    requests = [
+        dict(s) for s in scene.metrics.series("kube_device_exporter_kubernetes_requests_total")
+    ]
+    assert {(r["verb"], r["resource"]) for r in requests} <= {
+        ("list", "pods"), ("watch", "pods"), ("get", "replicasets"), ("get", "jobs")}  # fmt: skip
+    assert {r["code"] for r in requests} == {"200"}
 
 
 def test_2_a_rollout_moves_the_series_to_the_new_replicaset(scene: Scene) -> None:

@@ -90,12 +90,13 @@ class Api:
         *,
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         timeout: float = 10.0,
     ) -> Any:
         url = self.server + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Accept", "application/json")
+        req.add_header("Accept", accept)
         if data is not None:
             req.add_header("Content-Type", content_type)
         if self.token:
