@@ -1,6 +1,6 @@
 """The real kubelet (KDE_E2E_KUBELET, v1.32 here), Debian's containerd and runc, our device
 plugin and static pods with busybox containers: the 14 behaviours of
-../shared/reference/real-kubelet.md ("What the real kubelet did"), each test naming its
+docs/podresources.md ("Real-kubelet behaviours"), each test naming its
 number. The answers are read with a plain gRPC client (tests/realnode/podresources.py),
 so what is asserted is the kubelet's, not the exporter's.
 
@@ -121,7 +121,7 @@ def test_3_socket_stays_behind_a_stopped_kubelet(fresh_node: StandaloneNode) -> 
         with pytest.raises(grpc.RpcError) as refused:
             lister.list()
         assert code(refused.value) == grpc.StatusCode.UNAVAILABLE
-        assert "Connection refused" in str(refused.value.details())  # type: ignore[attr-defined]
+        assert "Connection refused" in str(refused.value.details())
         fresh_node.kubelet.start()
         fresh_node.kubelet.wait_ready()
         wait_until(lambda: fresh_node.socket.stat().st_ino != before, 20, "a new socket file")
@@ -390,7 +390,7 @@ def test_12_one_token_bucket_for_every_client_and_method(
     kinds: the answered ones fit one bucket (not one per method), the rest are
     RESOURCE_EXHAUSTED "rejected by rate limit"."""
     time.sleep(0.2)  # a full bucket
-    calls = [
+    calls: list[Callable[[], object]] = [
         lister.list, lister.allocatable, lister.list_v1alpha1,
         lambda: lister.get("no-such-pod", NAMESPACE),  # fails: UNKNOWN, spends a token
     ]  # fmt: skip
@@ -401,7 +401,7 @@ def test_12_one_token_bucket_for_every_client_and_method(
             calls[i % 4]()
             outcomes.append("OK")
         except grpc.RpcError as exc:
-            outcomes.append(code(exc).name + ":" + str(exc.details()))  # type: ignore[attr-defined]
+            outcomes.append(code(exc).name + ":" + str(exc.details()))
     elapsed = time.monotonic() - started
     limited = [o for o in outcomes if o.startswith("RESOURCE_EXHAUSTED")]
     answered = len(outcomes) - len(limited)
@@ -423,7 +423,7 @@ def test_13_errors_and_v1alpha1(node: StandaloneNode, lister: Lister) -> None:
     with pytest.raises(grpc.RpcError) as missing:
         lister.get("no-such-pod", NAMESPACE)
     assert code(missing.value) == grpc.StatusCode.UNKNOWN
-    assert missing.value.details() == f"pod no-such-pod in namespace {NAMESPACE} not found"  # type: ignore[attr-defined]
+    assert missing.value.details() == f"pod no-such-pod in namespace {NAMESPACE} not found"
     got = lister.get(name(node, SOLO), NAMESPACE).pod_resources
     assert [c.name for c in got.containers] == ["main"] and len(got.containers[0].devices) == 1
     raw = lister.v1alpha1_bytes()

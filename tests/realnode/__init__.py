@@ -11,5 +11,5 @@ tier share them):
 - `kubelet`: KubeletConfiguration, start/stop/restart, waiting on the read-only `/pods`;
 - `cleanup`: what a node leaves behind (shims, cgroups, log links), removed by PID/path;
 - `pods`: static pod manifests with busybox containers.
-Facts they rely on: ../shared/reference/real-kubelet.md and control-plane.md.
+The facts they rely on, and why each step is there: docs/real-node.md.
 """

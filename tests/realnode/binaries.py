@@ -57,7 +57,7 @@ def binary_from(variable: str) -> Path:
     value = os.environ.get(variable, "")
     if not value:
         raise Missing(f"{variable} is not set (make test sets it from ../shared/k8s; see README)")
-    path = Path(value)
+    path = Path(value).resolve()  # nsenter runs it from another working directory
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise Missing(f"{variable}={value} is not an executable file")
     return path

@@ -1,6 +1,6 @@
 """A cgroup root of our own in every hierarchy, so a kubelet's `kubepods` is ours alone.
 
-control-plane.md, "Sharing the machine": with `cgroupRoot: /NAME` the kubelet puts
+docs/real-node.md, "Keeping to itself": with `cgroupRoot: /NAME` the kubelet puts
 `kubepods` under `/NAME` in every v1 hierarchy; create `/NAME` first, and copy
 `cpuset.cpus` and `cpuset.mems` from the parent, or its cpuset children take no tasks.
 On a hybrid host runc also mirrors the path in the v2 (unified) hierarchy.

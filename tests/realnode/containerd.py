@@ -1,6 +1,6 @@
 """A private containerd (Debian's 1.6) for one test node: its own root, state and socket.
 
-The configuration is real-kubelet.md's ("containerd and images without a registry"): no
+The configuration is docs/real-node.md's ("containerd"): no
 TCP (`disable_tcp_service`, the stream server on 127.0.0.1, no debug or metrics address),
 overlayfs, runc v2 with `SystemdCgroup = false` (the kubelet's cgroupfs driver), CNI
 folders of ours, and `restrict_oom_score_adj = true` — without it runc fails every

@@ -8,10 +8,10 @@ device-plugin folder and registers over that folder's `kubelet.sock`
 ListAndWatch answer), `stop` takes the plugin away (its socket closes: the kubelet drops
 the resource), `start` serves and registers again.
 
-The kubelet deletes every socket in the folder when it starts (real-kubelet.md, behaviour
-14), so a plugin must notice and register again, as real plugins do (NVIDIA's watches
-`kubelet.sock` with fsnotify): `watch=True` polls for its socket going and re-registers
-with the new kubelet.
+The kubelet deletes every socket in the folder when it starts (docs/podresources.md,
+real-kubelet behaviour 14), so a plugin must notice and register again, as real plugins do
+(NVIDIA's watches `kubelet.sock` with fsnotify): `watch=True` polls for its socket going
+and re-registers with the new kubelet.
 
 Device IDs are what NVML calls the devices (`GPU-<uuid>`, `MIG-<uuid>`), as NVIDIA's
 plugin advertises them with `DEVICE_ID_STRATEGY=uuid`, so the exporter joins them to the

@@ -1,6 +1,6 @@
 """Images without a registry: docker-archive tars built here, imported with `ctr`.
 
-real-kubelet.md, "containerd and images without a registry": nothing can be pulled, so
+docs/real-node.md, "Images without a registry": nothing can be pulled, so
 the node gets a static `pause` (the sandbox image; a few lines of C, `gcc -static`) and a
 busybox image from Debian's static busybox. A docker-archive is a tar holding one layer
 tar, a config JSON whose `rootfs.diff_ids` names the layer tar's sha256, and a

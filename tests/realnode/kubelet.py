@@ -1,6 +1,6 @@
 """A real kubelet for a test node: its configuration, start/stop/restart, and `/pods`.
 
-The configuration is real-kubelet.md's ("Running it"): standalone (no API server),
+The configuration is docs/real-node.md's ("The kubelet"): standalone (no API server),
 loopback ports of our own, the cgroupfs driver under a `cgroupRoot` of ours, static pods
 from a folder, anonymous read-only access, low eviction thresholds and image GC at
 100/99 so a small disk evicts nothing. `extra` merges into the KubeletConfiguration (the
@@ -32,6 +32,14 @@ from tests.realnode.namespace import MountNamespace
 from tests.realnode.procs import stop_pid
 
 POD_RESOURCES_SOCKET = Path("pod-resources") / "kubelet.sock"
+
+
+def version_config(kubelet_version: str) -> dict[str, Any]:
+    """What only some versions take: `failCgroupV1` exists from 1.31 (and 1.35 refuses a
+    cgroup v1 host without it: docs/real-node.md)."""
+    if minor_version(kubelet_version) >= (1, 31):
+        return {"failCgroupV1": False}
+    return {}
 
 
 def feature_gates(kubelet_version: str) -> dict[str, bool]:
@@ -114,7 +122,7 @@ class Kubelet:
             "makeIPTablesUtilChains": False,
             "podLogsDir": "/var/log/pods",
         }
-        self.config = merge(base, extra or {})
+        self.config = merge(base | version_config(self.version), extra or {})
 
     @property
     def pod_resources_socket(self) -> Path:

@@ -1,8 +1,8 @@
 """A private mount namespace for one test node, held open by a `sleep` of ours.
 
 Why: the kubelet deletes every socket in the fixed `/var/lib/kubelet/device-plugins/`
-when it starts, and writes `/var/log/pods` and `/var/log/containers` (real-kubelet.md,
-"Running it"; control-plane.md, "Sharing the machine"). Inside `unshare --mount
+when it starts, and writes `/var/log/pods` and `/var/log/containers` (docs/real-node.md,
+"Keeping to itself"). Inside `unshare --mount
 --propagation slave` a folder of ours is bind-mounted over each of those paths, so two
 kubelets on the machine never see each other's sockets or logs. Mounts made inside
 (containerd's overlay rootfs, the binds) never reach the host, and they vanish with the

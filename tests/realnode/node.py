@@ -1,7 +1,7 @@
 """One real node: a private mount namespace, containerd with our images, a kubelet, and
 the clean-up of all of it (also when a test failed half-way).
 
-`RealNode.start()` is the ~20 s bring-up of real-kubelet.md; `close()` stops by PID the
+`start_runtime()` and `start_kubelet()` bring a node up (docs/real-node.md); `close()` stops by PID the
 kubelet, containerd's tasks, containerd and its shims, then anything still in our cgroup
 root or our mount namespace, removes the cgroups and our folder, and returns what it
 could not remove (tests assert it is nothing).
@@ -48,8 +48,9 @@ class RealNode:
     ) -> None:
         self.tools: Tools = node_tools()
         self.name = "kde-" + secrets.token_hex(3)
-        # Short: unix socket paths must fit 107 bytes.
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/tmp"))
+        # Short (unix socket paths must fit 107 bytes), and made by start_runtime: a node
+        # that never started leaves nothing.
+        self.workdir = workdir or Path(tempfile.gettempdir()) / self.name
         self.folders = {key: self.workdir / key for key in HOST_PATHS}
         self.namespace = MountNamespace(
             self.tools, {HOST_PATHS[key]: folder for key, folder in self.folders.items()}
@@ -74,6 +75,7 @@ class RealNode:
 
     def start_runtime(self) -> None:
         """Namespace, cgroup root, containerd with the images (no kubelet yet)."""
+        self.workdir.mkdir(mode=0o700)
         cgroups.create_root(self.name)
         self.namespace.start()
         self._mnt_ns = os.readlink(f"/proc/{self.namespace.pid}/ns/mnt")
@@ -104,8 +106,8 @@ class RealNode:
         left += [f"process {pid} still in our mount namespace" for pid in stragglers]
         left += cgroups.remove_root(self.name)
         left += [f"mount {m}" for m in host_mounts_under(self.workdir)]
-        if not left:
-            shutil.rmtree(self.workdir, ignore_errors=False)
+        if not left and self.workdir.exists():
+            shutil.rmtree(self.workdir)
         return left
 
 

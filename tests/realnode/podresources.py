@@ -110,5 +110,5 @@ def allocatable_ids(answer: v1.AllocatableResourcesResponse) -> dict[str, list[s
 
 
 def code(exc: grpc.RpcError) -> grpc.StatusCode:
-    got: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    got: grpc.StatusCode = exc.code()
     return got

@@ -1,6 +1,6 @@
 """Static pod manifests with busybox containers, for the real-node tiers.
 
-Every pod is `hostNetwork: true` (no CNI here, real-kubelet.md "Pod networking"),
+Every pod is `hostNetwork: true` (no CNI here, docs/real-node.md "containerd"),
 `dnsPolicy: Default` (no cluster DNS), and its images are never pulled
 (`imagePullPolicy: Never`: the images are imported, images.py). Static pods are named
 `<name>-<node>` by the kubelet; their namespace is the manifest's.

@@ -73,7 +73,7 @@ class StandaloneNode:
         self.node.start_runtime()
         self.node.start_kubelet()
         # Plugins first: a pod admitted before its plugin registered gets no devices
-        # (real-kubelet.md, "Running it").
+        # (docs/real-node.md, "The kubelet").
         for plugin in self.plugins:
             plugin.start()
         self.wait_allocatable()
