@@ -9,6 +9,7 @@ picked at start, so two sessions on one machine never meet.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import socket
@@ -143,8 +144,8 @@ class ControlPlane:
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # their serving certificates are self-signed
         for daemon, port in zip(controllers, self.ports.values(), strict=True):
-            wait_for(f"{daemon.name} /healthz",
-                     lambda p=port: _https_ok(f"https://127.0.0.1:{p}/healthz", insecure),
+            url = f"https://127.0.0.1:{port}/healthz"
+            wait_for(f"{daemon.name} /healthz", functools.partial(_https_ok, url, insecure),
                      START_TIMEOUT, self.daemons, interval=0.2)  # fmt: skip
         self.timings["controllers"] = time.monotonic() - began
         return self
