@@ -43,7 +43,8 @@ class ClusterNode:
             f"/CN=system:node:{self.name}/O=system:nodes",
             ("IP:127.0.0.1", f"DNS:{self.name}"),
         )
-        client = kubeconfig(self.node.workdir / "kubelet.kubeconfig", plane.server,
+        # In the control plane's folder: the node's own is made by start_runtime.
+        client = kubeconfig(plane.dir / f"kubelet-{self.name}.kubeconfig", plane.server,
                             plane.pki.ca, pair)  # fmt: skip
         self.kubelet.config = merge(self.kubelet.config, {
             "failCgroupV1": False,
@@ -63,14 +64,13 @@ class ClusterNode:
         return self.kubelet.pod_resources_socket
 
     def start(self) -> ClusterNode:
+        self.node.start_runtime()
+        # containerd watches its CNI folder: the loopback network is picked up at once.
         cni = self.node.containerd
-        cni.cni_bin.mkdir(parents=True, exist_ok=True)
-        cni.cni_conf.mkdir(parents=True, exist_ok=True)
         os.symlink(CNI_LOOPBACK, cni.cni_bin / "loopback")
         (cni.cni_conf / "10-loopback.conflist").write_text(json.dumps(
             {"cniVersion": "1.0.0", "name": "kde-loopback", "plugins": [{"type": "loopback"}]}
         ))  # fmt: skip
-        self.node.start_runtime()
         self.node.start_kubelet()
         # The device manager empties the folder, then makes its kubelet.sock: a plugin
         # serving before that loses its socket (seen here: the 1.36 kubelet's PodResources
