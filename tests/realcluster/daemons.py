@@ -1,26 +1,30 @@
 """Processes of the tier, each started in its own session and stopped by its PID.
 
-A daemon's output goes to `LOG_DIR/NAME.log`; a failure quotes its tail. Each child asks the
-kernel to kill it when the test process dies (`PR_SET_PDEATHSIG`), so even a killed pytest
-leaves no API server behind; the normal path is `stop()`: SIGTERM, then SIGKILL after a
-grace period, always to the PID this module started, never by name.
+A daemon's output goes to `LOG_DIR/NAME.log`; a failure quotes its tail. Each child is
+started through util-linux's `setpriv --pdeathsig KILL`, so the kernel kills it when the test
+process dies and even a killed pytest leaves no API server behind. (Not a `preexec_fn`:
+Python code between fork and exec in a process with threads, as the tests' gRPC device
+plugin has, crashed a child with SIGSEGV here.) The normal path is `stop()`: SIGTERM, then
+SIGKILL after a grace period, always to the PID this module started, never by name.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _with_parent(argv: list[str]) -> list[str]:
+    """`argv` that the kernel kills when this process ends (util-linux's setpriv)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("setpriv not found: install the Debian package util-linux")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv]
 
 
 class DaemonDied(RuntimeError):
@@ -45,13 +49,12 @@ class Daemon:
     def start(self) -> Daemon:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv,
+                _with_parent(self.argv),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads start before it)
             )
         return self
 
