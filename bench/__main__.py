@@ -7,6 +7,7 @@ side in the same run, interleaved, so machine load hits them alike.
 
     python -m bench [--window S] [--churn-cycles N] [--fleet-nodes N] [--out FILE]
     python -m bench nvml-calls [--cycles N]     NVML call costs against the loaded library
+    python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import churn, cost, fleet, generate, labels, nvml_calls, scrape
+from bench import churn, cost, fleet, generate, labels, nvml_calls, podresources, scrape
 from bench.procs import ExporterProcess, NodeProcess
 from bench.report import Results, write
 
@@ -124,6 +125,8 @@ def run_all(args: argparse.Namespace) -> Results:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["nvml-calls"]:
         return nvml_calls.main(argv[1:])
+    if argv[:1] == ["podresources"]:
+        return podresources.main(argv[1:])
     if argv[:1] == ["static"]:
         scrape.serve_static(Path(argv[1]), argv[2], int(argv[3]))
         return 0

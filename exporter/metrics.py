@@ -600,6 +600,16 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("api_version",),
     ),
     MetricSpec(
+        "kube_device_exporter.podresources.held",
+        G,
+        "",
+        "1 while the exporter shows the last good answer of `method` instead of the kubelet's: "
+        "a kubelet that restarted less than 5 s ago answered it empty (its restart window; "
+        "docs/podresources.md). 0 otherwise.",
+        scope=_E,
+        attributes=("method",),
+    ),
+    MetricSpec(
         "kube_device_exporter.podresources.last_success_timestamp",
         G,
         "s",

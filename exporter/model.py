@@ -261,6 +261,9 @@ class PodResourcesHealth:
     last_duration_seconds: Mapping[str, float] = field(default_factory=dict)
     invalid_device_ids_total: int = 0
     """Empty or malformed device IDs skipped so far."""
+    held: tuple[str, ...] = ()
+    """Methods whose last answer was replaced by the last good one (a restarting kubelet's
+    empty answers, exporter/podresources/settle.py)."""
 
 
 @dataclass(frozen=True, slots=True)

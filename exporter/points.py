@@ -17,6 +17,10 @@ from exporter import __version__
 from exporter.metrics import NODE_ATTRIBUTE, SPECS, MetricSpec
 from exporter.model import Attributes, Device, Holder, JoinedDevice, Owner, Snapshot
 
+HELD_METHODS = ("GetAllocatableResources", "List")
+"""The PodResources calls whose empty answers a restarting kubelet's window can hold
+(exporter/podresources/settle.py): one `held` series each, 0 or 1."""
+
 
 class Point(NamedTuple):
     """A tuple, not a frozen dataclass: a dense node makes ~1,000 a cycle, at a third of
@@ -275,6 +279,10 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     yield point(
         "kube_device_exporter.podresources.invalid_device_ids", float(pr.invalid_device_ids_total)
     )
+    for method in HELD_METHODS:
+        yield point(
+            "kube_device_exporter.podresources.held", float(method in pr.held), ("method", method)
+        )
     yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
     yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
     yield point("kube_device_exporter.attribution.enabled", float(snapshot.attribution))

@@ -238,9 +238,11 @@ RUNBOOKS: dict[str, Runbook] = {
             "<device plugin pod on the node>`) for the reason it gave.",
             _DRAIN,
             _RESET,
-            "If every device of a resource left at once and came back within a minute, the "
-            "plugin restarted (an upgrade): the kubelet marks all of a plugin's devices "
-            "unhealthy while it re-registers, and the 1m `for` rides that out.",
+            "A plugin that stops or restarts (an upgrade) does not fire this alert: the "
+            "kubelet then drops all of the plugin's devices at once, which the exporter reads "
+            "as the plugin gone and ends the resource's `hw_device_allocatable` and "
+            "`hw_allocatable_devices` series (docs/podresources.md). A resource of a single "
+            "device that turns unhealthy looks the same: check that its plugin runs.",
         ),
     ),
     "KubeDeviceContainerNumaMisaligned": Runbook(

@@ -85,8 +85,9 @@ def test_fields_carry_dcgm_units_and_labels() -> None:
         "namespace": "ml",
         "container": "pytorch",
     }
-    values = {name: v for name, ((lbl, v),) in got.items() if name.startswith("DCGM_")}
-    assert all(lbl == labels for name, ((lbl, _),) in got.items() if name.startswith("DCGM_"))
+    dcgm = {name: one for name, one in got.items() if name.startswith("DCGM_")}
+    values = {name: v for name, ((_, v),) in dcgm.items()}
+    assert all(lbl == labels for ((lbl, _),) in dcgm.values())
     assert values == {
         "DCGM_FI_DEV_GPU_UTIL": 42.0,  # percent
         "DCGM_FI_DEV_FB_USED": 10240.0,  # MiB

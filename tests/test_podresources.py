@@ -17,7 +17,7 @@ from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.support import Clock
 
-parse_list = podresources_client._parse_list
+parse_list = podresources_client.parse_list
 
 SCENARIO = """
 node: n1
@@ -153,19 +153,30 @@ async def test_v1alpha1_only_kubelet_then_v1_appears(sock: Path) -> None:
 
 
 async def test_restart_on_the_same_path(sock: Path) -> None:
-    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0)
+    """A stopped kubelet leaves its socket behind (connect: UNAVAILABLE); the restarted
+    one answers empty for a while, and the client holds the last good answer meanwhile
+    (real kubelet K3, K4; real kubelet C11)."""
+    wall = Clock(100.0)
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=lambda: 0.0, monotonic=wall)
     await kubelet.start()
     client = PodResourcesClient(sock, timeout=2)
     try:
         assert (await client.poll()).pods
         await kubelet.stop()
-        assert not sock.exists()
+        assert sock.exists()
         with pytest.raises(PodResourcesError) as err:
             await client.poll()
-        assert err.value.code == "NO_SOCKET"
+        assert err.value.code == "UNAVAILABLE"
         await kubelet.start()
+        state = await client.poll()  # the kubelet answers nothing: held
+        assert [p.name for p in state.pods] == ["p1"]
+        assert [d.device_ids for d in state.allocatable] == [("GPU-a", "GPU-b")]
+        assert client.health().held == ("GetAllocatableResources", "List")
+        assert client.health().requests_total[("List", "OK")] == 2
+        wall.now += 1.0  # past the kubelet's window: its own answer again
         assert [p.name for p in (await client.poll()).pods] == ["p1"]
         assert client.health().connected
+        assert client.health().held == ()
     finally:
         await client.close()
         await kubelet.stop()
@@ -281,31 +292,55 @@ async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
         await kubelet.stop()
 
 
-async def test_list_is_parsed_only_when_its_bytes_change(
+async def test_a_shuffled_list_is_parsed_only_when_its_content_changes(
     sock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The kubelet sends pods, containers and devices in a new order on each call (real
+    kubelet K2): the same state is not parsed again, and the same objects are handed on."""
     parsed: list[bytes] = []
 
     def counting_parse(response_type: Any, raw: bytes, invalid: list[str]) -> tuple[Pod, ...]:
         parsed.append(raw)
         return parse_list(response_type, raw, invalid)
 
-    monkeypatch.setattr(podresources_client, "_parse_list", counting_parse)
+    monkeypatch.setattr(podresources_client, "parse_list", counting_parse)
+    scenario = SCENARIO + (
+        "pod_sets:\n  - {prefix: web, count: 30, containers: [app, side]}\n"
+        "  - {prefix: eight, count: 2, containers: [{name: c, devices: "
+        "[{resource: nvidia.com/gpu, ids: [G0, G1, G2, G3, G4, G5, G6, G7], numa: [0, 1]}]}]}\n"
+    )
     clock = Clock()
-    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=clock)
+    kubelet = SimulatedKubelet(parse_scenario(scenario), sock, clock=clock)
+    kubelet.set_behaviour(rate_limit=False)  # twelve polls back to back
     await kubelet.start()
     client = PodResourcesClient(sock)
+    answers: list[bytes] = []
+    real_call = client._call
+
+    async def recording_call(method: str, rpc: Any, request: Any) -> Any:
+        answer = await real_call(method, rpc, request)
+        if method == "List":
+            answers.append(answer)
+        return answer
+
+    client._call = recording_call  # type: ignore[method-assign]
     try:
         first = await client.poll()
-        again = await client.poll()
+        same = [await client.poll() for _ in range(10)]
         clock.now = 11.0  # `later` has started: a different answer
         grown = await client.poll()
     finally:
         await client.close()
         await kubelet.stop()
-    assert again.pods is first.pods
-    assert [p.name for p in grown.pods] == ["p1", "later"]
-    assert len(parsed) == 2 and parsed[0] != parsed[1]  # the first answer, then `later`
+    assert len(set(answers[:11])) == 11  # the kubelet's bytes differed every time
+    assert all(state.pods is first.pods for state in same)
+    assert [p.name for p in grown.pods][:2] == ["eight-0", "eight-1"]
+    assert "later" in [p.name for p in grown.pods]
+    assert len(parsed) == 2 and parsed[1] == answers[-1]  # the first answer, then `later`
+    (eight,) = first.pods[0].containers
+    assert [(d.resource_name, d.device_ids, d.numa_nodes) for d in eight.devices] == [
+        ("nvidia.com/gpu", tuple(f"G{i}" for i in range(8)), (0, 1))
+    ]  # eight entries of one device each, merged back per resource and NUMA nodes
 
 
 async def test_allocatable_is_asked_at_most_every_interval_and_parsed_when_it_changes(

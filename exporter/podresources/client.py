@@ -5,8 +5,14 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
   (the exporter: 5 s, so every cycle at the default 10 s interval): the allocatable list
   is the device plugins' health as the kubelet sees it, and it changes the moment a
   plugin reports a device unhealthy (docs/podresources.md); two calls per 10 s cycle are
-  0.2 of the kubelet's 100 qps shared by all clients. Each answer's bytes are parsed
-  only when they differ from the last;
+  0.2 of the kubelet's 100 qps shared by all clients;
+- the real kubelet sends pods, containers and devices in a new order on each call, one
+  entry per device (real kubelet K1, K2): answers are parsed into one canonical
+  order (exporter/podresources/parse.py) and, when that equals the last, the last values
+  are handed on unchanged (the poller's join cache then hits); identical bytes skip the
+  parse (docs/podresources.md has the measured costs);
+- a kubelet's restart window, in which it answers successfully with nothing: the last good
+  answer is held while the socket is new (exporter/podresources/settle.py);
 - v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
 - a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
 - a deadline on every call (a hung kubelet must not stall the cycle);
@@ -19,7 +25,6 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
@@ -36,18 +41,21 @@ from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter.backoff import Backoff
 from exporter.log import StateLog
-from exporter.model import (
-    ClaimResource,
-    Container,
-    ContainerDevices,
-    ContainerMemory,
-    DynamicResource,
-    Pod,
-    PodResourcesHealth,
-    PodResourcesState,
+from exporter.model import ContainerDevices, Pod, PodResourcesHealth, PodResourcesState
+from exporter.podresources.parse import (
+    OrderFreeKey,
+    device_id_problem,
+    order_free_key,
+    parse_allocatable,
+    parse_list,
+    pod_from_proto,
 )
+from exporter.podresources.settle import DEFAULT_SETTLE_SECONDS, RestartSettle
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+_ListCache = tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]]
+"""(API version, the answer's bytes, its pods, its invalid device IDs)."""
 
 
 class PodResourcesError(Exception):
@@ -70,6 +78,7 @@ class PodResourcesClient:
         allocatable_interval: float = 0.0,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
+        restart_settle: float = DEFAULT_SETTLE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -97,10 +106,15 @@ class PodResourcesClient:
         self._last_success = 0.0
         self._invalid_ids = 0
         self._states = StateLog(logging.getLogger("exporter.podresources"))
-        self._list_cache: tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]] | None = None
+        self._settle = RestartSettle(restart_settle, clock, self._states)
+        self._list_cache: _ListCache | None = None
+        self._list_key: tuple[bytes, ...] = ()
+        self._order_free_key = OrderFreeKey()
         self._allocatable_cache: (
             tuple[bytes, tuple[ContainerDevices, ...], tuple[str, ...]] | None
         ) = None
+        self.parses = 0
+        """List answers parsed so far (identical bytes are not parsed)."""
         self._raw_rpcs: dict[tuple[str, str], Any] = {}  # per channel
 
     # --- public -------------------------------------------------------------------
@@ -117,6 +131,7 @@ class PodResourcesClient:
             requests_total=dict(self._requests),
             last_duration_seconds=dict(self._durations),
             invalid_device_ids_total=self._invalid_ids,
+            held=tuple(sorted(m for m, held in self._settle.held.items() if held)),
         )
 
     async def poll(self) -> PodResourcesState:
@@ -165,7 +180,7 @@ class PodResourcesClient:
         else:
             await self._refresh_allocatable(channel, now)
         return PodResourcesState(
-            pods=pods,
+            pods=self._settle.pods(pods),
             allocatable=self._allocatable,
             allocatable_known=self._allocatable_known,
             api_version=self._api,
@@ -180,17 +195,35 @@ class PodResourcesClient:
     async def _list(
         self, channel: grpc.aio.Channel, api: str, response_type: Any
     ) -> tuple[Pod, ...]:
-        """`List` as raw bytes: parsed (in a worker thread) only when they changed, since
-        the answer is the same cycle after cycle until a pod comes or goes."""
+        """`List` as raw bytes. The real kubelet's order changes on every call, so equal
+        bytes are rare: an order-insensitive key of the bytes (parse.OrderFreeKey, in a
+        worker thread) decides, and only a changed key is parsed; an unchanged one hands on
+        the last values, the same objects cycle after cycle."""
         raw: bytes = await self._call("List", self._raw_rpc(channel, api, "List"), b"")
-        if self._list_cache is not None and self._list_cache[:2] == (api, raw):
-            self._note_invalid(list(self._list_cache[3]), "List")  # counted per answer
-            return self._list_cache[2]
+        cached = self._list_cache
+        if cached is not None and cached[:2] == (api, raw):
+            self._note_invalid(list(cached[3]), "List")  # counted per answer
+            return cached[2]
+        last = cached if cached is not None and cached[0] == api else None
+        read = await asyncio.to_thread(self._read_list, response_type, raw, last)
+        self._list_cache = (api, raw, read[1], read[2])
+        self._list_key = read[0]
+        self._note_invalid(list(read[2]), "List")
+        return read[1]
+
+    def _read_list(
+        self, response_type: Any, raw: bytes, last: _ListCache | None
+    ) -> tuple[tuple[bytes, ...], tuple[Pod, ...], tuple[str, ...]]:
+        """(key, pods, invalid IDs) of an answer: the last pods when its key is the last's."""
+        key = order_free_key(self._order_free_key, raw)
+        if last is not None and key == self._list_key:
+            return key, last[2], last[3]
         invalid: list[str] = []
-        pods = await asyncio.to_thread(_parse_list, response_type, raw, invalid)
-        self._list_cache = (api, raw, pods, tuple(invalid))
-        self._note_invalid(invalid, "List")
-        return pods
+        pods = parse_list(response_type, raw, invalid)
+        self.parses += 1
+        if last is not None and pods == last[2]:
+            pods = last[2]  # the same state (a packed field in a new order): the same objects
+        return key, pods, tuple(invalid)
 
     def _note_invalid(self, invalid: list[str], method: str) -> None:
         """Count skipped device IDs; log when they appear and when they are gone."""
@@ -222,19 +255,22 @@ class PodResourcesClient:
                 return
             self._allocatable_at = None
             raise
-        if self._allocatable_cache is None or self._allocatable_cache[0] != raw:
+        cached = self._allocatable_cache
+        if cached is None or cached[0] != raw:
             invalid: list[str] = []
-            response = v1_pb2.AllocatableResourcesResponse.FromString(raw)
-            devices = tuple(devices_from_proto(d, invalid) for d in response.devices)
-            self._allocatable_cache = (raw, devices, tuple(invalid))
-        _, self._allocatable, invalid_ids = self._allocatable_cache
-        self._note_invalid(list(invalid_ids), "GetAllocatableResources")  # counted per answer
+            devices = parse_allocatable(raw, v1_pb2.AllocatableResourcesResponse, invalid)
+            if cached is not None and cached[1] == devices:
+                devices = cached[1]
+            self._allocatable_cache = cached = (raw, devices, tuple(invalid))
+        self._allocatable = self._settle.allocatable(cached[1])
+        if self._settle.held["GetAllocatableResources"]:
+            self._allocatable_at = None  # asked again next cycle until the plugins are back
+        self._note_invalid(list(cached[2]), "GetAllocatableResources")  # counted per answer
         self._allocatable_known = True
 
     def _raw_rpc(self, channel: grpc.aio.Channel, api: str, method: str) -> Any:
         """A unary call on `channel` that sends an empty request and keeps the answer's
-        bytes: parsed only when they differ from last time's (the same cycle after cycle
-        until a pod comes or goes, or a plugin's health changes)."""
+        bytes, so the client decides what to parse (`_list`, `_refresh_allocatable`)."""
         rpc = self._raw_rpcs.get((api, method))
         if rpc is None:
             rpc = self._raw_rpcs[(api, method)] = channel.unary_unary(
@@ -277,6 +313,7 @@ class PodResourcesClient:
         if socket_id != self._socket_id:
             await self._drop_channel()
             self._socket_id = socket_id
+            self._settle.new_socket()
 
     def _ensure_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -287,6 +324,12 @@ class PodResourcesClient:
                     ("grpc.enable_retries", 0),
                     ("grpc.initial_reconnect_backoff_ms", 200),
                     ("grpc.max_reconnect_backoff_ms", 2000),
+                    # A channel of its own subchannels: gRPC otherwise shares them across
+                    # channels to one address, and the channel rebuilt for a restarted
+                    # kubelet took over the refused connection to its stale socket (K3):
+                    # a call within that connection's reconnect back-off failed UNAVAILABLE
+                    # although the new kubelet was listening (test_restart_on_the_same_path).
+                    ("grpc.use_local_subchannel_pool", 1),
                 ],
             )
         return self._channel
@@ -298,102 +341,18 @@ class PodResourcesClient:
             await channel.close(grace=None)
 
 
+def _serialize(request: bytes) -> bytes:
+    return request  # an empty ListPodResourcesRequest is zero bytes in both versions
+
+
 def _local_size_limit(exc: grpc.aio.AioRpcError) -> bool:
     """Our own receive limit also says RESOURCE_EXHAUSTED; backing off would not help it."""
     return "larger than max" in (exc.details() or "")
 
 
-# --- proto -> model -----------------------------------------------------------------------
-
-
-def _numa(topology: Any) -> tuple[int, ...]:
-    return tuple(node.ID for node in topology.nodes) if topology is not None else ()
-
-
-MAX_DEVICE_ID_BYTES = 1024
-"""Device IDs are short (UUIDs, PCI addresses, `card1-4`); a longer one is garbage."""
-
-
-def device_id_problem(raw: str) -> str:
-    """Why a device ID from the kubelet cannot name a device; "" when it can."""
-    if not raw.strip():
-        return "empty"
-    if len(raw.encode("utf-8", "surrogatepass")) > MAX_DEVICE_ID_BYTES:
-        return f"longer than {MAX_DEVICE_ID_BYTES} bytes"
-    if not raw.isprintable():
-        return "control or unprintable characters"
-    return ""
-
-
-def _ids(raw_ids: Any, invalid: list[str] | None) -> tuple[str, ...]:
-    """The usable IDs; the others are appended to `invalid` (counted and logged by the client)."""
-    ids = []
-    for raw in raw_ids:
-        if device_id_problem(raw):
-            if invalid is not None:
-                invalid.append(raw)
-        else:
-            ids.append(raw)
-    return tuple(ids)
-
-
-def devices_from_proto(msg: Any, invalid: list[str] | None = None) -> ContainerDevices:
-    topology = msg.topology if msg.HasField("topology") else None
-    return ContainerDevices(msg.resource_name, _ids(msg.device_ids, invalid), _numa(topology))
-
-
-def _serialize(request: bytes) -> bytes:
-    return request  # an empty ListPodResourcesRequest is zero bytes in both versions
-
-
-def _parse_list(response_type: Any, raw: bytes, invalid: list[str]) -> tuple[Pod, ...]:
-    response = response_type.FromString(raw)
-    return tuple(pod_from_proto(p, invalid) for p in response.pod_resources)
-
-
-@functools.cache
-def _fields(descriptor: Any) -> frozenset[str]:
-    """Field names of a message type, looked up once per type (not once per container)."""
-    return frozenset(f.name for f in descriptor.fields)
-
-
-def pod_from_proto(msg: Any, invalid: list[str] | None = None) -> Pod:
-    """A v1 or v1alpha1 PodResources message -> Pod (v1alpha1 has only devices).
-
-    Empty or malformed device IDs are left out and appended to `invalid`."""
-    containers = []
-    for c in msg.containers:
-        names = _fields(c.DESCRIPTOR)
-        has_topology = "topology" in _fields(c.devices[0].DESCRIPTOR) if c.devices else False
-        devices = tuple(
-            ContainerDevices(
-                d.resource_name,
-                _ids(d.device_ids, invalid),
-                _numa(d.topology if has_topology else None),
-            )
-            for d in c.devices
-        )
-        if "cpu_ids" not in names:
-            containers.append(Container(c.name, devices))
-            continue
-        memory = tuple(ContainerMemory(m.memory_type, m.size, _numa(m.topology)) for m in c.memory)
-        dynamic = tuple(
-            DynamicResource(
-                d.claim_name,
-                d.claim_namespace,
-                tuple(
-                    ClaimResource(
-                        r.driver_name,
-                        r.pool_name,
-                        r.device_name,
-                        tuple(cdi.name for cdi in r.cdi_devices),
-                        r.share_id if r.HasField("share_id") else "",
-                    )
-                    for r in d.claim_resources
-                    if r.device_name in _ids((r.device_name,), invalid)
-                ),
-            )
-            for d in c.dynamic_resources
-        )
-        containers.append(Container(c.name, devices, tuple(c.cpu_ids), memory, dynamic))
-    return Pod(msg.name, msg.namespace, tuple(containers))
+__all__ = [
+    "PodResourcesClient",
+    "PodResourcesError",
+    "device_id_problem",
+    "pod_from_proto",
+]

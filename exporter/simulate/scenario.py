@@ -9,7 +9,6 @@ docs/simulation.md; bundled scenarios live in exporter/simulate/scenarios/.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,13 @@ from exporter.model import (
     DynamicResource,
     Pod,
 )
+from exporter.simulate.scenario_model import (
+    KubeletBehaviour,
+    PluginDown,
+    Scenario,
+    TimedPod,
+    Unhealthy,
+)
 
 DEVICE_SECTIONS = ("nvidia", "sysfs", "procfs")
 """Top-level sections owned by the simulated node parts (`procfs`: the host's /proc and
@@ -32,83 +38,6 @@ the kubelet's /var/log/containers, exporter/simulate/procfs.py)."""
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be used; the message names the file and the key."""
-
-
-@dataclass(frozen=True, slots=True)
-class KubeletBehaviour:
-    api: str = "v1"
-    """`v1` (serves v1 and v1alpha1, like a real kubelet) or `v1alpha1` (a pre-1.20 kubelet)."""
-    get: bool = True
-    """KubeletPodResourcesGet gate; off answers like a kubelet without it."""
-    allocatable: bool = True
-    rate_limit: bool = True
-    qps: float = 100.0
-    burst: int = 10
-    latency: float = 0.0
-    """Seconds added before every answer (a slow kubelet)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TimedPod:
-    pod: Pod
-    start: float = 0.0
-    end: float | None = None
-    pids: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    """(container name, host PIDs of its processes): what the host's /proc shows."""
-
-    def alive(self, t: float) -> bool:
-        return self.start <= t and (self.end is None or t < self.end)
-
-
-@dataclass(frozen=True, slots=True)
-class Unhealthy:
-    """Device IDs their plugin reports unhealthy from `start` until `end` (scenario seconds).
-
-    The kubelet keeps them in the containers that hold them (List) and drops them from
-    GetAllocatableResources, which answers `allDevices.Filter(healthyDevices)`
-    (pkg/kubelet/cm/devicemanager/manager.go, GetAllocatableDevices); the plugin's
-    ListAndWatch update replaces healthyDevices at once (genericDeviceUpdateCallback), so
-    the change shows in the next answer. An ID also covers its `::N` replicas."""
-
-    ids: tuple[str, ...]
-    start: float = 0.0
-    end: float | None = None
-
-    def covers(self, device_id: str, t: float) -> bool:
-        if t < self.start or (self.end is not None and t >= self.end):
-            return False
-        return any(device_id == i or device_id.startswith(f"{i}::") for i in self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    node: str
-    description: str = ""
-    kubelet: KubeletBehaviour = field(default_factory=KubeletBehaviour)
-    allocatable: tuple[ContainerDevices, ...] = ()
-    pods: tuple[TimedPod, ...] = ()
-    sections: Mapping[str, Any] = field(default_factory=dict)
-    path: Path | None = None
-    unhealthy: tuple[Unhealthy, ...] = ()
-
-    def pods_at(self, t: float) -> tuple[Pod, ...]:
-        return tuple(p.pod for p in self.pods if p.alive(t))
-
-    def allocatable_at(self, t: float) -> tuple[ContainerDevices, ...]:
-        """`allocatable` less the devices their plugin reports unhealthy at `t`."""
-        out = []
-        for devs in self.allocatable:
-            ids = tuple(
-                i for i in devs.device_ids if not any(u.covers(i, t) for u in self.unhealthy)
-            )
-            if ids:
-                out.append(replace(devs, device_ids=ids))
-        return tuple(out)
-
-    @property
-    def has_processes(self) -> bool:
-        return "procfs" in self.sections or any(p.pids for p in self.pods)
 
 
 def bundled_names() -> list[str]:
@@ -151,6 +80,7 @@ def parse_scenario(text: str, *, name: str = "scenario", path: Path | None = Non
             "kubelet",
             "allocatable",
             "unhealthy",
+            "plugin_down",
             "pods",
             "pod_sets",
             *DEVICE_SECTIONS,
@@ -174,6 +104,10 @@ def parse_scenario(text: str, *, name: str = "scenario", path: Path | None = Non
         unhealthy=tuple(
             _unhealthy(where, u, f"unhealthy[{i}]")
             for i, u in enumerate(where.seq(doc, "unhealthy"))
+        ),
+        plugin_down=tuple(
+            _plugin_down(where, u, f"plugin_down[{i}]")
+            for i, u in enumerate(where.seq(doc, "plugin_down"))
         ),
     )
 
@@ -213,7 +147,20 @@ class _Where:
 def _kubelet(where: _Where, doc: Any) -> KubeletBehaviour:
     doc = where.mapping(doc, "kubelet")
     where.keys(
-        doc, "kubelet", {"api", "get", "allocatable", "rate_limit", "qps", "burst", "latency"}
+        doc,
+        "kubelet",
+        {
+            "api",
+            "get",
+            "allocatable",
+            "rate_limit",
+            "qps",
+            "burst",
+            "latency",
+            "shuffle",
+            "restart_list_empty",
+            "restart_allocatable_empty",
+        },
     )
     api = doc.get("api", "v1")
     if api not in ("v1", "v1alpha1"):
@@ -226,6 +173,9 @@ def _kubelet(where: _Where, doc: Any) -> KubeletBehaviour:
         qps=where.number(doc, "qps", "kubelet", 100.0),
         burst=int(where.number(doc, "burst", "kubelet", 10)),
         latency=where.number(doc, "latency", "kubelet", 0.0),
+        shuffle=bool(doc.get("shuffle", True)),
+        restart_list_empty=where.number(doc, "restart_list_empty", "kubelet", 0.97),
+        restart_allocatable_empty=where.number(doc, "restart_allocatable_empty", "kubelet", 0.5),
     )
 
 
@@ -262,6 +212,20 @@ def _unhealthy(where: _Where, doc: Any, key: str) -> Unhealthy:
     )
 
 
+def _plugin_down(where: _Where, doc: Any, key: str) -> PluginDown:
+    doc = where.mapping(doc, key)
+    where.keys(doc, key, {"resources", "start", "end"})
+    names = doc.get("resources")
+    if not isinstance(names, list) or not names:
+        raise where.fail(f"{key}.resources", "expected a non-empty list of resource names")
+    end = doc.get("end")
+    return PluginDown(
+        tuple(str(n) for n in names),
+        start=where.number(doc, "start", key, 0.0),
+        end=None if end is None else where.number(doc, "end", key, 0.0),
+    )
+
+
 def _pids(where: _Where, doc: Any, key: str) -> tuple[int, ...]:
     if isinstance(doc, str) or doc is None:
         return ()
@@ -276,7 +240,9 @@ def _container(where: _Where, doc: Any, key: str) -> Container:
     if isinstance(doc, str):
         return Container(doc)
     doc = where.mapping(doc, key)
-    where.keys(doc, key, {"name", "devices", "cpu_ids", "memory", "claims", "pids"})
+    where.keys(
+        doc, key, {"name", "devices", "cpu_ids", "memory", "claims", "pids", "init", "sidecar"}
+    )
     memory = []
     for i, m in enumerate(where.seq(doc, "memory")):
         m = where.mapping(m, f"{key}.memory[{i}]")
@@ -318,24 +284,44 @@ def _container(where: _Where, doc: Any, key: str) -> Container:
     )
 
 
+def _init_kind(where: _Where, spec: Any, key: str) -> str:
+    """ "init" (an ordinary init container), "sidecar" (`restartPolicy: Always`) or ""."""
+    if not isinstance(spec, dict):
+        return ""
+    init, sidecar = bool(spec.get("init", False)), bool(spec.get("sidecar", False))
+    if init and sidecar:
+        raise where.fail(key, "a container is an ordinary init container or a sidecar, not both")
+    return "init" if init else "sidecar" if sidecar else ""
+
+
 def _timed_pod(where: _Where, doc: Any, key: str) -> TimedPod:
     doc = where.mapping(doc, key)
-    where.keys(doc, key, {"name", "namespace", "start", "end", "containers"})
+    where.keys(doc, key, {"name", "namespace", "start", "end", "failed", "containers"})
     if "name" not in doc:
         raise where.fail(key, "needs 'name'")
-    specs = where.seq(doc, "containers")
-    containers = tuple(_container(where, c, f"{key}.containers[{i}]") for i, c in enumerate(specs))
+    kinds = [
+        (_init_kind(where, spec, f"{key}.containers[{i}]"), i, spec)
+        for i, spec in enumerate(where.seq(doc, "containers"))
+    ]
+    # Ordinary init containers never appear in List (their device goes to the app
+    # container); sidecar init containers are listed before the app containers
+    # (real kubelet K8).
+    listed = [k for k in kinds if k[0] == "sidecar"] + [k for k in kinds if k[0] == ""]
+    specs = [spec for _, _, spec in listed]
+    containers = tuple(_container(where, spec, f"{key}.containers[{i}]") for _, i, spec in listed)
     pids = tuple(
         (c.name, found)
         for i, (c, spec) in enumerate(zip(containers, specs, strict=True))
         if (found := _pids(where, spec, f"{key}.containers[{i}]"))
     )
-    end = doc.get("end")
+    end, failed = doc.get("end"), doc.get("failed")
     return TimedPod(
         Pod(str(doc["name"]), str(doc.get("namespace", "default")), containers),
         start=where.number(doc, "start", key, 0.0),
         end=None if end is None else where.number(doc, "end", key, 0.0),
         pids=pids,
+        sidecars=sum(1 for k in kinds if k[0] == "sidecar"),
+        failed=None if failed is None else where.number(doc, "failed", key, 0.0),
     )
 
 
@@ -357,6 +343,20 @@ def _pod_set(where: _Where, doc: Any, key: str) -> list[TimedPod]:
             Pod(f"{template.pod.name}-{i}", template.pod.namespace, template.pod.containers),
             template.start,
             template.end,
+            sidecars=template.sidecars,
         )  # a pod set's pods have no processes: PIDs are one process's, not a template's
         for i in range(count)
     ]
+
+
+__all__ = [
+    "KubeletBehaviour",
+    "PluginDown",
+    "Scenario",
+    "ScenarioError",
+    "TimedPod",
+    "Unhealthy",
+    "bundled_names",
+    "load_scenario",
+    "parse_scenario",
+]
