@@ -8,6 +8,7 @@
 #   make faults  fault and load runs against real exporter processes (about 4 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
 #   make realnode  only the real-kubelet tier (tests/test_real_kubelet*.py; README)
+#   make realcluster  only the real-cluster tier (tests/test_real_cluster*.py; docs/testing.md)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -24,6 +25,7 @@ NODE_DEBS := containerd runc busybox-static containernetworking-plugins gcc
 # its SHA256SUMS) into K8S; `make pytest` points KDE_E2E_* at them when they are there.
 K8S_SHARED ?= ../shared/k8s
 K8S := $(VENV)/k8s
+# Absolute: the kubelet is started through nsenter, from another working directory.
 E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(CURDIR)/$(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(CURDIR)/$(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(CURDIR)/$(K8S)/etcd-v* 2>/dev/null | head -n1)}"
@@ -33,7 +35,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: install demo test lint typecheck pytest realnode k8s bench faults soak proto docs debs fakenvml monitoring image push clean
+.PHONY: install demo test lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
 
 install: $(STAMP) debs fakenvml k8s
 
@@ -99,6 +101,9 @@ pytest: install
 
 realnode: install
 	$(E2E_ENV) $(VENV)/bin/pytest -q tests/test_real_kubelet*.py $(PYTEST_ARGS)
+
+realcluster: install
+	$(E2E_ENV) $(VENV)/bin/pytest -q tests/test_real_cluster*.py $(PYTEST_ARGS)
 
 test: install lint typecheck pytest
 

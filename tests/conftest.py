@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
+
+from tests.realcluster import binaries
+from tests.realcluster.controlplane import ControlPlane, running
+from tests.realnode.binaries import Missing, node_tools
+
+if TYPE_CHECKING:
+    # Imported where used: it imports grpc, which must come after exporter/__init__.py has
+    # set GRPC_VERBOSITY (tests/test_grpc_quiet.py).
+    from tests.realcluster.node import ClusterNode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -17,3 +29,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(pytestconfig: pytest.Config) -> bool:
     return bool(pytestconfig.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """The real-cluster tier's Kubernetes 1.36 control plane, shared by the session; skipped
+    with one line when the binaries are not named (tests/realcluster, docs/testing.md)."""
+    why = binaries.missing()
+    if why is not None:
+        pytest.skip(f"real cluster: {why}")
+    with running() as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def cluster_node(control_plane: ControlPlane) -> Iterator[ClusterNode]:
+    """A real 1.36 kubelet (containerd, images, a device plugin) joined to the control
+    plane, Ready; skipped with one line without root or the Debian tools."""
+    try:
+        node_tools()
+    except Missing as exc:
+        pytest.skip(f"real cluster node: {exc}")
+    from tests.realcluster.node import ClusterNode
+
+    node = ClusterNode(control_plane)
+    try:
+        yield node.start()
+    finally:
+        left = node.close()
+        assert not left, f"the cluster node left behind: {left}"

@@ -53,6 +53,7 @@ EVERYTHING = {
     "prometheusRule": {"enabled": True, "runbookBaseURL": "https://wiki.example.com/runbooks"},
     "dashboards": {"enabled": True, "namespace": "grafana"},
     "hostPID": True,
+    "hostNetwork": True,
 }
 """Every value away from its default."""
 
@@ -232,6 +233,7 @@ SAME_CHOICES = {
     "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
                        ("kubernetes-api",)),
     "hostPID": ({"hostPID": True}, "kube-prometheus-stack", ("host-pid",)),
+    "hostNetwork": ({"hostNetwork": True}, "kube-prometheus-stack", ("host-network",)),
     "dcgm schema": ({"metricsSchema": "native,dcgm"}, "kube-prometheus-stack",
                     ("dcgm-schema",)),
 }  # fmt: skip

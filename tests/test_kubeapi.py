@@ -10,13 +10,15 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 
 from exporter.flags import UsageError, parse_config
-from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
@@ -240,6 +242,49 @@ async def test_unreachable_server_backs_off(
     assert 3 <= attempts <= 12  # backing off, not spinning
     assert all(code == "ConnectError" for (_, _, code) in watcher.health().requests_total)
     assert sum("Kubernetes API unavailable" in r.getMessage() for r in caplog.records) == 1
+    # The one line names the request, the address and the cause.
+    assert (
+        f"Kubernetes API unavailable (ConnectError: GET {server.url}/api/v1/pods: "
+        "All connection attempts failed)" in caplog.text
+    )
+
+
+async def test_a_silent_server_is_named_with_its_address(tmp_path: Path) -> None:
+    """A server that accepts the connection and never answers: httpx's own text is empty
+    ("Kubernetes API unavailable (ConnectTimeout: )" was all a user saw)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        never_started = FakeApiServer()
+        never_started.port = int(silent.getsockname()[1])
+        url = never_started.url
+        kubeconfig = never_started.kubeconfig(tmp_path / "kubeconfig")
+        api = KubeApi(http_client(load_config(kubeconfig), 0.2))
+        try:
+            with pytest.raises(httpx.TimeoutException) as timed_out:
+                await api.list_pods(NODE)
+        finally:
+            await api.close()
+    assert describe(timed_out.value) == f"ReadTimeout: GET {url}/api/v1/pods: no answer in time"
+
+
+async def test_requests_are_not_logged_one_by_one(
+    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The HTTP library's INFO line per request stays out of the log (they are counted in
+    kubernetes_requests_total); at debug level it is there."""
+    caplog.set_level(logging.INFO)
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
+    async with running(watcher):
+        await until(lambda: watcher.health().up and watcher.owners)
+    assert sum(watcher.health().requests_total.values()) >= 3
+    assert not [r for r in caplog.records if r.name.startswith("httpx")]
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
+    async with running(watcher):
+        await until(lambda: watcher.health().up)
+    assert [r for r in caplog.records if r.name.startswith("httpx")]
 
 
 async def test_no_cluster_configuration_says_so(

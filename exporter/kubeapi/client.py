@@ -15,7 +15,9 @@ which parses the same.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -104,8 +106,35 @@ def load_config(kubeconfig: Path | None) -> Any:
 
 
 def http_client(config: Any, timeout: float) -> httpx.AsyncClient:
+    quiet_http_logs()
     params = client_adapter.ConnectionParams(timeout=httpx.Timeout(timeout), trust_env=False)
     return client_adapter.AsyncClient(config, params)
+
+
+HTTP_LOGGERS = ("httpx2", "httpcore2")
+
+
+def quiet_http_logs() -> None:
+    """The HTTP library logs every request at INFO: a line per watch and owner read, for
+    ever, in every pod (seen in the real cluster's exporter log). The requests are counted
+    in `kubernetes_requests_total`; at `--log-level debug` the lines stay."""
+    debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
+
+
+def describe(exc: BaseException) -> str:
+    """What failed, where and why, in one line: `ConnectTimeout: GET https://10.96.0.1:443/
+    api/v1/pods: no answer within 10s` (httpx's own text is empty for timeouts)."""
+    where = ""
+    if isinstance(exc, httpx.RequestError):
+        with contextlib.suppress(RuntimeError):  # .request is unset on some errors
+            request = exc.request
+            where = f" {request.method} {request.url.copy_with(query=None)}"
+    detail = str(exc) or str(exc.__cause__ or "")
+    if not detail and isinstance(exc, httpx.TimeoutException):
+        detail = "no answer in time"
+    return f"{type(exc).__name__}:{where}" + (f": {detail}" if detail else "")
 
 
 def _error(response: httpx.Response, body: bytes) -> ApiError:

@@ -37,6 +37,7 @@ from exporter.kubeapi.client import (
     NotConfigured,
     OwnerRef,
     PodMeta,
+    describe,
 )
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.log import StateLog
@@ -115,9 +116,17 @@ class PodWatcher:
         wanted = set(holders)
         by_name: dict[tuple[str, str], PodInfo] = {}
         for uid, pod in list(self.pods.items()):  # a copy: callers may be off the loop
-            if (pod.namespace, pod.name) in wanted:
+            if (pod.namespace, pod.name) in wanted and not self._owner_pending(pod):
                 by_name[(pod.namespace, pod.name)] = self._info(uid, pod)
         return tuple(by_name[key] for key in sorted(by_name))
+
+    def _owner_pending(self, pod: PodMeta) -> bool:
+        """The pod's ReplicaSet or Job has not been read yet: its series waits for it (a few
+        ms after the pod appears) rather than name the ReplicaSet as the workload for a cycle
+        and then the Deployment (seen on a real API server: the first cycle after the list
+        raced the owner read)."""
+        return bool(pod.owner and pod.owner.kind in OWNER_RESOURCES
+                    and pod.owner.uid not in self.owners)  # fmt: skip
 
     def health(self) -> KubeApiHealth:
         requests = dict(self.api.requests) if self.api is not None else {}
@@ -194,7 +203,7 @@ class PodWatcher:
                 denied = isinstance(exc, NotConfigured)  # only an operator fixes that
                 self._states.failed(
                     f"api/{type(exc).__name__}",
-                    f"Kubernetes API unavailable ({type(exc).__name__}: {exc}); pod UIDs, "
+                    f"Kubernetes API unavailable ({describe(exc)}); pod UIDs, "
                     "owners and labels are missing until it answers, devices are exported as "
                     "PodResources gives them",
                 )
@@ -289,7 +298,10 @@ class PodWatcher:
                 parent = known.parent if known else None
             except (httpx.HTTPError, OSError, ValueError) as exc:
                 log.debug("reading %s %s/%s failed: %s", ref.kind, namespace, ref.name, exc)
-                continue  # retried after owner_retry
+                # Retried after owner_retry; meanwhile the pod's series names what is known.
+                parent = known.parent if known else None
+                self.owners[uid] = _Owner(parent, self._clock() + self.owner_retry)
+                continue
             else:
                 self._states.ok_all("owner/", "owners readable again")
             ttl = self.owner_ttl * self._rng.uniform(0.9, 1.1)
