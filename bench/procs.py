@@ -60,11 +60,17 @@ def rss_bytes(pid: int) -> int:
 
 
 class Process:
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             list(argv),
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -110,8 +116,14 @@ class NodeProcess:
 
 class ExporterProcess:
     def __init__(
-        self, node: NodeProcess, interval: str, *extra: str, env: Mapping[str, str] | None = None
+        self,
+        node: NodeProcess,
+        interval: str,
+        *extra: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
+        """`cwd` (and PYTHONPATH in `env`): run another tree's `exporter` package."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.process = Process(
@@ -127,6 +139,7 @@ class ExporterProcess:
                 *extra,
             ],
             {**SHIPPED_ENV, **node.env, **(env or {})},  # as the image runs it
+            cwd,
         )
         self.pid = self.process.pid
         self.ready_after = 0.0

@@ -110,20 +110,36 @@ def test_two_prometheus_replicas_at_different_offsets_both_find_it_ready() -> No
 
 
 def test_a_format_nobody_asks_for_any_more_is_no_longer_built() -> None:
+    """A scraper gone for three periods: its format is forgotten, not built every cycle."""
     clock = Clock()
     cadence = ScrapeCadence(clock)
     cadence.asked(OM_GZIP)
     clock.now += 15
     cadence.asked(OM_GZIP)
-    clock.now += FORGET_AFTER + 1
-    assert cadence.cycle_done() == []
-    clock.now += 14
-    assert cadence.cycle_done() == []  # forgotten, not merely not due
+    clock.now += 13.5
+    assert cadence.cycle_done() == []  # cycles of 1 s from here: the next is 1.5 s off
+    clock.now += 1
+    assert cadence.cycle_done() == [OM_GZIP]  # due in 0.5 s
+    due = []
+    for _ in range(FORGET_AFTER * 15):  # 1 s cycles, no scrape
+        clock.now += 1
+        due.append(cadence.cycle_done())
+    assert due[0] == [OM_GZIP]  # overdue: built in case it is only late
+    assert due[-1] == []  # three periods without it: forgotten
+    clock.now += 1
+    cadence.asked(OM_GZIP)  # back: the period is learnt again
+    clock.now += 14.5
+    cadence.cycle_done()
+    clock.now += 1
+    assert cadence.cycle_done() == []  # asked once since: its next scrape builds it
 
 
 def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
-    sink = PrometheusSink(process_metrics=False)
-    sink.asked(openmetrics=True, gzipped=True)
+    clock = Clock()
+    sink = PrometheusSink(process_metrics=False, cadence=ScrapeCadence(clock))
+    for _ in range(2):  # scraped every second
+        sink.asked(openmetrics=True, gzipped=True)
+        clock.now += 1
     sink.update(snapshot(util=0.25))
     assert sink.wait_built()
     rendered = sink._rendered

@@ -6,8 +6,9 @@ the most common setting (a 1 s or 10 s cycle scraped every 15-60 s): so only the
 (text or OpenMetrics, gzip or not) a scraper asked for recently are built, and only at the
 end of a cycle after which a scrape is due before the next cycle ends. Prometheus scrapes a
 target at a fixed period and offset, so the next scrape is predictable from the last ones;
-the shortest of the last few gaps is used (two Prometheus replicas scraping at different
-offsets give alternating gaps), and a scrape that comes sooner than predicted is served
+the shorter of the last two gaps is used (two Prometheus replicas scraping at different
+offsets give alternating gaps; an odd short gap, two curls in a row, ages out after two
+more scrapes), and a scrape that comes sooner than predicted is served
 by building the body then, as before (never wrong, only slower).
 """
 
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field
 Format = tuple[bool, bool]
 """(OpenMetrics, gzip)."""
 
-GAPS_KEPT = 4
-FORGET_AFTER = 600.0
-"""A format nobody asked for in this long (and in three of its periods) is no longer built."""
+GAPS_KEPT = 2
+FORGET_AFTER = 3
+"""A format not asked for in this many of its periods (or cycles, if longer) is no longer
+built: its scraper is gone; if it comes back, its second scrape finds its body ready again."""
 SLACK = 0.5
 """Cycles of slack on top of the next one: a cycle that ends late still has the body ready."""
 
@@ -58,7 +60,8 @@ class ScrapeCadence:
 
     def cycle_done(self) -> list[Format]:
         """A cycle ended now: the formats whose next scrape is due before the next cycle
-        ends (with SLACK), or whose period is not known yet."""
+        ends (with SLACK). One asked for only once so far (a person's curl, or a
+        Prometheus's first scrape) is not built ahead: its second scrape builds it."""
         now = self._clock()
         with self._lock:
             if self._last_cycle is not None:
@@ -68,8 +71,8 @@ class ScrapeCadence:
             due = []
             for fmt, seen in list(self._asked.items()):
                 period = min(seen.gaps) if seen.gaps else 0.0
-                if now - seen.last > max(FORGET_AFTER, 3 * period):
+                if period and now - seen.last > FORGET_AFTER * max(period, self._cycle):
                     del self._asked[fmt]
-                elif not period or seen.last + period <= horizon:
+                elif period and seen.last + period <= horizon:
                     due.append(fmt)
             return due
