@@ -95,6 +95,12 @@ def run_all(args: argparse.Namespace) -> Results:
                 cost.breakdown("dense", work / "breakdown", warmup=args.warmup, window=args.window)
             )
             print(f"breakdown: {results.breakdown}", flush=True)
+            results.wakeups = asyncio.run(
+                cost.wakeups(
+                    "dense", work / "wakeups", warmup=args.warmup, window=args.wakeup_window
+                )
+            )
+            print(f"wake-ups: {results.wakeups}", flush=True)
         results.latency = asyncio.run(
             scrape.measure(
                 "dense", work / "scrape", per_cycle_s=args.scrape_seconds, rounds=args.rounds
@@ -147,6 +153,9 @@ def main(argv: list[str]) -> int:
         "--scrape-seconds", type=float, default=90.0, help="scraped once per 1 s cycle"
     )
     parser.add_argument("--rounds", type=int, default=8, help="15 s scrape rounds")
+    parser.add_argument(
+        "--wakeup-window", type=float, default=90.0, help="seconds of context switches counted"
+    )
     parser.add_argument("--churn-cycles", type=int, default=10_000)
     parser.add_argument("--big-pods", type=int, default=1_000)
     parser.add_argument("--fleet-nodes", type=int, default=4)

@@ -55,6 +55,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def threads_and_switches(pid: int) -> tuple[int, int]:
+    """(threads, context switches so far: voluntary + involuntary, all live threads), from
+    /proc/PID/task/*/status. A voluntary switch is a thread going to sleep, so each is a
+    wake-up undone; their rate is what an idle process costs the CPUs beyond its CPU time."""
+    threads = switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                    switches += int(line.split()[1])
+            threads += 1
+    return threads, switches
+
+
 def rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
 

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
-from bench.cost import BREAKDOWN, Cost, fit
+from bench.cost import BREAKDOWN, Cost, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
 from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, Latency, table
@@ -32,6 +32,7 @@ class Results:
     nvml_calls: str = ""
     breakdown: dict[str, float] = field(default_factory=dict)
     """dense at 1 s: CPU per cycle of each cost.BREAKDOWN configuration."""
+    wakeups: list[Wakeups] = field(default_factory=list)
 
 
 def _cost(results: Results, scenario: str, interval: str) -> Cost:
@@ -135,6 +136,27 @@ def _breakdown(r: Results) -> list[str]:
         "for the many small objects of a cycle.\n\n"
     )
     return out
+
+
+def _wakeups(r: Results) -> list[str]:
+    if not r.wakeups:
+        return []
+    out = [
+        "## Threads and wake-ups (`dense`)\n\n",
+        "Exporters at 1 s, 10 s and 30 s side by side on one node, scraped every 15 s; the\n"
+        "context switches (voluntary and involuntary) of all their threads over the window,\n"
+        "per second (`/proc/PID/task/*/status`), and their threads at its end. Each voluntary\n"
+        "switch is a thread that was woken and went back to sleep: on a big node, what an\n"
+        "idle exporter costs the CPUs beyond its CPU time (issue 27 aims under 10 a second\n"
+        "at 30 s).\n\n",
+        "| interval | threads | context switches per second | share of one core |\n",
+        "|---|---|---|---|\n",
+    ]
+    out += [
+        f"| {w.interval} | {w.threads} | {w.switches_per_s:.1f} | {w.core_share:.2%} |\n"
+        for w in r.wakeups
+    ]
+    return [*out, "\n"]
 
 
 def _latency(r: Results) -> list[str]:
@@ -306,6 +328,7 @@ def write(r: Results, args: argparse.Namespace) -> None:
         *_budget(r),
         *_costs(r),
         *_breakdown(r),
+        *_wakeups(r),
         *_latency(r),
         *_memory(r, args),
         *_placements(r),

@@ -13,7 +13,8 @@ random moment, for two cadences of an exporter collecting every 1 s:
   the steady state of a Prometheus that has scraped the target before).
 
 The static handler (`python -m bench static`: a bare aiohttp app returning the very bytes
-our exporter served) is scraped the same way at the same moments: its latency is the floor
+our exporter served) is scraped the same way at the same moments (just before or just
+after ours, in random order): its latency is the floor
 of the HTTP stack and the client. Each exporter's CPU over the phase (from /proc) divided
 by the cycles it ran gives its CPU per cycle at that cadence. `--baseline DIR` runs another
 tree's `exporter` package (e.g. main's, `git archive main exporter | tar -x -C DIR`) side by
@@ -146,7 +147,8 @@ async def _per_cycle(ours: list[_Target], static_url: str, seconds: float) -> li
 
 async def _every_15s(ours: list[_Target], static_url: str, rounds: int) -> list[float]:
     """Each exporter of each target scraped every SLOW_PERIOD s (offsets spread over the
-    period, +-0.5 s jitter); the static handler right after each of ours."""
+    period, +-0.5 s jitter); the static handler at the same moments, just before or just
+    after ours (in random order: the client's first scrape after a quiet spell is slower)."""
     static: list[float] = []
     start = time.monotonic()
 
@@ -154,10 +156,11 @@ async def _every_15s(ours: list[_Target], static_url: str, rounds: int) -> list[
         for k in range(rounds + 1):  # the first round is the warm-up: Prometheus's first
             at = start + offset + k * SLOW_PERIOD + random.uniform(-0.5, 0.5)
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-            ours, floor = await _scrape(f"{exporter.url}metrics"), await _scrape(static_url)
-            if k:
-                target.samples.append(ours)
-                static.append(floor)
+            pair = [(target.samples, f"{exporter.url}metrics"), (static, static_url)]
+            for out, url in random.sample(pair, 2):  # the first after a quiet spell pays more
+                seconds = await _scrape(url)
+                if k:
+                    out.append(seconds)
 
     jobs = []
     for i, target in enumerate(ours):

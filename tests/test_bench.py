@@ -92,3 +92,17 @@ def test_the_scrape_table_puts_each_target_over_the_static_floor_of_its_cadence(
     assert lines[2].endswith("| 7.1 ms |")
     assert lines[3].endswith("| 1.00x | 1.00x | - |")
     assert "| 2.00x | 0.50x | 6.4 ms |" in lines[4]
+
+
+def test_each_sleep_of_a_thread_counts_as_a_context_switch() -> None:
+    import os
+    import threading
+
+    from bench.procs import threads_and_switches
+
+    threads, before = threads_and_switches(os.getpid())
+    for _ in range(5):
+        threading.Event().wait(0.002)  # blocks: the thread sleeps and is woken
+    _, after = threads_and_switches(os.getpid())
+    assert threads >= threading.active_count()  # Python's threads, and any native ones
+    assert after - before >= 5
