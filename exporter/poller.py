@@ -71,6 +71,7 @@ class Poller:
         sources: Mapping[str, Source],
         client: PodResourcesClient | None,
         sinks: Sequence[SnapshotSink] = (),
+        after_publish: Sequence[Callable[[], None]] = (),
         self_metrics: Sequence[SelfMetrics] = (),
         matcher: ResourceMatcher | None = None,
         interval: float = 10.0,
@@ -88,6 +89,9 @@ class Poller:
         self.pods = pods
         self.client = client
         self.sinks = list(sinks)
+        self.after_publish = list(after_publish)
+        """Work for the end of a cycle that is not the cycle's (the /metrics body built
+        ahead of a scrape): in the same worker thread, after the duration is taken."""
         self.self_metrics = list(self_metrics)
         self.matcher = matcher or ResourceMatcher()
         self.interval = interval
@@ -190,6 +194,8 @@ class Poller:
         for sink in self.sinks:
             sink.update(snapshot)
         self._last_duration = self._clock() - started
+        for hook in self.after_publish:
+            hook()
         return snapshot
 
     def _join(

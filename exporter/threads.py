@@ -14,14 +14,12 @@ stuck in a driver call strands nothing but that call.
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-log = logging.getLogger("exporter.threads")
 
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -90,43 +88,3 @@ class DaemonWorker:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             _run_and_settle(*job)
-
-
-class LatestWorker:
-    """One daemon thread that runs the latest call handed to it, from any thread, no loop
-    needed: a call handed over while another waits replaces it (work for a superseded cycle
-    is not worth doing). Started on the first call."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._cond = threading.Condition()
-        self._next: Callable[[], object] | None = None
-        self._thread: threading.Thread | None = None
-        self._busy = False
-
-    def submit(self, fn: Callable[[], object]) -> None:
-        with self._cond:
-            self._next = fn
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def idle(self, timeout: float) -> bool:
-        """Wait until nothing is queued or running; False if still busy after `timeout`."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._next is None and not self._busy, timeout)
-
-    def _serve(self) -> None:
-        while True:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: self._next is not None)
-                fn, self._next = self._next, None
-                self._busy = True
-            assert fn is not None
-            try:
-                fn()
-            except Exception:  # the thread must outlive one failed call
-                log.exception("%s: call failed", self.name)

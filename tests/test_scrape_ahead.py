@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import math
-import threading
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +17,6 @@ from exporter.app import Exporter
 from exporter.sinks.cadence import FORGET_AFTER, ScrapeCadence
 from exporter.sinks.gofloat import go_float, go_floats
 from exporter.sinks.prometheus import PrometheusSink, reference
-from exporter.threads import LatestWorker
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 from tests.test_render import snapshot
@@ -141,28 +139,14 @@ def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
         sink.asked(openmetrics=True, gzipped=True)
         clock.now += 1
     sink.update(snapshot(util=0.25))
-    assert sink.wait_built()
+    assert sink._rendered is None  # update only takes the snapshot: the cycle's time
+    sink.build_due()
     rendered = sink._rendered
     assert rendered is not None and sink.cached
     assert rendered.cached(openmetrics=True, gzipped=True)
     assert not rendered.cached(openmetrics=False, gzipped=False)  # nobody asked for it
     body, _ = rendered.body(openmetrics=True, gzipped=True)
     assert gzip.decompress(body) == reference(snapshot(util=0.25))[1]
-
-
-def test_a_superseded_call_is_skipped_and_a_failed_one_does_not_stop_the_worker() -> None:
-    worker = LatestWorker("test-latest")
-    gate, ran = threading.Event(), []
-    worker.submit(gate.wait)
-    worker.submit(lambda: ran.append("old"))
-    worker.submit(lambda: 1 / 0)  # replaces "old"
-    worker.submit(lambda: ran.append("new"))  # replaces the failing one
-    gate.set()
-    assert worker.idle(5)
-    worker.submit(lambda: 1 / 0)
-    worker.submit(lambda: ran.append("after"))
-    assert worker.idle(5)
-    assert ran[0] == "new" and ran[-1] == "after" and "old" not in ran
 
 
 async def test_the_exporter_serves_a_body_built_before_the_scrape(tmp_path: Path) -> None:
@@ -178,14 +162,13 @@ async def test_the_exporter_serves_a_body_built_before_the_scrape(tmp_path: Path
                 async with http.get(f"{exporter.url}metrics", headers=headers) as r:
                     assert r.status == 200
                 await asyncio.sleep(0.2)
-            sink = exporter.prometheus
-            seen = sink._snapshot
+            sink, poller = exporter.prometheus, exporter.poller
+            seen = poller.snapshot
             for _ in range(300):  # a new cycle, not scraped yet (200 ms cycles: 3 s deadline)
-                if sink._snapshot is not seen:
+                if poller.snapshot is not seen:
                     break
                 await asyncio.sleep(0.01)
-            assert sink._snapshot is not seen
-            assert await asyncio.to_thread(sink.wait_built)
+            assert poller.snapshot is not seen
             rendered = sink._rendered
             assert rendered is not None and rendered.cached(openmetrics=True, gzipped=True)
             ahead, _ = rendered.body(openmetrics=True, gzipped=True)
