@@ -37,7 +37,7 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.threads import DaemonWorker, in_daemon_thread
+from exporter.threads import DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 
@@ -355,7 +355,7 @@ class Poller:
         if slot.running is not None and not slot.running.done():
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
-        timed = _Timed(slot.source.collect, self._clock)
+        timed = Timed(slot.source.collect, self._clock)
         if slot.worker is None:
             slot.worker = DaemonWorker(f"collect-{slot.name}")
         slot.running = slot.worker.submit(timed)
@@ -387,20 +387,3 @@ class Poller:
         self._states.failed(f"source/{slot.name}", f"source {slot.name} failed: {error}")
         elapsed = self._clock() - started if seconds is None else seconds
         return SourceHealth(slot.name, False, elapsed, slot.field_errors_total, error)
-
-
-class _Timed:
-    """Runs a source's collect() in the worker thread and times it there: the time a source
-    takes, not the time the event loop took to notice (which is the same for every source)."""
-
-    def __init__(self, collect: Callable[[], SourceResult], clock: Callable[[], float]) -> None:
-        self.collect = collect
-        self.clock = clock
-        self.seconds: float | None = None
-
-    def __call__(self) -> SourceResult:
-        started = self.clock()
-        try:
-            return self.collect()
-        finally:
-            self.seconds = self.clock() - started

@@ -17,7 +17,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -88,3 +88,21 @@ class DaemonWorker:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             _run_and_settle(*job)
+
+
+class Timed(Generic[T]):
+    """Runs `fn` and times it in the thread that runs it: the time a source's collect()
+    takes in its worker, not the time the event loop took to notice (the same for every
+    source). `seconds` is None until the call has ended."""
+
+    def __init__(self, fn: Callable[[], T], clock: Callable[[], float]) -> None:
+        self.fn = fn
+        self.clock = clock
+        self.seconds: float | None = None
+
+    def __call__(self) -> T:
+        started = self.clock()
+        try:
+            return self.fn()
+        finally:
+            self.seconds = self.clock() - started
