@@ -8,6 +8,7 @@ side in the same run, interleaved, so machine load hits them alike.
     python -m bench [--window S] [--churn-cycles N] [--fleet-nodes N] [--out FILE]
     python -m bench nvml-calls [--cycles N]     NVML call costs against the loaded library
     python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
+    python -m bench scrape [--baseline DIR]      scrape latency at Prometheus's cadences
 """
 
 from __future__ import annotations
@@ -94,11 +95,21 @@ def run_all(args: argparse.Namespace) -> Results:
                 cost.breakdown("dense", work / "breakdown", warmup=args.warmup, window=args.window)
             )
             print(f"breakdown: {results.breakdown}", flush=True)
-        results.latency = asyncio.run(scrape.measure("dense", work / "scrape", rounds=args.rounds))
+            results.wakeups = asyncio.run(
+                cost.wakeups(
+                    "dense", work / "wakeups", warmup=args.warmup, window=args.wakeup_window
+                )
+            )
+            print(f"wake-ups: {results.wakeups}", flush=True)
+        results.latency = asyncio.run(
+            scrape.measure(
+                "dense", work / "scrape", per_cycle_s=args.scrape_seconds, rounds=args.rounds
+            )
+        )
         for lat in results.latency:
             print(
-                f"scrape {lat.target} x{lat.scrapers}: p50 {lat.p50_ms:.2f} ms, "
-                f"p99 {lat.p99_ms:.2f} ms, {lat.series} series",
+                f"scrape {lat.target}, {lat.cadence}: p50 {lat.p50_ms:.2f} ms, "
+                f"p99 {lat.p99_ms:.2f} ms, {lat.scrapes} scrapes",
                 flush=True,
             )
         text, results.nvml_calls = asyncio.run(_dense_scrape_and_nvml(work / "labels"))
@@ -127,6 +138,8 @@ def main(argv: list[str]) -> int:
         return nvml_calls.main(argv[1:])
     if argv[:1] == ["podresources"]:
         return podresources.main(argv[1:])
+    if argv[:1] == ["scrape"]:
+        return scrape.main(argv[1:])
     if argv[:1] == ["static"]:
         scrape.serve_static(Path(argv[1]), argv[2], int(argv[3]))
         return 0
@@ -136,7 +149,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--window", type=float, default=30.0, help="seconds of CPU measured")
-    parser.add_argument("--rounds", type=int, default=5, help="scrape latency rounds")
+    parser.add_argument(
+        "--scrape-seconds", type=float, default=90.0, help="scraped once per 1 s cycle"
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="15 s scrape rounds")
+    parser.add_argument(
+        "--wakeup-window", type=float, default=90.0, help="seconds of context switches counted"
+    )
     parser.add_argument("--churn-cycles", type=int, default=10_000)
     parser.add_argument("--big-pods", type=int, default=1_000)
     parser.add_argument("--fleet-nodes", type=int, default=4)

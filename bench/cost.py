@@ -16,7 +16,13 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.procs import ExporterProcess, NodeProcess, cpu_seconds, rss_bytes
+from bench.procs import (
+    ExporterProcess,
+    NodeProcess,
+    cpu_seconds,
+    rss_bytes,
+    threads_and_switches,
+)
 
 INTERVALS = ("1s", "10s")
 Run = tuple[str, tuple[str, ...], dict[str, str]]
@@ -43,6 +49,17 @@ class _Window:
     cpu_s: float
     elapsed_s: float
     rss_bytes: int
+    threads: int = 0
+    switches: int = 0
+    """Context switches of all its threads over the window."""
+
+
+@dataclass(frozen=True)
+class Wakeups:
+    interval: str
+    threads: int
+    switches_per_s: float
+    core_share: float
 
 
 async def _side_by_side(
@@ -51,18 +68,22 @@ async def _side_by_side(
     """CPU of each exporter over the same window, all scraped every SCRAPE_EVERY seconds."""
     before = [await e.counters(http) for e in exporters]
     cpu0 = [cpu_seconds(e.pid) for e in exporters]
+    sw0 = [threads_and_switches(e.pid)[1] for e in exporters]
     t0 = time.monotonic()
     while (left := window - (time.monotonic() - t0)) > 0:
         await asyncio.sleep(min(SCRAPE_EVERY, left))
         if time.monotonic() - t0 < window - 0.5:  # the last one is the reading below
             for e in exporters:
                 await e.scrape(http)
+    sw1 = [threads_and_switches(e.pid) for e in exporters]  # before our last scrape
     after = [await e.counters(http) for e in exporters]
     cpu1 = [cpu_seconds(e.pid) for e in exporters]
     elapsed = time.monotonic() - t0
     return [
-        _Window(a[0] - b[0], a[1], c1 - c0, elapsed, rss_bytes(e.pid))
-        for e, b, a, c0, c1 in zip(exporters, before, after, cpu0, cpu1, strict=True)
+        _Window(a[0] - b[0], a[1], c1 - c0, elapsed, rss_bytes(e.pid), s1[0], s1[1] - s0)
+        for e, b, a, c0, c1, s0, s1 in zip(
+            exporters, before, after, cpu0, cpu1, sw0, sw1, strict=True
+        )
     ]
 
 
@@ -138,3 +159,17 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     sxx = sum((x - mx) ** 2 for x, _ in points)
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
     return my - slope * mx, slope
+
+
+WAKEUP_INTERVALS = ("1s", "10s", "30s")
+
+
+async def wakeups(scenario: str, workdir: Path, *, warmup: float, window: float) -> list[Wakeups]:
+    """Threads and context switches per second of exporters at 1 s, 10 s and 30 s side by
+    side, scraped every 15 s: what an exporter costs a big node's CPUs when it is idle."""
+    runs: list[Run] = [(i, (), {}) for i in WAKEUP_INTERVALS]
+    _, windows = await _run(scenario, workdir, runs, warmup, window)
+    return [
+        Wakeups(i, w.threads, w.switches / w.elapsed_s, w.cpu_s / w.elapsed_s)
+        for i, w in zip(WAKEUP_INTERVALS, windows, strict=True)
+    ]

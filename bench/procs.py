@@ -55,16 +55,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def threads_and_switches(pid: int) -> tuple[int, int]:
+    """(threads, context switches so far: voluntary + involuntary, all live threads), from
+    /proc/PID/task/*/status. A voluntary switch is a thread going to sleep, so each is a
+    wake-up undone; their rate is what an idle process costs the CPUs beyond its CPU time."""
+    threads = switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                    switches += int(line.split()[1])
+            threads += 1
+    return threads, switches
+
+
 def rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
 
 
 class Process:
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             list(argv),
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -110,8 +130,14 @@ class NodeProcess:
 
 class ExporterProcess:
     def __init__(
-        self, node: NodeProcess, interval: str, *extra: str, env: Mapping[str, str] | None = None
+        self,
+        node: NodeProcess,
+        interval: str,
+        *extra: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
+        """`cwd` (and PYTHONPATH in `env`): run another tree's `exporter` package."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.process = Process(
@@ -127,6 +153,7 @@ class ExporterProcess:
                 *extra,
             ],
             {**SHIPPED_ENV, **node.env, **(env or {})},  # as the image runs it
+            cwd,
         )
         self.pid = self.process.pid
         self.ready_after = 0.0

@@ -122,6 +122,7 @@ class Exporter:
             sources=build_sources(config) if sources is None else sources,
             client=self.client,
             sinks=sinks,
+            after_publish=[self.prometheus.build_due],
             self_metrics=self_metrics,
             matcher=ResourceMatcher(config.resource_patterns),
             interval=config.collect_interval,

@@ -38,7 +38,7 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.threads import BoundedWorker, DaemonWorker, in_daemon_thread
+from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 
@@ -72,6 +72,7 @@ class Poller:
         sources: Mapping[str, Source],
         client: PodResourcesClient | None,
         sinks: Sequence[SnapshotSink] = (),
+        after_publish: Sequence[Callable[[], None]] = (),
         self_metrics: Sequence[SelfMetrics] = (),
         matcher: ResourceMatcher | None = None,
         interval: float = 10.0,
@@ -89,6 +90,9 @@ class Poller:
         self.pods = pods
         self.client = client
         self.sinks = list(sinks)
+        self.after_publish = list(after_publish)
+        """Work for the end of a cycle that is not the cycle's (the /metrics body built
+        ahead of a scrape): in the same worker thread, after the duration is taken."""
         self.self_metrics = list(self_metrics)
         self.matcher = matcher or ResourceMatcher()
         self.interval = interval
@@ -190,6 +194,8 @@ class Poller:
         for sink in self.sinks:
             sink.update(snapshot)
         self._last_duration = self._clock() - started
+        for hook in self.after_publish:
+            hook()
         return snapshot
 
     def _join(
@@ -349,7 +355,7 @@ class Poller:
         if slot.running is not None and not slot.running.done():
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")
-        timed = _Timed(slot.source.collect, self._clock)
+        timed = Timed(slot.source.collect, self._clock)
         if slot.worker is None:
             slot.worker = DaemonWorker(f"collect-{slot.name}")
         slot.running = slot.worker.submit(timed)
@@ -381,20 +387,3 @@ class Poller:
         self._states.failed(f"source/{slot.name}", f"source {slot.name} failed: {error}")
         elapsed = self._clock() - started if seconds is None else seconds
         return SourceHealth(slot.name, False, elapsed, slot.field_errors_total, error)
-
-
-class _Timed:
-    """Runs a source's collect() in the worker thread and times it there: the time a source
-    takes, not the time the event loop took to notice (which is the same for every source)."""
-
-    def __init__(self, collect: Callable[[], SourceResult], clock: Callable[[], float]) -> None:
-        self.collect = collect
-        self.clock = clock
-        self.seconds: float | None = None
-
-    def __call__(self) -> SourceResult:
-        started = self.clock()
-        try:
-            return self.collect()
-        finally:
-            self.seconds = self.clock() - started

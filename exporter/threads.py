@@ -18,7 +18,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -197,3 +197,21 @@ class DaemonExecutor(ThreadPoolExecutor):
                 except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
                     future.set_exception(exc)
             self._idle.release()
+
+
+class Timed(Generic[T]):
+    """Runs `fn` and times it in the thread that runs it: the time a source's collect()
+    takes in its worker, not the time the event loop took to notice (the same for every
+    source). `seconds` is None until the call has ended."""
+
+    def __init__(self, fn: Callable[[], T], clock: Callable[[], float]) -> None:
+        self.fn = fn
+        self.clock = clock
+        self.seconds: float | None = None
+
+    def __call__(self) -> T:
+        started = self.clock()
+        try:
+            return self.fn()
+        finally:
+            self.seconds = self.clock() - started

@@ -74,3 +74,35 @@ def test_the_breakdown_reports_each_part_as_its_difference_from_the_whole() -> N
     assert "re-reads its state there) | 0.5 ms | 6% |" in table
     assert "HTTP, scrapes | 1.0 ms | 12% |" in table  # 8.0 - 3.0 - 4.0
     assert "rather than Python's own allocator | 0.6 ms | 7% |" in table  # 8.0 - 7.4
+
+
+def test_the_scrape_table_puts_each_target_over_the_static_floor_of_its_cadence() -> None:
+    from bench.scrape import OURS, STATIC, Latency, table
+
+    rows = [
+        Latency(OURS, "every cycle (1 s)", 90, 2.0, 6.0, 1054, 0.0071),
+        Latency(STATIC, "every cycle (1 s)", 90, 1.6, 4.0, 0),
+        Latency(OURS, "every 15 s, 1 s cycles", 32, 3.0, 3.0, 1054, 0.0064),
+        Latency(STATIC, "every 15 s, 1 s cycles", 32, 1.5, 6.0, 0),
+    ]
+    lines = table(rows).splitlines()
+    assert lines[2].startswith(
+        "| every cycle (1 s) | kube-device-exporter | 90 | 2.00 ms | 6.00 ms | 1.25x | 1.50x "
+    )
+    assert lines[2].endswith("| 7.1 ms |")
+    assert lines[3].endswith("| 1.00x | 1.00x | - |")
+    assert "| 2.00x | 0.50x | 6.4 ms |" in lines[4]
+
+
+def test_each_sleep_of_a_thread_counts_as_a_context_switch() -> None:
+    import os
+    import threading
+
+    from bench.procs import threads_and_switches
+
+    threads, before = threads_and_switches(os.getpid())
+    for _ in range(5):
+        threading.Event().wait(0.002)  # blocks: the thread sleeps and is woken
+    _, after = threads_and_switches(os.getpid())
+    assert threads >= threading.active_count()  # Python's threads, and any native ones
+    assert after - before >= 5

@@ -211,15 +211,16 @@ def _wants_openmetrics(accept: str) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     sink = request.app[PROMETHEUS]
-    # The first request after a cycle renders it: off the event loop.
+    gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
+    om = _wants_openmetrics(request.headers.get("Accept", ""))
+    sink.asked(openmetrics=om, gzipped=gzipped)  # so the next cycles build this one ahead
+    # Normally built at the end of the cycle; when not (yet), built here, off the event loop.
     rendered = sink.rendered if sink.cached else await asyncio.to_thread(lambda: sink.rendered)
     if rendered is None:
         return web.Response(status=503, text="first collection cycle not finished yet\n")
-    gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
-    om = _wants_openmetrics(request.headers.get("Accept", ""))
     if rendered.cached(openmetrics=om, gzipped=gzipped):
         body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
-    else:  # the first request of a cycle formats (and compresses) off the event loop
+    else:  # not built ahead (or being built): formatted or waited for off the event loop
         body, content_type = await asyncio.to_thread(rendered.body, openmetrics=om, gzipped=gzipped)
     response = web.Response(body=body, headers={"Content-Type": content_type})
     if gzipped:
