@@ -12,22 +12,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.realnode.exporter import ExporterProcess, Series, series
+from tests.realnode.exporter import Series, series
 from tests.realnode.kubelet import container_ids
-from tests.realnode.nvml import GIB, StandInNvml
+from tests.realnode.nvml import GIB
 from tests.realnode.podresources import Lister, holdings
 from tests.realnode.procs import pids_in_container
+from tests.realnode.rig import Rig, rig_for
 from tests.realnode.standalone import (
     DUO,
     GPU,
     GPUS,
     MIG,
-    MIG_PARENT,
-    MIGS,
     NAMESPACE,
     SOLO,
     StandaloneNode,
@@ -39,28 +37,11 @@ KUBELET = kubelet_or_skip()
 USAGE = "hw_gpu_container_memory_usage_bytes"
 
 
-class Workloads:
-    """The node with SOLO (a GPU) and DUO (two MIG slices), the stand-in and the exporter."""
-
-    def __init__(self, node: StandaloneNode, workdir: Path) -> None:
-        self.node = node
-        self.nvml = StandInNvml(workdir, GPUS, MIG_PARENT, MIGS)
-        self.exporter = ExporterProcess(
-            node.socket, node.name, workdir, env=self.nvml.env(),
-            flags=["--collect-interval", "1s", "--path.container-logs", str(node.node.container_logs)],
-        )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def workloads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workloads]:
+def workloads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """The node with SOLO (a GPU) and DUO (two MIG slices), the stand-in and the exporter."""
     for node in standalone_node(KUBELET, pods=(SOLO, DUO)):
-        rig = Workloads(node, tmp_path_factory.mktemp("attribution"))
-        try:
-            rig.exporter.start()
-            yield rig
-        finally:
-            rig.exporter.stop()
-            rig.nvml.close()
+        yield from rig_for(node, tmp_path_factory.mktemp("attribution"))
 
 
 def held(node: StandaloneNode) -> dict[tuple[str, str], str]:
@@ -87,7 +68,7 @@ def usage(samples: list[Series], **labels: str) -> list[Series]:
     return series(samples, USAGE, **labels)
 
 
-def test_usage_resolves_to_real_containers_through_proc_and_cgroups(workloads: Workloads) -> None:
+def test_usage_resolves_to_real_containers_through_proc_and_cgroups(workloads: Rig) -> None:
     """The stand-in lists the real PIDs of SOLO's container on its GPU, of DUO's two
     containers on their MIG slices, and this test process (a host process) on a free GPU:
     each container's usage series carries its pod, container and pod UID; the host
@@ -133,7 +114,7 @@ def test_usage_resolves_to_real_containers_through_proc_and_cgroups(workloads: W
     assert [s.value for s in series(samples, "kube_device_exporter_attribution_enabled")] == [1.0]
 
 
-def test_the_kubelets_container_log_links_name_the_containers(workloads: Workloads) -> None:
+def test_the_kubelets_container_log_links_name_the_containers(workloads: Rig) -> None:
     """What the resolver reads for names: the kubelet's real /var/log/containers links,
     `<pod>_<namespace>_<container>-<id>.log` (here in our namespace's folder)."""
     node = workloads.node
@@ -145,7 +126,7 @@ def test_the_kubelets_container_log_links_name_the_containers(workloads: Workloa
             assert expected in names, names
 
 
-def test_gpu_and_mig_resources_are_the_plugins(workloads: Workloads) -> None:
+def test_gpu_and_mig_resources_are_the_plugins(workloads: Rig) -> None:
     """The allocation series of the attributed containers name the plugin's resources."""
     samples = workloads.exporter.scrape()
     resources = {s.labels["hw_allocation_resource"] for s in series(samples, "hw_allocation_info")}

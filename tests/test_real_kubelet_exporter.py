@@ -17,16 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.realnode.exporter import ExporterProcess, Scraper, Series, series
-from tests.realnode.nvml import StandInNvml
+from tests.realnode.exporter import Scraper, Series, series
 from tests.realnode.podresources import Lister, holdings
+from tests.realnode.rig import Rig, rig_for
 from tests.realnode.standalone import (
     DUO,
     GPU,
     GPUS,
     INIT,
     MIG,
-    MIG_PARENT,
     MIGS,
     NAMESPACE,
     PAIR,
@@ -42,31 +41,6 @@ SURVIVORS = (SOLO, PAIR, DUO, SIDECAR)
 """Pods whose device-holding containers run: they survive every kubelet restart."""
 Allocation = tuple[str, str, str, str]
 """(namespace, pod, container, device ID)."""
-
-
-class Rig:
-    """A node, the NVML stand-in, and the exporter against them."""
-
-    def __init__(self, node: StandaloneNode, workdir: Path) -> None:
-        self.node = node
-        self.nvml = StandInNvml(workdir, GPUS, MIG_PARENT, MIGS)
-        self.exporter = ExporterProcess(
-            node.socket, node.name, workdir, env=self.nvml.env(),
-            flags=["--collect-interval", "1s", "--path.container-logs", str(node.node.container_logs)],
-        )  # fmt: skip
-
-    def close(self) -> None:
-        self.exporter.stop()
-        self.nvml.close()
-
-
-def rig_for(node: StandaloneNode, workdir: Path) -> Iterator[Rig]:
-    rig = Rig(node, workdir)
-    try:
-        rig.exporter.start()
-        yield rig
-    finally:
-        rig.close()
 
 
 @pytest.fixture(scope="module")
