@@ -34,7 +34,7 @@ from exporter.model import (
 )
 from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
-from exporter.sinks.web import DevicesView
+from exporter.web.app import DevicesView
 
 GPUS = 8
 SAMPLES = (

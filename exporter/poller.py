@@ -20,7 +20,8 @@ from typing import Protocol
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import container_usage
 from exporter.checks import allocatable_totals, source_findings, unseen_finding
-from exporter.join import JoinResult, ResourceMatcher, join
+from exporter.ids import ResourceMatcher
+from exporter.join import JoinResult, join
 from exporter.log import StateLog
 from exporter.model import (
     ContainerUsage,

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.flags import UsageError, parse_config
+from exporter.cli.flags import UsageError, parse_config
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.sinks.dcgm import THROTTLE_BITS, bus_id
 from exporter.sinks.prometheus import Renderer, reference, render

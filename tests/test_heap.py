@@ -17,7 +17,7 @@ import pytest
 
 from exporter import heap
 from exporter.app import Exporter
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.heap import MIN_DROP, HeapTrimmer, malloc_trim
 from exporter.model import (
     Container,

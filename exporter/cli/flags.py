@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter import __version__
-from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
-from exporter.flagtable import COMMANDS, FLAG_METAVARS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
-from exporter.join import DEFAULT_RESOURCE_PATTERNS
+from exporter.cli.config import DEFAULT_SOCKET, Config, OtlpConfig
+from exporter.cli.flagtable import COMMANDS, FLAG_METAVARS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
+from exporter.cli.values import METAVARS, boolean, choice, regex
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
-from exporter.values import METAVARS, boolean, choice, regex
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
@@ -281,7 +281,7 @@ def _web_config(path: Path | None) -> Path | None:
     """Checked now, so a bad file stops the start with one line (exit 2), not a traceback."""
     if path is None or str(path).lower() in ("", "none"):
         return None
-    from exporter.webconfig import WebConfigError, load_web_config
+    from exporter.web.config import WebConfigError, load_web_config
 
     try:
         load_web_config(path)

@@ -12,10 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exporter.config import DEFAULT_SOCKET
-from exporter.join import DEFAULT_RESOURCE_PATTERNS
-from exporter.metrics import SCHEMAS
-from exporter.values import (
+from exporter.cli.config import DEFAULT_SOCKET
+from exporter.cli.values import (
     boolean,
     choice,
     choices,
@@ -25,6 +23,8 @@ from exporter.values import (
     regex,
     size_bytes,
 )
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import SCHEMAS
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 

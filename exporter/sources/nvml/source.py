@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pynvml
 
+from exporter.cli.values import boolean, duration
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import RestartRequired, SourceContext, SourceOption, register
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
@@ -26,7 +27,6 @@ from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
 from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
-from exporter.values import boolean, duration
 
 
 @dataclass(slots=True)
