@@ -220,6 +220,23 @@ DEVICE_ATTRIBUTES = (
 """Attributes every device series carries (the vendor ones sources add are on hw.info)."""
 
 
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+"""`hw.gpu.clock.throttle_reason` values and their NVML clock event reason bits
+(`nvmlClocksEventReason*`): the NVML source splits the driver's mask into one series per
+reason, and the dcgm schema joins those series back into dcgm-exporter's mask. Both read
+this table, so neither needs the other."""
+
+
 # --- the table ------------------------------------------------------------------------
 
 _D = Scope.DEVICE

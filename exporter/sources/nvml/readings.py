@@ -31,6 +31,7 @@ from pynvml import (
     NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
 )
 
+from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Sample
 from exporter.sources import add
 from exporter.sources.counters import MonotonicCounters
@@ -51,19 +52,6 @@ PROCESS_LISTS = (
     pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
 )
 """Compute first: it is read every cycle, the other two while they list anyone."""
-
-THROTTLE_REASONS = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
-"""NVML clock event reasons (`nvmlClocksEventReason*`) -> `hw.gpu.clock.throttle_reason`."""
 
 CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
 GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
