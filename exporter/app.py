@@ -105,7 +105,6 @@ class Exporter:
             self.otlp = OtlpSink(config)
             sinks.append(self.otlp)
             self_metrics.append(self.otlp)
-        sinks.append(HeapTrimmer())  # last: after a shrink, the heap's free pages go back
         self.client = PodResourcesClient(
             config.kubelet_socket,
             timeout=config.podresources_timeout,
@@ -122,6 +121,7 @@ class Exporter:
             sources=build_sources(config) if sources is None else sources,
             client=self.client,
             sinks=sinks,
+            after_cycle=[HeapTrimmer()],  # after a shrink, the heap's free pages go back
             after_publish=[self.prometheus.build_due],
             self_metrics=self_metrics,
             matcher=ResourceMatcher(config.resource_patterns),

@@ -83,8 +83,11 @@ def snapshot_size(snapshot: Snapshot) -> int:
 
 
 class HeapTrimmer:
-    """A sink that publishes nothing: it trims after a shrink. Its `update` runs once per
-    cycle in the poller's worker thread, after the other sinks took the snapshot."""
+    """The poller's after-cycle step (`Poller(after_cycle=...)`) that trims after a shrink:
+    it publishes nothing, so it is not a sink; it runs once per cycle in the poller's worker
+    thread, after the sinks took the snapshot."""
+
+    name = "heap-trim"
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class HeapTrimmer:
                 "set it in your own image too (docs/deploy.md, Resources)"
             )
 
-    def update(self, snapshot: Snapshot) -> None:
+    def after_cycle(self, snapshot: Snapshot) -> None:
         now = self._clock()
         if self._due and now >= self._due[0]:
             del self._due[0]
