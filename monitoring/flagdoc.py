@@ -24,11 +24,9 @@ def flag_table() -> str:
         "| flag | variable | default | meaning |",
         "|---|---|---|---|",
     ]
-    for _, flag, _dest, _parse, default, help_ in FLAGS:
-        rows.append(
-            f"| `{flag}` | `{env_name(flag)}` | {f'`{default}`' if default else ''} "
-            f"| {_cell(help_)} |"
-        )
+    for row in FLAGS:
+        default = f"`{row.default}`" if row.default else ""
+        rows.append(f"| `{row.flag}` | `{env_name(row.flag)}` | {default} | {_cell(row.help)} |")
     for info in registry().values():
         flag = f"--collector.{info.name}"
         rows.append(
