@@ -2,8 +2,8 @@
 
 Every metric the exporter can emit is a row here: its OpenTelemetry name, instrument
 kind, UCUM unit, help text and the metric-specific attributes it may carry. Both sinks
-and `docs/metrics.md` (`metricdoc.py`) are derived from this table; nothing else knows
-metric names.
+and `docs/metrics.md` (`monitoring/metricdoc.py`) are derived from this table; nothing
+else knows metric names.
 
 Names follow the OpenTelemetry hardware semantic conventions (`hw.*`, `hw.gpu.*`) and
 are extended in the same pattern where no convention exists. Prometheus names and

@@ -1,4 +1,4 @@
-"""The frozen configuration: parsed once by `cli.py`, read everywhere else."""
+"""The frozen configuration: parsed once by `flags.py`, read everywhere else."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Each flag is also `KDE_<NAME>` in the environment (a flag wins); a bad value raises
 UsageError with one line naming the flag or variable, which the commands turn into exit 2.
-The flags themselves are a table (`flagtable.py`), from which `flagdoc.py` also writes the
-README's table; `cli.py` dispatches the commands.
+The flags themselves are a table (`flagtable.py`), from which `monitoring/flagdoc.py`
+writes the README's table; `main.py` dispatches the commands.
 """
 
 from __future__ import annotations

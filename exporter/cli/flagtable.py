@@ -1,9 +1,9 @@
 """The flag table: every exporter flag's group, name, destination, value type, default and help.
 
 Data only, with the --help texts of the other commands. `flags.py` builds the parser and
-the Config from it, `flagdoc.py` writes the README's flag table from it; each flag is also
-`KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here: the source
-registry makes them.
+the Config from it, `monitoring/flagdoc.py` writes the README's flag table from it; each
+flag is also `KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here:
+the source registry makes them.
 """
 
 from __future__ import annotations
