@@ -1,7 +1,7 @@
 """One cycle's reads of a discovered GPU and its MIG slices: what moves, in base units.
 
 Counters are batched into one `nvmlDeviceGetFieldValues` call per GPU (never
-`nvmlDeviceGetPcieThroughput`: it blocks 20 ms per call).
+`nvmlDeviceGetPcieThroughput`: it blocks for a sampling period on every call).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class _Field:
     counter: bool = False
     scope: int = 0
     slow: bool = False
-    """Costs ~0.1-3 ms a call on a real driver: read every `slow-interval`, not every cycle."""
+    """A costly call on a real driver (docs/nvml.md): read every `slow-interval`, not every
+    cycle."""
 
 
 _ALL_LINKS = 0xFFFFFFFF
@@ -84,9 +85,9 @@ def _errors(field_id: int, error_type: str) -> _Field:
 _IO, _REMAP = "network.io.direction", "hw.gpu.memory.remap_cause"
 _NVLINK = {"scale": 1024.0, "scope": _ALL_LINKS}  # KiB over all links
 
-# Measured with `python -m bench.nvml_probe` on an H100 (driver 580.159.04), one field per
-# call: energy 3.1 ms, PCIe replay 0.35 ms, PCIe TX/RX bytes 0.15 ms each, every other
-# field 4-14 us. The slow ones are counters; between reads they keep their last value.
+# The slow fields cost a real driver far more per call than the others (measured with
+# `python -m bench.nvml_probe`: docs/design-figures.md). They are counters; between reads
+# they keep their last value.
 FIELDS = (
     _Field(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True, slow=True),
     _Field(NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
@@ -257,8 +258,8 @@ class Reader:
     def _gpm(
         self, device_id: str, gpu: Gpu, sample: Callable[..., Any], *args: Any, gpm: Gpm
     ) -> list[Sample]:
-        """GPM activity, measured every slow interval (nvmlGpmMetricsGet costs 1.5 ms on an
-        H100: per MIG slice and cycle that is most of a dense node's NVML time); between
+        """GPM activity, measured every slow interval (nvmlGpmMetricsGet per MIG slice and
+        cycle would be most of a dense node's NVML time: docs/design-figures.md); between
         two measurements the last one stands. The rate covers the time since the last."""
         empty = self._gpm_empty.get(device_id, 0)
         if gpu.slow_now or 0 < empty < GPM_RETRIES or device_id not in self._gpm_last:
@@ -268,7 +269,7 @@ class Reader:
             # A read without a rate (the first only primes the buffers; two samples too
             # close together have none) is tried again the next cycles, a few times; a
             # device whose GPM keeps failing waits for the slow interval like any other
-            # (never a 1.5 ms call per slice per cycle).
+            # (never a costly call per slice per cycle).
             self._gpm_empty[device_id] = 0 if found else empty + 1
         return list(self._gpm_last[device_id])
 

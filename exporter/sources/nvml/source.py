@@ -181,7 +181,7 @@ class NvmlSource:
     def _rediscovery_due(self, gpus: list[Gpu]) -> bool:
         if self.clock() - self._discovered_at >= self.rediscover_interval:
             return True
-        # The MIG mode (0.16 ms a GPU on an H100) is checked with the slow values; a slice
+        # The MIG mode (a costly call per GPU) is checked with the slow values; a slice
         # made or destroyed without a mode change shows as a stale handle or waits for
         # the timer.
         try:

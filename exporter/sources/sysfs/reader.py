@@ -216,8 +216,8 @@ class Reader:
 
 def _resolved(path: str) -> str:
     """`path` with every link resolved, as the kernel resolved it: an `O_PATH` descriptor's
-    name in /proc/self/fd (2 us, where os.path.realpath's lstat per component took 24 us
-    and more than doubled an amdgpu collect). A path that does not exist is itself."""
+    name in /proc/self/fd (one call, where os.path.realpath makes an lstat per component:
+    docs/design-figures.md). A path that does not exist is itself."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:

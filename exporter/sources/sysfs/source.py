@@ -128,8 +128,8 @@ class Rates:
 
 PROCESS_INTERVAL = 10.0
 """Seconds between two reads of per-process data (KFD, DRM fdinfo): a scan of every
-process's file descriptors took 5-7 ms per source and cycle on a developer machine with a
-few hundred processes (56-97 ms with 1,093): too much for a 1 s interval."""
+process's file descriptors grows with the processes on the node, too much to repeat at a
+1 s interval (docs/design-figures.md)."""
 
 
 class SysfsSource:
