@@ -199,13 +199,14 @@ def test_no_source_imports_the_join() -> None:
     assert reaching == []
 
 
-def test_no_sink_imports_a_source() -> None:
-    """Sinks read snapshots and the metric table, never a source (data flows one way)."""
+def test_no_sink_nor_the_web_side_imports_a_source() -> None:
+    """Sinks and the HTTP side read snapshots and the metric table, never a source (data
+    flows one way; the dcgm sink's throttle bits come from the metric table)."""
     graph = _graph()
     reaching = sorted(
         f"{n} -> {target}"
         for n in graph
-        if _under(n, "exporter.sinks")
+        if _under(n, "exporter.sinks") or _under(n, "exporter.web")
         for target in graph[n]
         if _under(target, "exporter.sources")
     )
