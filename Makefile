@@ -127,8 +127,8 @@ soak: install
 	$(PY) -m bench.faults --soak
 
 docs: $(STAMP)
-	$(PY) -m exporter.metricdoc > docs/metrics.md
-	$(PY) -m exporter.flagdoc README.md
+	$(PY) -m monitoring.metricdoc > docs/metrics.md
+	$(PY) -m monitoring.flagdoc README.md
 	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
 
 proto: $(STAMP)

@@ -3,7 +3,7 @@ names the demo scenario's devices (so the join against the simulated kubelet is 
 
 from __future__ import annotations
 
-from exporter.config import Config, OtlpConfig
+from exporter.cli.config import Config, OtlpConfig
 from exporter.model import (
     Device,
     DeviceReading,

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.join import ResourceMatcher
+from exporter.ids import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver, start_time
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.model import Snapshot
 from exporter.simulate import nvml as simnvml
 from exporter.simulate.node import SimulatedNode

@@ -47,8 +47,8 @@ def test_opentelemetry_sdk_has_an_upper_bound_above_the_tested_version() -> None
 
 
 def test_every_join_example_names_the_node() -> None:
-    from exporter.metricdoc import markdown
     from exporter.metrics import SPECS_LIST
+    from monitoring.metricdoc import markdown
 
     texts = [s.help for s in SPECS_LIST] + [markdown()]
     texts += [p.read_text() for p in (ROOT / "docs").glob("*.md")]

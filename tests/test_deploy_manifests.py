@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.config import DEFAULT_LISTEN, DEFAULT_SOCKET
-from exporter.flags import env_name, parse_config
+from exporter.cli.config import DEFAULT_LISTEN, DEFAULT_SOCKET
+from exporter.cli.flags import env_name, parse_config
 from monitoring.alerts import JOB
 from tests import kustomize
 from tests.crd_schemas import SCHEMAS

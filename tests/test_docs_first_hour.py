@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import flagdoc
-from exporter.flags import build_parser
+from exporter.cli.flags import build_parser
+from monitoring import flagdoc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,8 @@ from exporter.checks import (
     source_findings,
     unseen_by_resource,
 )
-from exporter.flags import parse_config
-from exporter.join import ResourceMatcher
+from exporter.cli.flags import parse_config
+from exporter.ids import ResourceMatcher
 from exporter.model import ContainerDevices, Device, DeviceReading, SourceResult
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import load_scenario

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import poller as poller_module
 from exporter.app import Exporter
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.join import join
 from exporter.model import (
     Container,

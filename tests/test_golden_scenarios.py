@@ -16,8 +16,8 @@ import pytest
 
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
-from exporter.flags import parse_config
-from exporter.join import ResourceMatcher
+from exporter.cli.flags import parse_config
+from exporter.ids import ResourceMatcher
 from exporter.metrics import Kind
 from exporter.model import Snapshot
 from exporter.simulate import nvml as simnvml

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from exporter.flags import UsageError, parse_config
+from exporter.cli.flags import UsageError, parse_config
 from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
@@ -381,7 +381,7 @@ def test_flags(tmp_path: Path) -> None:
 
 
 def test_bad_regex_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter.cli import main
+    from exporter.cli.main import main
 
     assert main(["--kubernetes.pod-labels", "(("]) == 2
     err = capsys.readouterr().err.strip().splitlines()

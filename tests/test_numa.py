@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.join import ResourceMatcher, container_numa
+from exporter.ids import ResourceMatcher
+from exporter.join import container_numa
 from exporter.model import Container, ContainerDevices, ContainerMemory
 from exporter.numa import CpuNodeMap, parse_cpulist, read_cpu_nodes
 from exporter.simulate.scenario import ScenarioError, parse_scenario

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from exporter.config import Config, OtlpConfig
-from exporter.flags import UsageError, parse_config
+from exporter.cli.config import Config, OtlpConfig
+from exporter.cli.flags import UsageError, parse_config
 from exporter.metrics import SPECS, Kind, prometheus_label, prometheus_name
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.scenario import load_scenario

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
-from exporter.join import normalize_device_id, pci_address
+from exporter.cli.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
+from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.podresources.client import PodResourcesClient, device_id_problem
 from exporter.poller import Poller

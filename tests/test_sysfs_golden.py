@@ -9,14 +9,14 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.simulate.node import SimulatedNode
 from exporter.sources import Source
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
 from exporter.sources.netdev import NetdevSource
 from exporter.sources.rdma import RdmaSource
-from exporter.sources.sysfs import SysfsSource
+from exporter.sources.sysfs.source import SysfsSource
 from tests.peers import free_port, promtool_check_metrics
 from tests.support import Clock, assert_golden, metrics_text, one_cycle
 from tests.sysfs_support import context, make_tree, scenario

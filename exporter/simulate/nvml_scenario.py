@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from exporter.join import pci_address
+from exporter.ids import pci_address
 from exporter.simulate.nvml_spec import (
     FAULT_KINDS,
     FEATURES,

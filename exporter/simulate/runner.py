@@ -17,8 +17,8 @@ from pathlib import Path
 
 from exporter import log as logsetup
 from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
-from exporter.config import Config
-from exporter.flags import UsageError, parse_config
+from exporter.cli.config import Config
+from exporter.cli.flags import UsageError, parse_config
 from exporter.simulate.node import SimulatedNode
 from exporter.simulate.scenario import Scenario, ScenarioError, bundled_names, load_scenario
 

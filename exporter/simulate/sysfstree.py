@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.join import pci_address
+from exporter.ids import pci_address
 from exporter.simulate.scenario import ScenarioError
 
 

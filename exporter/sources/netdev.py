@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporter import hostfiles
+from exporter.cli.values import auto_boolean, boolean, file_path
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
-from exporter.sources.sysfsreader import Reader, numbered
-from exporter.values import auto_boolean, boolean, file_path
+from exporter.sources.sysfs.reader import Reader, numbered
+from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
 log = logging.getLogger("exporter.sources.netdev")
 

@@ -1,6 +1,6 @@
 """What every sysfs source shares (amdgpu, intel, rdma, netdev): the `SysfsSource` base.
 
-One `Reader` a cycle (`exporter.sources.sysfsreader`: checked reads, field errors), state kept
+One `Reader` a cycle (`exporter.sources.sysfs.reader`: checked reads, field errors), state kept
 between cycles (counters that one bad read cannot corrupt, per-second rates, identity files
 read once), the identity of a PCI device, and per-process data read every
 `PROCESS_INTERVAL` rather than every cycle.
@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from exporter.join import normalize_device_id
+from exporter.ids import normalize_device_id
 from exporter.log import StateLog
 from exporter.model import Attributes, Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import SourceContext, add
 from exporter.sources.counters import MonotonicCounters
-from exporter.sources.sysfsreader import Reader
+from exporter.sources.sysfs.reader import Reader
 
 T = TypeVar("T")
 
@@ -128,8 +128,8 @@ class Rates:
 
 PROCESS_INTERVAL = 10.0
 """Seconds between two reads of per-process data (KFD, DRM fdinfo): a scan of every
-process's file descriptors took 5-7 ms per source and cycle on a developer machine with a
-few hundred processes (56-97 ms with 1,093): too much for a 1 s interval."""
+process's file descriptors grows with the processes on the node, too much to repeat at a
+1 s interval (docs/design-figures.md)."""
 
 
 class SysfsSource:

@@ -1,6 +1,6 @@
 """docs/metrics.md, generated from the metric-spec table (`exporter/metrics.py`).
 
-`python -m exporter.metricdoc > docs/metrics.md` (make docs); a test fails when the file and
+`python -m monitoring.metricdoc > docs/metrics.md` (make docs); a test fails when the file and
 the table disagree.
 """
 

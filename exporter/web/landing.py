@@ -9,7 +9,7 @@ from html import escape
 from importlib import resources
 from typing import Any
 
-_TEMPLATE = (resources.files("exporter.sinks") / "static" / "index.html").read_text()
+_TEMPLATE = (resources.files("exporter.web") / "static" / "index.html").read_text()
 
 VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel", "mellanox": "Mellanox"}
 

@@ -34,8 +34,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from exporter.sinks.webstats import ServerStats
-from exporter.webconfig import WebConfigWatcher
+from exporter.web.config import WebConfigWatcher
+from exporter.web.stats import ServerStats
 
 log = logging.getLogger("exporter.web")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from exporter.flags import PROG, UsageError, parse_config, usage_error
-from exporter.flagtable import DOCTOR
+from exporter.cli.flags import PROG, UsageError, parse_config, usage_error
+from exporter.cli.flagtable import DOCTOR
 
 
 def main(argv: Sequence[str] | None = None) -> int:

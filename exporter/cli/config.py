@@ -1,4 +1,4 @@
-"""The frozen configuration: parsed once by `cli.py`, read everywhere else."""
+"""The frozen configuration: parsed once by `flags.py`, read everywhere else."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.join import DEFAULT_RESOURCE_PATTERNS
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_LISTEN = ("", 9405)

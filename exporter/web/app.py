@@ -15,11 +15,11 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.checks import snapshot_findings
-from exporter.join import ResourceMatcher
+from exporter.ids import ResourceMatcher
 from exporter.model import JoinedDevice, Snapshot
 from exporter.points import device_attributes
-from exporter.sinks.landing import render_page
 from exporter.sinks.prometheus import PrometheusSink
+from exporter.web.landing import render_page
 
 PROMETHEUS = web.AppKey("prometheus", PrometheusSink)
 RESTART_REQUIRED: web.AppKey[Callable[[], Mapping[str, str]]] = web.AppKey("restart_required")

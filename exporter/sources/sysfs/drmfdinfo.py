@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.attribution.resolver import own_pid_namespace, read_small
-from exporter.join import pci_address
+from exporter.ids import pci_address
 from exporter.model import ProcessUsage
 
 _UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}

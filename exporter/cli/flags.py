@@ -2,8 +2,8 @@
 
 Each flag is also `KDE_<NAME>` in the environment (a flag wins); a bad value raises
 UsageError with one line naming the flag or variable, which the commands turn into exit 2.
-The flags themselves are a table (`flagtable.py`), from which `flagdoc.py` also writes the
-README's table; `cli.py` dispatches the commands.
+The flags themselves are a table (`flagtable.py`), from which `monitoring/flagdoc.py`
+writes the README's table; `main.py` dispatches the commands.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter import __version__
-from exporter.config import DEFAULT_SOCKET, Config, OtlpConfig
-from exporter.flagtable import COMMANDS, FLAG_METAVARS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
-from exporter.join import DEFAULT_RESOURCE_PATTERNS
+from exporter.cli.config import DEFAULT_SOCKET, Config, OtlpConfig
+from exporter.cli.flagtable import COMMANDS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
+from exporter.cli.values import METAVARS, boolean, choice, regex
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
-from exporter.values import METAVARS, boolean, choice, regex
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
@@ -61,8 +61,8 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", flag.lstrip("-")).upper()
 
 
-def _metavar(dest: str, parse: Callable[[str], Any]) -> str:
-    return FLAG_METAVARS.get(dest) or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
+def _metavar(metavar: str, parse: Callable[[str], Any]) -> str:
+    return metavar or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
 
 
 def _default_note(default: str, flag: str) -> str:
@@ -88,21 +88,22 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     groups = {k: parser.add_argument_group(v) for k, v in GROUP_TITLES.items()}
-    for group, flag, dest, parse, default, help_ in FLAGS:
+    for row in FLAGS:
         kwargs: dict[str, Any] = {
-            "dest": dest,
-            "type": _typed(parse),
-            "metavar": _metavar(dest, parse),
+            "dest": row.dest,
+            "type": _typed(row.parse),
+            "metavar": _metavar(row.metavar, row.parse),
         }
         # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
         # must still win over the environment and the default.
         kwargs["default"] = argparse.SUPPRESS
-        if dest in ("resource_patterns", "pod_label_patterns"):
+        if row.repeatable:
             kwargs["action"] = "append"
-        if parse is boolean:  # `--kubernetes.api` alone means on
+        if row.parse is boolean:  # `--kubernetes.api` alone means on
             kwargs["nargs"] = "?"
             kwargs["const"] = True
-        groups[group].add_argument(flag, help=f"{help_} {_default_note(default, flag)}", **kwargs)
+        help_ = f"{row.help} {_default_note(row.default, row.flag)}"
+        groups[row.group].add_argument(row.flag, help=help_, **kwargs)
     for info in sources.values():
         flag = f"--collector.{info.name}"
         groups["collectors"].add_argument(
@@ -156,7 +157,7 @@ def parse_config(
     args = build_parser(sources, prog, description).parse_args(list(argv))
 
     given = vars(args)
-    flag_dests = {dest for _, _, dest, _, _, _ in FLAGS}
+    flag_dests = {row.dest for row in FLAGS}
 
     def pick(flag: str, dest: str, parse: Callable[[str], Any], default: Any) -> Any:
         if dest in flag_dests and dest in given:
@@ -171,7 +172,7 @@ def parse_config(
                 raise UsageError(f"environment variable {name}: {exc}") from exc
         return default
 
-    table = {dest: (flag, parse) for _, flag, dest, parse, _, _ in FLAGS}
+    table = {row.dest: (row.flag, row.parse) for row in FLAGS}
 
     def get(dest: str, default: Any) -> Any:
         flag, parse = table[dest]
@@ -281,7 +282,7 @@ def _web_config(path: Path | None) -> Path | None:
     """Checked now, so a bad file stops the start with one line (exit 2), not a traceback."""
     if path is None or str(path).lower() in ("", "none"):
         return None
-    from exporter.webconfig import WebConfigError, load_web_config
+    from exporter.web.config import WebConfigError, load_web_config
 
     try:
         load_web_config(path)

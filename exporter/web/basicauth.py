@@ -1,7 +1,8 @@
 """`Authorization: Basic` checked against bcrypt hashes, so that a password flood cannot starve
 the real scraper nor tell which user names exist.
 
-bcrypt costs tens of milliseconds by design (48 ms at cost 10 here, 4x per cost step), so:
+bcrypt costs tens of milliseconds by design, four times more per cost step
+(docs/design-figures.md), so:
 
 - **Only successes are cached** (by a SHA-256 of user, hash and password): a scraper pays for
   bcrypt once, and no number of wrong guesses can evict its entry (a cache of every result,

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from exporter.basicauth import BasicAuth, Verdict
-from exporter.sinks.webstats import ServerStats
-from exporter.webconfig import WebConfigWatcher
+from exporter.web.basicauth import BasicAuth, Verdict
+from exporter.web.config import WebConfigWatcher
+from exporter.web.stats import ServerStats
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Answer without basic auth (still over TLS when TLS is on): kubelet probes cannot send

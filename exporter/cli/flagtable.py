@@ -1,21 +1,20 @@
 """The flag table: every exporter flag's group, name, destination, value type, default and help.
 
 Data only, with the --help texts of the other commands. `flags.py` builds the parser and
-the Config from it, `flagdoc.py` writes the README's flag table from it; each flag is also
-`KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here: the source
-registry makes them.
+the Config from it, `monitoring/flagdoc.py` writes the README's flag table from it; each
+flag is also `KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here:
+the source registry makes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.config import DEFAULT_SOCKET
-from exporter.join import DEFAULT_RESOURCE_PATTERNS
-from exporter.metrics import SCHEMAS
-from exporter.values import (
+from exporter.cli.config import DEFAULT_SOCKET
+from exporter.cli.values import (
     boolean,
     choice,
     choices,
@@ -25,20 +24,44 @@ from exporter.values import (
     regex,
     size_bytes,
 )
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import SCHEMAS
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
-FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
-    # (group, flag, dest, type, default text, help)
-    (
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One exporter flag (`KDE_<NAME>` in the environment too), as source options are
+    (`sources.SourceOption`)."""
+
+    group: str
+    """Its --help section: a key of GROUP_TITLES."""
+    flag: str
+    dest: str
+    """The Config field it sets."""
+    parse: Callable[[str], Any]
+    """Its value type (`exporter.cli.values`): text -> value, or a ValueError for the user."""
+    default: str
+    """The default as --help and the README say it (the value itself is the Config's)."""
+    help: str
+    metavar: str = ""
+    """What --help shows in place of a value; empty: the value type's METAVARS entry."""
+    repeatable: bool = False
+    """Given several times, the values add up (the variable holds one, or a list)."""
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
         "kubelet",
         "--kubelet-socket",
         "kubelet_socket",
         Path,
         str(DEFAULT_SOCKET),
         "PodResources socket (mount its directory, not the file, so kubelet restarts are seen)",
+        metavar="PATH",
     ),
-    (
+    Flag(
         "kubelet",
         "--kubernetes.resource-pattern",
         "resource_patterns",
@@ -47,8 +70,10 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "extended-resource name pattern to attribute (glob; repeatable; replaces the defaults: "
         + ", ".join(DEFAULT_RESOURCE_PATTERNS)
         + ")",
+        metavar="GLOB[,GLOB...]",
+        repeatable=True,
     ),
-    (
+    Flag(
         "kubelet",
         "--kubernetes.timeout",
         "podresources_timeout",
@@ -56,7 +81,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "5s",
         "deadline of each PodResources call",
     ),
-    (
+    Flag(
         "kubelet",
         "--kubernetes.max-message-size",
         "podresources_max_message_bytes",
@@ -64,7 +89,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "256MiB",
         "largest PodResources answer accepted (gRPC's default 4MiB breaks busy nodes)",
     ),
-    (
+    Flag(
         "kubelet",
         "--kubernetes.stale-after",
         "podresources_stale_after",
@@ -72,7 +97,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "5m",
         "keep the last good PodResources answer this long while the kubelet fails",
     ),
-    (
+    Flag(
         "kubeapi",
         "--kubernetes.api",
         "kubernetes_api",
@@ -81,15 +106,16 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "watch this node's pods on the API server for pod UIDs, workloads and allowed labels "
         "(k8s_pod_workload_info); needs the kubernetes-api RBAC (deploy/components/kubernetes-api)",
     ),
-    (
+    Flag(
         "kubeapi",
         "--kubernetes.kubeconfig",
         "kubeconfig",
         Path,
         "in-cluster: the pod's ServiceAccount",
         "kubeconfig for --kubernetes.api (development outside a cluster)",
+        metavar="FILE",
     ),
-    (
+    Flag(
         "kubeapi",
         "--kubernetes.pod-labels",
         "pod_label_patterns",
@@ -97,16 +123,19 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "none",
         "pod label keys to export as k8s_pod_label_<key>: a regex matching the whole key "
         "(repeatable; the environment variable holds one regex)",
+        metavar="REGEX",
+        repeatable=True,
     ),
-    (
+    Flag(
         "web",
         "--web.listen-address",
         "listen_address",
         listen_address,
         ":9405",
         "HOST:PORT for /metrics, /healthz, /readyz and the landing page; 'none' for no server",
+        metavar="HOST:PORT",
     ),
-    (
+    Flag(
         "web",
         "--web.config.file",
         "web_config_file",
@@ -114,8 +143,9 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "none",
         "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
         "headers; re-read when it changes (docs/security.md)",
+        metavar="FILE",
     ),
-    (
+    Flag(
         "web",
         "--web.max-connections",
         "web_max_connections",
@@ -123,7 +153,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "512",
         "open HTTP connections at most; at the cap the longest-idle one is closed",
     ),
-    (
+    Flag(
         "collection",
         "--collect-interval",
         "collect_interval",
@@ -131,7 +161,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "10s",
         "how often to read devices and the kubelet (scrapes only read the last result)",
     ),
-    (
+    Flag(
         "collection",
         "--collect-timeout",
         "collect_timeout",
@@ -139,17 +169,20 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "5s",
         "a source slower than this is reported failed for the cycle",
     ),
-    (
+    Flag(
         "collection",
         "--node-name",
         "node_name",
         str,
         "$NODE_NAME",
         "node label value (set NODE_NAME from the downward API; the hostname of a pod is its name)",
+        metavar="NAME",
     ),
-    ("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point"),
-    ("collection", "--path.procfs", "procfs", Path, "/proc", "procfs mount point"),
-    (
+    Flag("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point", metavar="PATH"),
+    Flag(
+        "collection", "--path.procfs", "procfs", Path, "/proc", "procfs mount point", metavar="PATH"
+    ),
+    Flag(
         "collection",
         "--path.container-logs",
         "container_logs",
@@ -157,8 +190,9 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "/var/log/containers",
         "the kubelet's container-log symlinks: their names map container IDs to pods "
         "(process attribution; only the names are read)",
+        metavar="PATH",
     ),
-    (
+    Flag(
         "collection",
         "--attribution.process-series",
         "process_series",
@@ -167,7 +201,7 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "also export one series per process (hw_gpu_process_*, bare host PIDs: one series per "
         "process, high cardinality)",
     ),
-    (
+    Flag(
         "collection",
         "--metrics.schema",
         "metrics_schema",
@@ -176,8 +210,9 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "metric names and labels on /metrics: native (OpenTelemetry-derived), dcgm "
         "(dcgm-exporter's DCGM_FI_* names, units and labels), or native,dcgm while migrating "
         "(docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
+        metavar="native|dcgm|native,dcgm",
     ),
-    (
+    Flag(
         "otlp",
         "--otlp.endpoint",
         "otlp_endpoint",
@@ -185,25 +220,36 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
         "$OTEL_EXPORTER_OTLP_ENDPOINT",
         "push metrics to this OTLP collector, a base URL (OTLP/HTTP appends /v1/metrics; "
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given); empty: no push",
+        metavar="URL",
     ),
-    (
+    Flag(
         "otlp",
         "--otlp.protocol",
         "otlp_protocol",
         choice(*OTLP_PROTOCOLS),
         "$OTEL_EXPORTER_OTLP_PROTOCOL or grpc",
         "OTLP transport",
+        metavar="grpc|http/protobuf",
     ),
-    (
+    Flag(
         "logging",
         "--log.level",
         "log_level",
         choice("debug", "info", "warning", "error"),
         "info",
         "log level",
+        metavar="debug|info|warning|error",
     ),
-    ("logging", "--log.format", "log_format", choice("text", "json"), "text", "log format"),
-]
+    Flag(
+        "logging",
+        "--log.format",
+        "log_format",
+        choice("text", "json"),
+        "text",
+        "log format",
+        metavar="text|json",
+    ),
+)
 
 GROUP_TITLES = {
     "kubelet": "kubelet (PodResources)",
@@ -215,25 +261,6 @@ GROUP_TITLES = {
     "logging": "logging",
 }
 
-
-FLAG_METAVARS = {
-    "kubelet_socket": "PATH",
-    "resource_patterns": "GLOB[,GLOB...]",
-    "listen_address": "HOST:PORT",
-    "node_name": "NAME",
-    "sysfs": "PATH",
-    "procfs": "PATH",
-    "container_logs": "PATH",
-    "web_config_file": "FILE",
-    "kubeconfig": "FILE",
-    "pod_label_patterns": "REGEX",
-    "otlp_endpoint": "URL",
-    "otlp_protocol": "grpc|http/protobuf",
-    "log_level": "debug|info|warning|error",
-    "log_format": "text|json",
-    "metrics_schema": "native|dcgm|native,dcgm",
-}
-"""What --help shows in place of a value; otherwise the value type's METAVARS entry."""
 
 COMMANDS = (
     ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),

@@ -11,7 +11,7 @@ Values are checked, not just parsed: a number must be plain ASCII decimal (or 0x
 integers) and inside what the field can hold (`U64` unless the caller gives a physical range:
 a percentage is 0..100, a temperature above absolute zero); anything else is a field error
 for that one field, never an exception. Counters go through `Counters`
-(`exporter.sources.sysfs`, on `exporter.sources.counters`' rule): held while a file is
+(`exporter.sources.sysfs.source`, on `exporter.sources.counters`' rule): held while a file is
 briefly unreadable, reset only when a second read confirms it, so one bad read can neither
 corrupt nor reverse a counter.
 
@@ -36,7 +36,7 @@ import os
 import re
 from pathlib import Path
 
-from exporter.join import pci_address
+from exporter.ids import pci_address
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
 BUFFER_BYTES = 4096
@@ -216,8 +216,8 @@ class Reader:
 
 def _resolved(path: str) -> str:
     """`path` with every link resolved, as the kernel resolved it: an `O_PATH` descriptor's
-    name in /proc/self/fd (2 us, where os.path.realpath's lstat per component took 24 us
-    and more than doubled an amdgpu collect). A path that does not exist is itself."""
+    name in /proc/self/fd (one call, where os.path.realpath makes an lstat per component:
+    docs/design-figures.md). A path that does not exist is itself."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from exporter.model import Sample
 from exporter.sources import add
-from exporter.sources.sysfs import Counters
-from exporter.sources.sysfsreader import HERTZ, MICROWATTS, MILLI_CELSIUS, U64, Reader
+from exporter.sources.sysfs.reader import HERTZ, MICROWATTS, MILLI_CELSIUS, U64, Reader
+from exporter.sources.sysfs.source import Counters
 
 TEMPERATURE_LOCATIONS = {
     "edge": "edge",
