@@ -3,7 +3,8 @@
 #                (installs only what running needs: the package and nvml.h for the simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
-#                    docs/alerts.md, docs/runbooks.md and the Helm chart's files/
+#                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
+#                    files/ are links to dashboards/ and deploy/alerts)
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
 #   make faults  fault and load runs against real exporter processes (about 4 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md

@@ -74,7 +74,9 @@ def _per_answer_us(fn: Callable[[bytes], Any], answers: list[bytes]) -> float:
 
 async def _fetch(socket: str, count: int) -> list[bytes]:
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        rpc = channel.unary_unary("/v1.PodResourcesLister/List", request_serializer=lambda b: b)
+        rpc = channel.unary_unary(
+            "/v1.PodResourcesLister/List", request_serializer=None, response_deserializer=None
+        )
         answers = []
         for _ in range(count):
             answers.append(await rpc(b""))

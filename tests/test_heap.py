@@ -3,6 +3,7 @@ what a trim does (a full collection, glibc's malloc_trim), and that the exporter
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -147,7 +148,12 @@ def _trim_with_the_collector_off(trimmer: HeapTrimmer) -> None:
 
 def test_a_trim_collects_reference_cycles_then_trims_the_c_heap() -> None:
     gone, trim, seen = _garbage_cycle(), Counter(), []
-    trimmer = HeapTrimmer(lambda: seen.append(gone() is None) or trim(), clock=Clock())
+
+    def look_then_trim() -> bool:
+        seen.append(gone() is None)
+        return trim()
+
+    trimmer = HeapTrimmer(look_then_trim, clock=Clock())
     _trim_with_the_collector_off(trimmer)
     assert seen == [True]  # collected before malloc_trim walks the heap
     assert trim.calls == 1 and trimmer.trims == 1
@@ -158,7 +164,7 @@ def test_without_malloc_trim_a_trim_only_collects(monkeypatch: pytest.MonkeyPatc
         def __init__(self, name: object) -> None:
             self.name = name
 
-    monkeypatch.setattr(heap.ctypes, "CDLL", Musl)
+    monkeypatch.setattr(ctypes, "CDLL", Musl)  # the module heap calls it through
     assert malloc_trim() is None
     gone, trimmer = _garbage_cycle(), HeapTrimmer(clock=Clock())
     _trim_with_the_collector_off(trimmer)
@@ -267,7 +273,7 @@ def test_the_trimmer_says_when_python_s_own_allocator_keeps_memory(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for blocks, said in ((12345, True), (0, False)):  # pymalloc counts its blocks, malloc not
-        monkeypatch.setattr(heap.sys, "getallocatedblocks", lambda b=blocks: b)
+        monkeypatch.setattr(sys, "getallocatedblocks", lambda b=blocks: b)
         caplog.clear()
         with caplog.at_level("INFO", logger="exporter.heap"):
             HeapTrimmer(clock=Clock())

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx2 as httpx
@@ -39,7 +39,7 @@ HOLDERS = [
 
 
 @pytest.fixture
-def server() -> AsyncIterator[FakeApiServer]:
+def server() -> Iterator[FakeApiServer]:
     srv = FakeApiServer().start()
     srv.add_owner(
         owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
@@ -47,7 +47,7 @@ def server() -> AsyncIterator[FakeApiServer]:
     srv.add_owner(owner_object("Job", "nightly-290", "job-1", "ml", ("CronJob", "nightly", "cj-1")))
     for p in (TRAIN, NIGHTLY, DB, BARE, ELSEWHERE):
         srv.add_pod(p)
-    yield srv  # type: ignore[misc]
+    yield srv
     srv.stop()
 
 

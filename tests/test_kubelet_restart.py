@@ -137,7 +137,7 @@ RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu-b")
 
 async def _restart_run(tmp: Path, settle: float, **kubelet: float) -> list[Cycle]:
     """Cycles every 0.2 s from 0 to 18 s; the kubelet is down from 9 to 10 s."""
-    node = Node(tmp, settle, **kubelet)
+    node = Node(tmp, settle, READINGS, **kubelet)
     await node.kubelet.start()
     try:
         await node.run_until(9.0)

@@ -103,7 +103,7 @@ class FirstThenLater(DevicesView):
         super().__init__()
         self.first, self.later, self.served = first, later, 0
 
-    @property  # type: ignore[override]
+    @property
     def page(self) -> bytes:
         self.served += 1
         return self.first if self.served == 1 else self.later

@@ -13,11 +13,10 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Pod
 from exporter.podresources import client as podresources_client
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.podresources.parse import parse_list
 from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
 from exporter.simulate.scenario import parse_scenario
 from tests.support import Clock
-
-parse_list = podresources_client.parse_list
 
 SCENARIO = """
 node: n1

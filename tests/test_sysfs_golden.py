@@ -39,7 +39,7 @@ async def test_golden_metrics(tmp_path: Path, vendor: str, update_golden: bool) 
         "rdma": {"pool-config": str(part.pool_path)},
         "netdev": {"netlink-replay": str(part.netlink_path)},
     }.get(vendor, {})
-    source: SysfsSource = source_class(context(part, clock, **options))
+    source: SysfsSource = source_class(context(part, clock, None, **options))
     # A first cycle 30 s earlier, so rates (Intel busy and power) exist in the second.
     source.collect()
     part.advance(30.0)
