@@ -236,7 +236,6 @@ FLAG_METAVARS = {
 """What --help shows in place of a value; otherwise the value type's METAVARS entry."""
 
 COMMANDS = (
-    ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),
     ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
     ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
 )

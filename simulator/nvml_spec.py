@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from exporter.simulate.signals import Signal
+from simulator.signals import Signal
 
 MIB = 1024**2
 GIB = 1024**3

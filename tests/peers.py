@@ -215,7 +215,7 @@ def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[Scrap
     port = free_port()
     with (tmp / "exporter.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "simulate", str(scenario),
+            [sys.executable, "-m", "simulator", str(scenario),
              "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s", *extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

@@ -121,7 +121,7 @@ def test_build_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
         assert "kube-device-exporter = exporter.cli:main" in archive.read(entry_points).decode()
     assert "exporter/py.typed" in names
     assert "exporter/sinks/static/index.html" in names
-    assert any(n.startswith("exporter/simulate/scenarios/") for n in names)
+    assert any(n.startswith("simulator/scenarios/") for n in names)
     assert not [n for n in names if n.endswith((".so", ".o")) or ".so." in n]
     assert not [n for n in names if n.startswith(("tests/", "monitoring/", "dashboards/"))]
 

@@ -20,12 +20,12 @@ from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
 from exporter.metrics import Kind
 from exporter.model import Snapshot
-from exporter.simulate import nvml as simnvml
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import Scenario, bundled_names, load_scenario
 from exporter.sinks.dcgm import FIELDS
 from exporter.sources import Source
 from exporter.sources.nvml import NvmlSource
+from simulator import nvml as simnvml
+from simulator.node import SimulatedNode
+from simulator.scenario import Scenario, bundled_names, load_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
 from tests.support import Clock, assert_golden, metrics_text, one_cycle

@@ -1,7 +1,7 @@
 """What the NVML source relies on, each with the `nvml.h` passage that says so.
 
 This is the one place where a driver behaviour becomes a rule of the source. The
-stand-in library (exporter/simulate/fakenvml) follows these rows and nothing kinder:
+stand-in library (simulator/fakenvml) follows these rows and nothing kinder:
 `tests/test_nvml_behaviour.py` checks that every `header` quote is in the real `nvml.h`
 (PyPI `nvidia-nvml-dev`) and that the stand-in behaves as `stand_in` says.
 """
