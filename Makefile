@@ -132,7 +132,7 @@ soak: install
 docs: $(STAMP)
 	$(PY) -m exporter.metricdoc > docs/metrics.md
 	$(PY) -m exporter.flagdoc README.md
-	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
+	$(PY) -m simulator.nvml_stand_in docs/nvml.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
