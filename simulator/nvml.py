@@ -61,7 +61,7 @@ def preload_library() -> ctypes.CDLL:
 
 def with_library_dir(ld_library_path: str) -> str:
     """LD_LIBRARY_PATH with the simulated library's directory first (idempotent: the
-    simulate runner re-execs until the environment matches)."""
+    kde-simulate runner re-execs until the environment matches)."""
     first = str(library_dir())
     parts = [p for p in ld_library_path.split(":") if p]
     if parts[:1] == [first]:

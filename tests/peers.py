@@ -209,7 +209,7 @@ class ScrapedSimulation:
 
 @contextlib.contextmanager
 def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[ScrapedSimulation]:
-    """`simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
+    """`kde-simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
     every 1 s by a real Prometheus (`prometheus.started`: the exporter's start, monotonic).
     On exit: SIGTERM, the exporter's log tail printed."""
     port = free_port()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
+SIMULATOR = ROOT / "simulator"
+"""The simulated node: beside the product, never imported by it."""
 
 
 def _modules(package: Path = PACKAGE) -> dict[str, Path]:
@@ -97,8 +99,33 @@ def test_every_module_the_layout_names_exists() -> None:
         assert name in layout, f"docs/architecture.md's layout misses {name}"
     named = set(re.findall(r"[\w.]+\.py\b", layout))
     assert len(named) > 40, named
-    missing = sorted(name for name in named if not list(PACKAGE.rglob(name)))
+    missing = sorted(
+        name for name in named if not list(PACKAGE.rglob(name)) + list(SIMULATOR.rglob(name))
+    )
     assert missing == [], f"docs/architecture.md's layout names modules that are gone: {missing}"
+    simulated = layout[layout.index("\nsimulator/") :]
+    unnamed = sorted(
+        p.name for p in SIMULATOR.glob("*.py") if p.name not in simulated + "__init__.py"
+    )
+    assert unnamed == [], f"docs/architecture.md's simulator/ layout misses {unnamed}"
+
+
+def test_the_product_never_imports_the_simulator_or_the_tests() -> None:
+    """The wheel and the image carry exporter/ alone: an import of the simulated node or a
+    test harness from it would fail on a node, or drag test tooling into the product."""
+    reaching = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            reaching += [
+                f"{name}: {t}" for t in targets if t.split(".")[0] in ("simulator", "tests")
+            ]
+    assert reaching == []
 
 
 MAX_LINES = 400
