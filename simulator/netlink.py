@@ -13,7 +13,7 @@ kernel, as on a node without hostNetwork (docs/simulation.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,9 @@ def with_recorded_netlink(
     return sources
 
 
-def simulated_sources(config: Config, recorded: Path | None) -> dict[str, Source]:
+def simulated_sources(
+    config: Config, recorded: Path | None, *, clock: Callable[[], float] | None = None
+) -> dict[str, Source]:
     """Every enabled source, as the exporter builds them, over the simulated node."""
-    sources = build_sources(config)
+    sources = build_sources(config, clock=clock)
     return sources if recorded is None else with_recorded_netlink(sources, recorded, config)

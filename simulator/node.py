@@ -85,13 +85,16 @@ class SimulatedNode:
             args += part.exporter_args()
         return args
 
-    def sources(self, config: Config) -> dict[str, Source]:
+    def sources(
+        self, config: Config, *, clock: Callable[[], float] | None = None
+    ) -> dict[str, Source]:
         """The exporter's sources over this node, as `Exporter(config, sources=...)` takes
-        them: PF netlink is answered from the sysfs part's recorded answers (netlink.py)."""
+        them: PF netlink is answered from the sysfs part's recorded answers (netlink.py);
+        `clock` is the sources' monotonic clock (tests freeze it)."""
         from simulator.netlink import simulated_sources
 
         recorded = [p.netlink_path for p in self.parts if hasattr(p, "netlink_path")]
-        return simulated_sources(config, recorded[0] if recorded else None)
+        return simulated_sources(config, recorded[0] if recorded else None, clock=clock)
 
     def advance(self) -> None:
         t = self.clock()

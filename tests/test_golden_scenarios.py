@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
 from exporter.flags import parse_config
 from exporter.join import ResourceMatcher
@@ -90,7 +89,7 @@ async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.Monke
     if state:
         monkeypatch.setenv(simnvml.STATE_ENV, state)
     config = parse_config(node.exporter_args(), env={})
-    sources = build_sources(config, clock=clock)
+    sources = node.sources(config, clock=clock)  # PF netlink from the node's recordings
     try:
         clock.now = T0
         node.advance()
