@@ -138,5 +138,5 @@ proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info simulator/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) clean; fi

@@ -127,8 +127,8 @@ class NetdevSource(SysfsSource):
 
     def __init__(self, ctx: SourceContext, vf_reader: VfStatsReader | None = None) -> None:
         super().__init__(ctx)
-        # `vf_reader` answers in place of the kernel: the simulated node's recorded answers
-        # (simulator/netlink.py) and the tests' failing PFs.
+        # `vf_reader` answers in place of the kernel for a caller that has none to ask (a
+        # simulated node's recorded answers, a test's failing PF); no flag reaches it.
         self.vf_reader: VfStatsReader | None = vf_reader or NetlinkVfStats()
         mode = ctx.options.get("vf-netlink", "auto").lower()
         if mode == "auto":
