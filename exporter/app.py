@@ -88,7 +88,7 @@ def build_sources(config: Config, *, clock: Callable[[], float] | None = None) -
 
 
 class Exporter:
-    """The running agent. Tests and `simulate` drive it in-process."""
+    """The running agent. Tests and the simulator (`kde-simulate`) drive it in-process."""
 
     def __init__(self, config: Config, *, sources: Mapping[str, Source] | None = None) -> None:
         self.config = config

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
+SIMULATOR = ROOT / "simulator"
+"""The simulated node: beside the product, never imported by it."""
 
 
 def _modules(package: Path = PACKAGE) -> dict[str, Path]:
@@ -230,6 +232,33 @@ def test_the_import_rules_see_imports_inside_functions_too(tmp_path: Path) -> No
     modules = _modules(package)
     dcgm = _imports("exporter.sinks.dcgm", modules["exporter.sinks.dcgm"], modules)
     assert dcgm == {"exporter.sources.nvml"}
+
+
+def test_the_layout_names_every_simulator_module() -> None:
+    layout = _layout_text()
+    simulated = layout[layout.index("\nsimulator/") :]
+    unnamed = sorted(
+        p.name for p in SIMULATOR.glob("*.py") if p.name not in simulated + "__init__.py"
+    )
+    assert unnamed == [], f"docs/architecture.md's simulator/ layout misses {unnamed}"
+
+
+def test_the_product_never_imports_the_simulator_or_the_tests() -> None:
+    """The wheel and the image carry exporter/ alone: an import of the simulated node or a
+    test harness from it would fail on a node, or drag test tooling into the product."""
+    reaching = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            reaching += [
+                f"{name}: {t}" for t in targets if t.split(".")[0] in ("simulator", "tests")
+            ]
+    assert reaching == []
 
 
 MAX_LINES = 400

@@ -29,9 +29,9 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
 from exporter.sources import Source
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, metrics_text, one_cycle
 

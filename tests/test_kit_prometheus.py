@@ -1,7 +1,7 @@
 """Acceptance: a real Prometheus scrapes simulated nodes, loads the alert rules, and every
 dashboard panel query and template-variable query is evaluated through its HTTP API.
 
-The exporters run as `kube-device-exporter simulate SCENARIO` subprocesses, as a user runs
+The exporters run as `kde-simulate SCENARIO` subprocesses, as a user runs
 them: the simulated NVML library must be on LD_LIBRARY_PATH before the process starts, and
 the runner re-executes itself to get it. Beside the simulated nodes Prometheus scrapes an
 exporter whose kubelet socket does not exist (and whose OTLP push goes nowhere) and an
@@ -34,8 +34,8 @@ import pytest
 import yaml
 
 from exporter.metrics import SPECS, Scope, prometheus_label
-from exporter.simulate.scenario import bundled_names, load_scenario
 from exporter.sources import registry
+from simulator.scenario import bundled_names, load_scenario
 from tests import kit
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, free_port, need
@@ -122,7 +122,7 @@ def _start_exporter(
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "exporter.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}",
+        [sys.executable, "-m", *args, "--web.listen-address", f"127.0.0.1:{port}",
          "--collect-interval", "1s", "--collect-timeout", "1s"],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -175,14 +175,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 kubeconfig = api.kubeconfig(root / "kubeconfig")
                 extra = ["--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig)]
             launched = time.time()
-            proc, target = _start_exporter(["simulate", scenario, *extra], root / scenario)
+            proc, target = _start_exporter(["simulator", scenario, *extra], root / scenario)
             procs.append(proc)
             _wait_ready(proc, target, root / scenario / "exporter.log")
             exporters[scenario] = target
             started[scenario] = (launched, time.time())
         # It also pushes OTLP to an address nobody listens on: its export counters are real.
         proc, target = _start_exporter(
-            ["--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
+            ["exporter", "--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
              "--node-name", "no-kubelet-node",
              "--otlp.endpoint", f"http://127.0.0.1:{free_port()}"],
             root / "no-kubelet",

@@ -18,9 +18,9 @@ import pytest
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
 from exporter.sinks.prometheus import render
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource
 
 SCENARIO = """

@@ -17,10 +17,10 @@ from exporter.app import build_sources
 from exporter.cli.flags import parse_config
 from exporter.ids import ResourceMatcher
 from exporter.model import Snapshot
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import load_scenario, parse_scenario
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.web.app import DevicesView, make_app
+from simulator.node import SimulatedNode
+from simulator.scenario import load_scenario, parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, one_cycle
 from tests.test_exporter import GPU, SCENARIO, gpu_result

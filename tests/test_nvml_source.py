@@ -16,11 +16,11 @@ import yaml
 
 from exporter.metrics import ATTRIBUTES, SPECS, Kind
 from exporter.model import DeviceReading, SourceResult
-from exporter.simulate.nvml import STATE_ENV
-from exporter.simulate.nvml_scenario import parse_nvidia
-from exporter.simulate.scenario import load_scenario
 from exporter.sources import registry
 from exporter.sources.nvml import NvmlSource, NvmlUnavailable
+from simulator.nvml import STATE_ENV
+from simulator.nvml_scenario import parse_nvidia
+from simulator.scenario import load_scenario
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]

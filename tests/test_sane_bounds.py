@@ -23,9 +23,9 @@ from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.podresources.client import PodResourcesClient, device_id_problem
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import ScenarioError, parse_scenario
 from exporter.sinks.prometheus import render
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import StaticSource
 from tests.test_exporter import gpu_result
 

@@ -18,8 +18,8 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from exporter.simulate.kubelet import RATE_LIMITED, SimulatedKubelet
-from exporter.simulate.scenario import ScenarioError, parse_scenario
+from simulator.kubelet import RATE_LIMITED, SimulatedKubelet
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import Clock
 
 SCENARIO = """

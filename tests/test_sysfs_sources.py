@@ -10,11 +10,12 @@ import pytest
 
 from exporter.join import join
 from exporter.model import PodResourcesState, Sample, SourceResult
-from exporter.simulate.scenario import ScenarioError
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
-from exporter.sources.netdev import NetdevSource, NetStats, RecordedVfStats
+from exporter.sources.netdev import NetdevSource, NetStats
 from exporter.sources.rdma import RdmaSource
+from simulator.netlink import RecordedVfStats
+from simulator.scenario import ScenarioError
 from tests.support import Clock
 from tests.sysfs_support import blocking_file, context, make_tree, scenario
 
@@ -345,9 +346,7 @@ def test_pool_config_as_configmap_with_prefix_and_devices(tmp_path: Path) -> Non
 def test_sriov_vfs_from_host_sysfs_and_from_the_pf(tmp_path: Path) -> None:
     part = make_tree(tmp_path, "mixed")
     part.advance(8.0)
-    source = NetdevSource(
-        context(part, Clock(), None, **{"netlink-replay": str(part.netlink_path)})
-    )
+    source = NetdevSource(context(part, Clock()), RecordedVfStats(part.netlink_path))
     result = source.collect()
     devices = {r.device.id: r.device for r in result.readings}
     assert sorted(devices) == [
@@ -413,9 +412,7 @@ def test_mixed_node_ids_resolve_to_devices(tmp_path: Path) -> None:
         AmdgpuSource(context(part, clock)).collect(),
         IntelSource(context(part, clock)).collect(),
         RdmaSource(context(part, clock, None, **{"pool-config": str(part.pool_path)})).collect(),
-        NetdevSource(
-            context(part, clock, None, **{"netlink-replay": str(part.netlink_path)})
-        ).collect(),
+        NetdevSource(context(part, clock), RecordedVfStats(part.netlink_path)).collect(),
     ]
     state = PodResourcesState(
         pods=sc.pods_at(0), allocatable=sc.allocatable, allocatable_known=True

@@ -30,7 +30,7 @@ ENV_PREFIX = "KDE_"
 
 MIN_COLLECT_INTERVAL = 1.0
 """Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
-its clients together, so one exporter keeps to 1% of that (`simulate`, whose kubelet is ours,
+its clients together, so one exporter keeps to 1% of that (the simulator, whose kubelet is ours,
 goes lower)."""
 
 

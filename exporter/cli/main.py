@@ -1,7 +1,6 @@
 """Command line: flags (each also from `KDE_<NAME>` in the environment) -> frozen Config.
 
     kube-device-exporter [FLAGS]                   run the exporter
-    kube-device-exporter simulate SCENARIO [FLAGS] run a simulated node and the exporter on it
     kube-device-exporter podresources [--pod NS/NAME] [FLAGS]
                                                    print what the kubelet reports (debugging)
     kube-device-exporter doctor [FLAGS]            why are my metrics missing? (exit 1: yes)
@@ -21,10 +20,6 @@ from exporter.cli.flagtable import DOCTOR
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["simulate"]:
-            from exporter.simulate.runner import run_simulation
-
-            return run_simulation(argv[1:])
         if argv[:1] == ["podresources"]:
             from exporter.podresources.inspect import run_inspect
 

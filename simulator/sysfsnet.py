@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.simulate.scenario import ScenarioError
-from exporter.simulate.sysfstree import Doc, Tree, pci_device
+from simulator.scenario import ScenarioError
+from simulator.sysfstree import Doc, Tree, pci_device
 
 # --- InfiniBand ----------------------------------------------------------------------------
 

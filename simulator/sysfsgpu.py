@@ -4,8 +4,8 @@ i915 and xe, in the layout those drivers give their files (docs/simulation.md, `
 
 from __future__ import annotations
 
-from exporter.simulate.scenario import ScenarioError
-from exporter.simulate.sysfstree import (
+from simulator.scenario import ScenarioError
+from simulator.sysfstree import (
     Doc,
     Numbers,
     Tree,

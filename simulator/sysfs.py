@@ -6,7 +6,8 @@ included: `class/drm/cardN -> ../../devices/pci.../drm/cardN`, `bus/pci/devices/
 (`sysfsgpu.py` and `sysfsnet.py` render the devices, `sysfstree.py` the files). Counters grow
 with scenario time (`advance(t)`), written by rename so a reader never sees half a file. The
 tests build their fixture trees with this same renderer, so fixtures and simulator cannot
-drift apart. A PF's netlink VF-stats answer is recorded to a JSON file beside the tree.
+drift apart. A PF's netlink VF-stats answer is recorded to a JSON file beside the tree,
+which netlink.py replays to an exporter in the simulator's process.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate.scenario import Scenario, ScenarioError
-from exporter.simulate.sysfsgpu import AMD_KEYS, INTEL_KEYS, render_amdgpu, render_intel, render_kfd
-from exporter.simulate.sysfsnet import HCA_KEYS, PF_KEYS, render_hca, render_sriov
-from exporter.simulate.sysfstree import Doc, Numbers, Tree, write_tree
+from simulator.scenario import Scenario, ScenarioError
+from simulator.sysfsgpu import AMD_KEYS, INTEL_KEYS, render_amdgpu, render_intel, render_kfd
+from simulator.sysfsnet import HCA_KEYS, PF_KEYS, render_hca, render_sriov
+from simulator.sysfstree import Doc, Numbers, Tree, write_tree
 
 SECTION_KEYS = {"amdgpu", "intel", "infiniband", "rdma_pools", "sriov", "numa_nodes"}
 
@@ -88,8 +89,6 @@ class SysfsPart:
         args = ["--path.sysfs", str(self.root)]
         if self.pools is not None:
             args += ["--collector.rdma.pool-config", str(self.pool_path)]
-        if self.netlink_path.exists():
-            args += ["--collector.netdev.netlink-replay", str(self.netlink_path)]
         return args
 
     def advance(self, t: float) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate.scenario import Scenario, ScenarioError, TimedPod
+from simulator.scenario import Scenario, ScenarioError, TimedPod
 
 CHOICES = {
     "cgroup": ("v2", "v1"),

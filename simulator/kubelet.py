@@ -10,7 +10,7 @@ the newer kubelet winning where they differ:
   v1alpha1, spent before anything else so failed calls spend tokens too (K12);
 - pods, containers and devices in a different order on each call (K2; C10),
   one `ContainerDevices` per device (K1), NUMA node 0 as `nodes { }` (K11)
-  (exporter/simulate/kubelet_wire.py);
+  (simulator/kubelet_wire.py);
 - a stopped kubelet leaves its socket file behind: connecting gives UNAVAILABLE until a new
   kubelet replaces the file (K3);
 - after a restart, List and GetAllocatableResources answer successfully with nothing for a
@@ -41,8 +41,8 @@ from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from exporter.model import ContainerDevices
-from exporter.simulate.kubelet_wire import allocatable_to_v1, pod_to_v1, pod_to_v1alpha1
-from exporter.simulate.scenario import KubeletBehaviour, Scenario, TimedPod
+from simulator.kubelet_wire import allocatable_to_v1, pod_to_v1, pod_to_v1alpha1
+from simulator.scenario import KubeletBehaviour, Scenario, TimedPod
 
 GET_DISABLED = "PodResources API Get method disabled"
 ALLOCATABLE_DISABLED = "Pod Resources API GetAllocatableResources disabled"

@@ -1,5 +1,5 @@
 """What a scenario describes, as frozen values: the kubelet's behaviour, the pods over time,
-device health and plugin outages. Parsed from YAML by exporter/simulate/scenario.py."""
+device health and plugin outages. Parsed from YAML by simulator/scenario.py."""
 
 from __future__ import annotations
 

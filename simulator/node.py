@@ -14,13 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import Scenario
+from exporter.cli.config import Config
+from exporter.sources import Source
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import Scenario
 
 PART_MODULES = {
-    "nvidia": "exporter.simulate.nvml",
-    "sysfs": "exporter.simulate.sysfs",
-    "procfs": "exporter.simulate.procfs",
+    "nvidia": "simulator.nvml",
+    "sysfs": "simulator.sysfs",
+    "procfs": "simulator.procfs",
 }
 """Scenario section -> module with `make_part(scenario, workdir) -> NodePart`; the procfs
 part also runs when any container has `pids:`."""
@@ -82,6 +84,17 @@ class SimulatedNode:
         for part in self.parts:
             args += part.exporter_args()
         return args
+
+    def sources(
+        self, config: Config, *, clock: Callable[[], float] | None = None
+    ) -> dict[str, Source]:
+        """The exporter's sources over this node, as `Exporter(config, sources=...)` takes
+        them: PF netlink is answered from the sysfs part's recorded answers (netlink.py);
+        `clock` is the sources' monotonic clock (tests freeze it)."""
+        from simulator.netlink import simulated_sources
+
+        recorded = [p.netlink_path for p in self.parts if hasattr(p, "netlink_path")]
+        return simulated_sources(config, recorded[0] if recorded else None, clock=clock)
 
     def advance(self) -> None:
         t = self.clock()

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.simulate.nvml_scenario import parse_nvidia
-from exporter.simulate.nvml_spec import NvidiaSpec
-from exporter.simulate.nvml_state import render
-from exporter.simulate.scenario import Scenario, load_scenario
+from simulator.nvml_scenario import parse_nvidia
+from simulator.nvml_spec import NvidiaSpec
+from simulator.nvml_state import render
+from simulator.scenario import Scenario, load_scenario
 
 FAKENVML_DIR = Path(__file__).parent / "fakenvml"
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -44,7 +44,7 @@ def library_path() -> Path:
         raise FakeNvmlNotBuilt(
             f"the simulated NVML library is not built ({path} is missing): run `make install`, "
             f"or `make -C {FAKENVML_DIR} PYTHON={sys.executable}` (needs gcc and the "
-            "nvidia-nvml-dev package, the sim extra)"
+            "nvidia-nvml-dev package, a dependency of simulator/pyproject.toml)"
         )
     return path
 
@@ -61,7 +61,7 @@ def preload_library() -> ctypes.CDLL:
 
 def with_library_dir(ld_library_path: str) -> str:
     """LD_LIBRARY_PATH with the simulated library's directory first (idempotent: the
-    simulate runner re-execs until the environment matches)."""
+    kde-simulate runner re-execs until the environment matches)."""
     first = str(library_dir())
     parts = [p for p in ld_library_path.split(":") if p]
     if parts[:1] == [first]:

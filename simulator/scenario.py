@@ -3,7 +3,7 @@
 The kubelet part (`kubelet`, `allocatable`, `pods`, `pod_sets`) is parsed here; other
 top-level sections (`nvidia`, `sysfs`) belong to the simulated devices and are kept raw
 in `Scenario.sections` for their own parsers. The format is documented in
-docs/simulation.md; bundled scenarios live in exporter/simulate/scenarios/.
+docs/simulation.md; bundled scenarios live in simulator/scenarios/.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from exporter.model import (
     DynamicResource,
     Pod,
 )
-from exporter.simulate.scenario_model import (
+from simulator.scenario_model import (
     KubeletBehaviour,
     PluginDown,
     Scenario,
@@ -33,7 +33,7 @@ from exporter.simulate.scenario_model import (
 
 DEVICE_SECTIONS = ("nvidia", "sysfs", "procfs")
 """Top-level sections owned by the simulated node parts (`procfs`: the host's /proc and
-the kubelet's /var/log/containers, exporter/simulate/procfs.py)."""
+the kubelet's /var/log/containers, simulator/procfs.py)."""
 
 
 class ScenarioError(ValueError):
@@ -41,7 +41,7 @@ class ScenarioError(ValueError):
 
 
 def bundled_names() -> list[str]:
-    folder = resources.files("exporter.simulate") / "scenarios"
+    folder = resources.files("simulator") / "scenarios"
     return sorted(
         p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
     )
@@ -51,7 +51,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     """A bundled scenario by name (`demo`, `dense`...) or a YAML file path."""
     path = Path(name_or_path)
     if not path.suffix:
-        bundled = resources.files("exporter.simulate") / "scenarios" / f"{name_or_path}.yaml"
+        bundled = resources.files("simulator") / "scenarios" / f"{name_or_path}.yaml"
         if not bundled.is_file():
             raise ScenarioError(
                 f"no bundled scenario {str(name_or_path)!r} (have: {', '.join(bundled_names())})"

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from exporter.ids import pci_address
-from exporter.simulate.nvml_spec import (
+from simulator.nvml_spec import (
     FAULT_KINDS,
     FEATURES,
     GIB,
@@ -27,8 +27,8 @@ from exporter.simulate.nvml_spec import (
     ProcessSpec,
     XidSpec,
 )
-from exporter.simulate.scenario import ScenarioError, _Where
-from exporter.simulate.signals import Signal, parse_signal
+from simulator.scenario import ScenarioError, _Where
+from simulator.signals import Signal, parse_signal
 
 DGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 """PCI buses of the eight GPUs of a DGX H100, used when a GPU names none."""

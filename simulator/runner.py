@@ -1,6 +1,8 @@
-"""`kube-device-exporter simulate SCENARIO [EXPORTER FLAGS...]`: a simulated node and the
-exporter against it, in one process. Exporter flags pass through and win over the
-simulation's defaults."""
+"""`kde-simulate SCENARIO [EXPORTER FLAGS...]`: a simulated node and the exporter against it,
+in one process. Exporter flags pass through and win over the simulation's defaults.
+
+The command comes from the development install (simulator/pyproject.toml), never from the
+product's wheel; `python -m simulator` is the same command."""
 
 from __future__ import annotations
 
@@ -19,19 +21,29 @@ from exporter import log as logsetup
 from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
 from exporter.cli.config import Config
 from exporter.cli.flags import UsageError, parse_config
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import Scenario, ScenarioError, bundled_names, load_scenario
+from simulator.node import SimulatedNode
+from simulator.scenario import Scenario, ScenarioError, bundled_names, load_scenario
 
 WORKDIR_ENV = "KDE_SIMULATE_WORKDIR"
 OWNED_ENV = "KDE_SIMULATE_OWNS_WORKDIR"
 """Set (to the workdir) when this process made the work directory and must remove it."""
-log = logging.getLogger("exporter.simulate")
+log = logging.getLogger("simulator")
+PROG = "kde-simulate"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `kde-simulate` command: a bad scenario or flag exits 2 with one line."""
+    try:
+        return run_simulation(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def run_simulation(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: kube-device-exporter simulate SCENARIO [--node-only | EXPORTER FLAGS...]\n\n"
+            f"usage: {PROG} SCENARIO [--node-only | EXPORTER FLAGS...]\n\n"
             "SCENARIO is a bundled scenario name or a YAML file "
             f"(bundled: {', '.join(bundled_names())}; format: docs/simulation.md).\n"
             "--node-only runs only the simulated node and prints the environment and flags\n"
@@ -81,7 +93,7 @@ def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: 
         if owned:
             env[OWNED_ENV] = str(workdir)
         sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "exporter", "simulate", *argv], env)
+        os.execve(sys.executable, [sys.executable, "-m", "simulator", *argv], env)
     # The kubelet here is the simulated one: no shared rate limit to respect.
     config = parse_config([*node.exporter_args(), *argv[1:]], min_collect_interval=0.01)
     logsetup.setup(config.log_level, config.log_format)
@@ -99,7 +111,7 @@ async def _run(node: SimulatedNode, config: Config) -> None:
     install_signal_handlers(stop)
     await node.start()
     try:
-        exporter = Exporter(config)
+        exporter = Exporter(config, sources=node.sources(config))
         try:
             await exporter.start()
         except OSError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from exporter.simulate.nvml_spec import (
+from simulator.nvml_spec import (
     FEATURES,
     MIB,
     NO_ID,

@@ -5,7 +5,7 @@
  * codes and the versioned entry points (nvmlInit -> nvmlInit_v2 ...) are the driver's.
  * The unmodified nvidia-ml-py binding loads it through its normal loader.
  *
- * It knows nothing of scenarios: exporter/simulate/nvml.py renders the node at a scenario
+ * It knows nothing of scenarios: simulator/nvml.py renders the node at a scenario
  * time into a line-oriented state file (path in $KDE_FAKENVML_STATE), replaced atomically,
  * and this library re-reads it whenever its inode, size or mtime changes. A key missing
  * from a device block means NVML_ERROR_NOT_SUPPORTED for whatever reads it.
@@ -26,7 +26,7 @@
  *   mig <gpu index> <slot>           starts a MIG block (keys below belong to it)
  *   proc <pid> <bytes> <gi> <ci> <sm%> <mem%>   a compute process of the current GPU
  *   xid <seq> <gpu index> <xid> <gi> <ci>       an XID event (delivered once per event set)
- * Device keys: see exporter/simulate/nvml_state.py (uuid, name, pci, minor, ...); a
+ * Device keys: see simulator/nvml_state.py (uuid, name, pci, minor, ...); a
  * value "!<code>" makes every read of that key fail with that NVML return code.
  */
 #define _GNU_SOURCE
@@ -354,7 +354,7 @@ static int state_may_have_changed(void) {
     return calls_watch < 0 || drain_events(calls_watch, 1);
 }
 
-/* The writer (exporter/simulate/nvml.py) bumps a counter in `<state>.gen` after each
+/* The writer (simulator/nvml.py) bumps a counter in `<state>.gen` after each
  * replace; mapped shared, it tells every call whether anything changed without a system
  * call (a real driver answers from its own memory too). Without the file, every call asks
  * inotify. Called with `mu` held. */

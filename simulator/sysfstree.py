@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.ids import pci_address
-from exporter.simulate.scenario import ScenarioError
+from simulator.scenario import ScenarioError
 
 
 class Doc:

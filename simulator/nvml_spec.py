@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from exporter.simulate.signals import Signal
+from simulator.signals import Signal
 
 MIB = 1024**2
 GIB = 1024**3
@@ -206,7 +206,7 @@ class NvidiaSpec:
     pid_namespace: str = "own"
     """The exporter's PID namespace as the driver sees it. `own` (the DaemonSet as shipped,
     no hostPID): the process lists are empty, utilization samples keep host PIDs, as
-    measured on a real driver (behaviour.py, MEASURED). `host`: hostPID, everything listed."""
+    measured on a real driver (docs/nvml.md). `host`: hostPID, everything listed."""
 
     def device_index(self) -> dict[str, tuple[int, int, int]]:
         """Every UUID -> (gpu index, gi, ci); full GPUs have no instance ids."""
