@@ -44,12 +44,12 @@ def _wheel(tmp_path: Path) -> tuple[set[str], str]:
 def test_the_wheel_holds_the_exporter_and_nothing_of_the_simulator(tmp_path: Path) -> None:
     names, entry_points = _wheel(tmp_path)
     modules = {n for n in names if n.endswith(".py")}
-    assert "exporter/cli.py" in modules and "exporter/sources/netdev.py" in modules
-    assert "exporter/sinks/static/index.html" in names and "exporter/py.typed" in names
+    assert "exporter/cli/main.py" in modules and "exporter/sources/netdev.py" in modules
+    assert "exporter/web/static/index.html" in names and "exporter/py.typed" in names
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"exporter"}, top
     assert not [n for n in names if "simulat" in n or "fakenvml" in n or "scenario" in n]
     assert not [n for n in names if n.endswith((".c", ".h", ".yaml", ".yml", ".so", ".o"))]
     assert not [n for n in names if "/Makefile" in n or ".so." in n]
     assert entry_points.split() == ["[console_scripts]", "kube-device-exporter", "=",
-                                    "exporter.cli:main"]  # fmt: skip
+                                    "exporter.cli.main:main"]  # fmt: skip
