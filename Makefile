@@ -1,9 +1,11 @@
 # kube-device-exporter — every entry point a developer or CI needs.
 #   make demo    run the exporter against the simulated node and print where to look
-#                (installs only what running needs: the package and nvml.h for the simulated driver)
+#                (installs only what running needs: the package, and the simulator with
+#                nvml.h for its simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
-#                    docs/alerts.md, docs/runbooks.md and the Helm chart's files/
+#                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
+#                    files/ are links to dashboards/ and deploy/alerts)
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
 #   make faults  fault and load runs against real exporter processes (about 4 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
@@ -29,7 +31,7 @@ K8S := $(VENV)/k8s
 E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(CURDIR)/$(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(CURDIR)/$(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(CURDIR)/$(K8S)/etcd-v* 2>/dev/null | head -n1)}"
-FAKENVML := exporter/simulate/fakenvml
+FAKENVML := simulator/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9400
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
@@ -39,9 +41,11 @@ IMAGE ?= kube-device-exporter:$(VERSION)
 
 install: $(STAMP) debs fakenvml k8s
 
-$(RUNTIME): pyproject.toml
+# The simulated node is a distribution of its own (simulator/pyproject.toml: `kde-simulate`),
+# installed editable beside the product, so the product's wheel carries none of it.
+$(RUNTIME): pyproject.toml simulator/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[sim]'
+	$(PIP) -e . -e ./simulator
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
@@ -87,11 +91,11 @@ fakenvml: $(RUNTIME)
 
 # The demo runs Python as the image does (Dockerfile ENV PYTHONMALLOC, exporter/heap.py).
 demo: $(RUNTIME) fakenvml
-	PYTHONMALLOC=malloc $(VENV)/bin/kube-device-exporter simulate demo --web.listen-address $(DEMO_ADDR)
+	PYTHONMALLOC=malloc $(VENV)/bin/kde-simulate demo --web.listen-address $(DEMO_ADDR)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check exporter tests bench monitoring
-	$(VENV)/bin/ruff format --check exporter tests bench monitoring
+	$(VENV)/bin/ruff check exporter simulator tests bench monitoring
+	$(VENV)/bin/ruff format --check exporter simulator tests bench monitoring
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -127,13 +131,13 @@ soak: install
 	$(PY) -m bench.faults --soak
 
 docs: $(STAMP)
-	$(PY) -m exporter.metricdoc > docs/metrics.md
-	$(PY) -m exporter.flagdoc README.md
-	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
+	$(PY) -m monitoring.metricdoc > docs/metrics.md
+	$(PY) -m monitoring.flagdoc README.md
+	$(PY) -m simulator.nvml_stand_in docs/nvml.md
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info simulator/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) clean; fi

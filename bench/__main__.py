@@ -1,7 +1,7 @@
 """`make bench`: what the exporter costs a node, a scraper and a fleet -> docs/performance.md.
 
 Every exporter measured runs in its own process against a simulated node in another
-(`simulate SCENARIO --node-only`); CPU and memory come from /proc. Costs compared with
+(`kde-simulate SCENARIO --node-only`); CPU and memory come from /proc. Costs compared with
 each other (1 s vs 10 s, ours vs a static handler vs node_exporter) are measured side by
 side in the same run, interleaved, so machine load hits them alike.
 

@@ -34,7 +34,7 @@ from exporter.model import (
 )
 from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
-from exporter.sinks.web import DevicesView
+from exporter.web.app import DevicesView
 
 GPUS = 8
 SAMPLES = (
@@ -157,7 +157,7 @@ class ChurningKubelet:
 async def run(
     cycles: int, big_pods: int, *, trim: bool = True, swings: int = SWINGS
 ) -> dict[str, float]:
-    """`trim`: with the exporter's heap trimmer among the sinks (False: as before it)."""
+    """`trim`: with the exporter's heap trimmer as the after-cycle step (False: as before it)."""
     kubelet = ChurningKubelet()
     prometheus, view = PrometheusSink(), DevicesView()
     ticks = itertools.count()
@@ -166,7 +166,8 @@ async def run(
         node="bench-node",
         sources={"nvml": Gpus()},
         client=kubelet,  # type: ignore[arg-type]
-        sinks=[prometheus, view, trimmer] if trim else [prometheus, view],
+        sinks=[prometheus, view],
+        after_cycle=[trimmer] if trim else [],
         interval=1.0,
         source_timeout=5.0,
     )

@@ -1,6 +1,6 @@
 """CPU per cycle, share of a core and RSS of exporter processes on a simulated node.
 
-The node runs in its own process (`simulate --node-only`). Two exporters read it side by
+The node runs in its own process (`kde-simulate --node-only`). Two exporters read it side by
 side, one collecting every 1 s and one every 10 s, each in its own process, scraped every
 15 s as Prometheus does by default (OpenMetrics preferred, gzip). Over the same window,
 their CPU (user + system, all threads, the stand-in NVML library included) is read from

@@ -8,7 +8,7 @@ Two targets, both exporter processes on 127.0.0.1:
   an OTLP receiver), so this script can stop the kubelet, unload the driver, write hostile
   values into sysfs files and stop the collector, and time detection and recovery by polling
   /metrics;
-- client faults: `kube-device-exporter simulate demo`, attacked with scrapers, idle,
+- client faults: `kde-simulate demo`, attacked with scrapers, idle,
   slowloris and malformed connections, then soaked.
 Each row says what was done, what happened and how long the exporter took to be whole again;
 docs/reliability.md quotes the output.
@@ -33,8 +33,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import parse_scenario
+from simulator.node import SimulatedNode
+from simulator.scenario import parse_scenario
 from tests.otlp_receivers import GrpcReceiver
 
 
@@ -51,8 +51,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-DEMO = ["simulate", "demo"]
-BARE = ["--kubelet-socket", "/nonexistent/kubelet.sock", "--no-collector.nvml"]
+DEMO = ["simulator", "demo"]
+"""`kde-simulate demo`; each Target list starts with the module `python -m` runs."""
+BARE = ["exporter", "--kubelet-socket", "/nonexistent/kubelet.sock", "--no-collector.nvml"]
 """An exporter with no simulated node in its process (whose files would share its fd limit)."""
 
 
@@ -64,7 +65,7 @@ class Target:
         self._log = log.open("w")
         limit = ["prlimit", f"--nofile={fd_limit}:{fd_limit}"] if fd_limit else []
         self.proc = subprocess.Popen(
-            [*limit, sys.executable, "-m", "exporter", *args,
+            [*limit, sys.executable, "-m", *args,
              "--web.listen-address", f"127.0.0.1:{self.port}"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -365,7 +366,7 @@ class NodeTarget:
         """Advance only the NVML part: the sysfs copy stays static, as this script writes it."""
         t = self.node.clock()
         for part in self.node.parts:
-            if type(part).__module__ == "exporter.simulate.nvml":
+            if type(part).__module__ == "simulator.nvml":
                 part.advance(t)
 
 

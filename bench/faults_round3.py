@@ -29,8 +29,8 @@ import bcrypt
 import yaml
 
 from bench.faults import Row, free_port, read_metrics, value
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import parse_scenario
+from simulator.node import SimulatedNode
+from simulator.scenario import parse_scenario
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000007"
 AMD = "0000:03:00.0"

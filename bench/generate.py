@@ -16,7 +16,7 @@ MIG_TAIL = "a1b2c3d4"  # and its MIG UUIDs in NNNNa1b2c3d4
 
 
 def _dense() -> dict[str, Any]:
-    text = (resources.files("exporter.simulate") / "scenarios" / "dense.yaml").read_text()
+    text = (resources.files("simulator") / "scenarios" / "dense.yaml").read_text()
     doc: dict[str, Any] = yaml.safe_load(text)
     return doc
 

@@ -1,6 +1,6 @@
 """`python -m bench nvml-calls`: what each NVML call the NVML source makes costs, per cycle,
 against whatever libnvidia-ml.so.1 the binding loads (the real driver on a GPU machine;
-the stand-in with `LD_LIBRARY_PATH` and `KDE_FAKENVML_STATE` from `simulate --node-only`).
+the stand-in with `LD_LIBRARY_PATH` and `KDE_FAKENVML_STATE` from `kde-simulate --node-only`).
 
 Every C entry point nvidia-ml-py resolves is wrapped with a timer, so the table shows the
 library's own time per call; the last rows show the whole `collect()` (binding and our

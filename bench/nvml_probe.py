@@ -101,12 +101,11 @@ def probe(load_seconds: float) -> dict[str, Any]:
         out["calls"][name] = {"us": round(seconds * 1e6, 1), "answer": describe(answer)}
     out["field_us"] = {}
     for field_id, scope in _field_request():
-        seconds, answer = timed(
-            lambda f=field_id, sc=scope: (
-                pynvml.nvmlDeviceGetFieldValues(handle, [(f, sc)])[0].nvmlReturn
-            ),
-            repeat=20,
-        )
+
+        def field_return(f: int = field_id, sc: int = scope) -> Any:
+            return pynvml.nvmlDeviceGetFieldValues(handle, [(f, sc)])[0].nvmlReturn
+
+        seconds, answer = timed(field_return, repeat=20)
         out["field_us"][str(field_id)] = {"us": round(seconds * 1e6, 1), "return": answer}
     out["handle_index_out_of_range"] = timed(
         lambda: pynvml.nvmlDeviceGetHandleByIndex(64), repeat=1
@@ -130,7 +129,7 @@ def _under_load(handle: Any, seconds: float) -> dict[str, Any]:
         return {"error": str(exc)}
     time.sleep(min(8.0, seconds / 2))
     seen = 0
-    batches = []
+    batches: list[str | dict[str, Any]] = []
     for _ in range(5):
         time.sleep(1.0)
         try:

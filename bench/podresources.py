@@ -1,7 +1,7 @@
 """`python -m bench podresources`: what a List answer costs the client when the kubelet
 shuffles it, as the real one does (real kubelet K2), and which change check is cheaper.
 
-A simulated node (`simulate SCENARIO --node-only`, its own process) serves the scenario;
+A simulated node (`kde-simulate SCENARIO --node-only`, its own process) serves the scenario;
 this process fetches `--answers` List answers and times, per answer:
 - `bytes equal`: today's check before the fix (equal bytes skip the parse) - under
   shuffling it never hits, so the old client parsed every answer;
@@ -74,7 +74,9 @@ def _per_answer_us(fn: Callable[[bytes], Any], answers: list[bytes]) -> float:
 
 async def _fetch(socket: str, count: int) -> list[bytes]:
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        rpc = channel.unary_unary("/v1.PodResourcesLister/List", request_serializer=lambda b: b)
+        rpc = channel.unary_unary(
+            "/v1.PodResourcesLister/List", request_serializer=None, response_deserializer=None
+        )
         answers = []
         for _ in range(count):
             answers.append(await rpc(b""))
@@ -125,7 +127,7 @@ def _timings(raw: list[bytes]) -> dict[str, Any]:
 def _scenario(workdir: Path, name: str, shuffle: bool) -> Path:
     from importlib import resources
 
-    text = (resources.files("exporter.simulate") / "scenarios" / f"{name}.yaml").read_text()
+    text = (resources.files("simulator") / "scenarios" / f"{name}.yaml").read_text()
     doc = yaml.safe_load(text)
     doc["kubelet"] = {**(doc.get("kubelet") or {}), "shuffle": shuffle}
     path = workdir / f"{name}-{'shuffled' if shuffle else 'fixed'}.yaml"

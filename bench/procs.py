@@ -1,4 +1,4 @@
-"""Processes the bench measures: a simulated node (`simulate --node-only`), exporters
+"""Processes the bench measures: a simulated node (`kde-simulate --node-only`), exporters
 reading it from their own processes, a static server, node_exporter. CPU and memory are
 read from /proc, as `top` would, so nothing in the measured process helps measure it."""
 
@@ -103,7 +103,7 @@ class Process:
 
 @dataclass
 class NodeProcess:
-    """`kube-device-exporter simulate SCENARIO --node-only`, and what it printed."""
+    """`kde-simulate SCENARIO --node-only`, and what it printed."""
 
     process: Process
     env: dict[str, str]
@@ -113,7 +113,7 @@ class NodeProcess:
     def start(cls, scenario: str, workdir: Path) -> NodeProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         process = Process(
-            [sys.executable, "-m", "exporter", "simulate", scenario, "--node-only"],
+            [sys.executable, "-m", "simulator", scenario, "--node-only"],
             {"KDE_SIMULATE_WORKDIR": str(workdir)},
         )
         assert process.proc.stdout is not None

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The CPU budget of issue 12 on a quieter machine than the 2-core developer box: builds the
 # stand-in NVML library, then measures dense and mixed at 1 s and 10 s (bench/cost.py:
-# exporters in their own processes against `simulate --node-only`). Deps on PYTHONPATH.
+# exporters in their own processes against `kde-simulate --node-only`). Deps on PYTHONPATH.
 set -eu
 export PYTHONPATH=$PWD/.devdeps:$PWD
-make -s -C exporter/simulate/fakenvml PYTHON="$(command -v python3)"
+make -s -C simulator/fakenvml PYTHON="$(command -v python3)"
 python3 - <<'PY'
 import asyncio, tempfile
 from pathlib import Path

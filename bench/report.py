@@ -319,7 +319,7 @@ def write(r: Results, args: argparse.Namespace) -> None:
     out = [
         "# Performance\n\n",
         "Written by `make bench` (`python -m bench`). Every exporter measured runs in its own\n"
-        "process against a simulated node in another (`kube-device-exporter simulate SCENARIO\n"
+        "process against a simulated node in another (`kde-simulate SCENARIO\n"
         "--node-only`); CPU and memory are read from /proc. Costs compared with each other are\n"
         "measured side by side in the same run. This machine is shared and noisy: rerun for\n"
         "your own numbers.\n\n",

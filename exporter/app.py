@@ -16,22 +16,22 @@ from aiohttp import web
 
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
-from exporter.config import Config
+from exporter.cli.config import Config
 from exporter.heap import HeapTrimmer
-from exporter.join import ResourceMatcher
+from exporter.ids import ResourceMatcher
 from exporter.model import SourceResult
 from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
-from exporter.sinks.web import DevicesView, make_app
-from exporter.sinks.webauth import security_middleware
-from exporter.sinks.webserver import GuardedServer, ServerLimits
-from exporter.sinks.webstats import ServerStats, request_logger
 from exporter.sources import Source, SourceContext, registry
 from exporter.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
-from exporter.webconfig import WebConfigError, WebConfigWatcher
+from exporter.web.app import DevicesView, make_app
+from exporter.web.auth import security_middleware
+from exporter.web.config import WebConfigError, WebConfigWatcher
+from exporter.web.server import GuardedServer, ServerLimits
+from exporter.web.stats import ServerStats, request_logger
 
 ALLOCATABLE_EVERY = 5.0
 """Seconds between two `GetAllocatableResources` calls at the most: every cycle at the
@@ -88,7 +88,7 @@ def build_sources(config: Config, *, clock: Callable[[], float] | None = None) -
 
 
 class Exporter:
-    """The running agent. Tests and `simulate` drive it in-process."""
+    """The running agent. Tests and the simulator (`kde-simulate`) drive it in-process."""
 
     def __init__(self, config: Config, *, sources: Mapping[str, Source] | None = None) -> None:
         self.config = config
@@ -105,7 +105,6 @@ class Exporter:
             self.otlp = OtlpSink(config)
             sinks.append(self.otlp)
             self_metrics.append(self.otlp)
-        sinks.append(HeapTrimmer())  # last: after a shrink, the heap's free pages go back
         self.client = PodResourcesClient(
             config.kubelet_socket,
             timeout=config.podresources_timeout,
@@ -122,6 +121,7 @@ class Exporter:
             sources=build_sources(config) if sources is None else sources,
             client=self.client,
             sinks=sinks,
+            after_cycle=[HeapTrimmer()],  # after a shrink, the heap's free pages go back
             after_publish=[self.prometheus.build_due],
             self_metrics=self_metrics,
             matcher=ResourceMatcher(config.resource_patterns),

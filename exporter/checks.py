@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.join import ResourceMatcher, join
+from exporter.ids import ResourceMatcher
+from exporter.join import join
 from exporter.model import (
     ContainerDevices,
     DeviceReading,

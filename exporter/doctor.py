@@ -27,8 +27,8 @@ from exporter.checks import (
     render,
     source_findings,
 )
-from exporter.config import Config
-from exporter.join import ResourceMatcher
+from exporter.cli.config import Config
+from exporter.ids import ResourceMatcher
 from exporter.model import DeviceReading, PodResourcesState, SourceHealth
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.poller import Poller

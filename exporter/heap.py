@@ -16,8 +16,8 @@ Prometheus layout of the big node lives until the next scrape), it runs
 
 What comes back depends on the allocator; docs/performance.md measures it. The image
 runs Python on glibc's malloc (`SHIPPED_ENV`, set in the Dockerfile), where the trim
-brings RSS back to within a few MiB of where it was before the big node, however often
-the node grows and shrinks. Python's own allocator (pymalloc, the interpreter's default)
+brings RSS back near where it was before the big node, however often the node grows and
+shrinks. Python's own allocator (pymalloc, the interpreter's default)
 unmaps a 1 MiB arena only once every object in it is freed; the objects that churn every
 cycle keep landing in the big node's arenas, so after each swing more of them stay
 mapped and RSS creeps towards the peak. glibc costs some CPU per cycle for that
@@ -41,8 +41,8 @@ log = logging.getLogger("exporter.heap")
 SHRINK_RATIO = 0.5
 """Trim when the snapshot fell to this share of its peak since the last trim, or less."""
 MIN_DROP = 500
-"""... and by at least this many items (devices, allocations, processes...): about 1 MiB
-on a big node; below it there is too little to hand back to be worth the walk."""
+"""... and by at least this many items (devices, allocations, processes...): below it
+there is too little to hand back to be worth the walk (docs/design-figures.md)."""
 SHIPPED_ENV = {"PYTHONMALLOC": "malloc"}
 """The environment the image starts Python with (Dockerfile `ENV`, checked by
 tests/test_dockerfile.py; the benchmarks run the exporter with it): the allocator is
@@ -70,7 +70,7 @@ def uses_pymalloc() -> bool:
 
 def snapshot_size(snapshot: Snapshot) -> int:
     """The snapshot's items whose number follows the pods: what a cycle keeps in memory
-    grows with it (about 2 KiB per allocation on a big node, its series included)."""
+    grows with it (its series included)."""
     return (
         len(snapshot.devices)
         + len(snapshot.allocations)
@@ -83,8 +83,11 @@ def snapshot_size(snapshot: Snapshot) -> int:
 
 
 class HeapTrimmer:
-    """A sink that publishes nothing: it trims after a shrink. Its `update` runs once per
-    cycle in the poller's worker thread, after the other sinks took the snapshot."""
+    """The poller's after-cycle step (`Poller(after_cycle=...)`) that trims after a shrink:
+    it publishes nothing, so it is not a sink; it runs once per cycle in the poller's worker
+    thread, after the sinks took the snapshot."""
+
+    name = "heap-trim"
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class HeapTrimmer:
                 "set it in your own image too (docs/deploy.md, Resources)"
             )
 
-    def update(self, snapshot: Snapshot) -> None:
+    def after_cycle(self, snapshot: Snapshot) -> None:
         now = self._clock()
         if self._due and now >= self._due[0]:
             del self._due[0]

@@ -11,7 +11,7 @@ should be, or bind-mounted over it, must not hang a cycle:
 - a file longer than the caller's limit is not what the kernel writes there: nothing is
   returned rather than a truncated text parsed as if it were whole;
 - `nofollow` (`O_NOFOLLOW`) for sysfs leaf attributes, which are never links in a real
-  sysfs (exporter.sources.sysfsreader says which sysfs entries are).
+  sysfs (exporter.sources.sysfs.reader says which sysfs entries are).
 
 A read that sleeps inside a regular file (a hung FUSE or NFS mount, a driver that takes its
 time) is beyond what a flag can fix: callers run under a deadline (the sources' workers,

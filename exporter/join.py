@@ -8,12 +8,11 @@ lookup key plus a replica; sources declare the keys that name each of their devi
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from exporter.ids import ResourceMatcher, normalize_device_id
 from exporter.model import (
     Allocation,
     AllocationKind,
@@ -29,52 +28,6 @@ from exporter.model import (
     SourceResult,
 )
 
-DEFAULT_RESOURCE_PATTERNS = (
-    "nvidia.com/*",
-    "*.shared",
-    "amd.com/*",
-    "gpu.intel.com/*",
-    "rdma/*",
-    "intel.com/*",
-    "mellanox.com/*",
-    "openshift.io/*",
-)
-"""nvidia.com/gpu and nvidia.com/mig-* (and renames), AMD, Intel GPUs, the RDMA shared-device
-plugin and the SR-IOV network device plugin's default prefixes."""
-
-_REPLICA = re.compile(r"^(?P<id>.+?)::(?P<replica>\d+)$")
-_GKE_VGPU = re.compile(r"^(?P<id>nvidia\d+(?:/gi\d+)?)/vgpu(?P<replica>\d+)$")
-_INTEL_CARD = re.compile(r"^(?P<id>card\d+)-(?P<replica>\d+)$")
-_PCI = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"
-)
-
-
-def pci_address(raw: str) -> str | None:
-    """Canonical PCI address `dddd:bb:dd.f`, or None. Accepts NVML's 8-digit domain
-    (`00000000:07:00.0`) and the short `07:00.0`."""
-    m = _PCI.match(raw.strip())
-    if not m:
-        return None
-    domain = int(m["domain"] or "0", 16)
-    return f"{domain:04x}:{m['bus'].lower()}:{m['dev'].lower()}.{m['fn']}"
-
-
-def normalize_device_id(raw: str) -> tuple[str, str]:
-    """A raw device-plugin ID -> (lookup key, replica or "").
-
-    `GPU-x::3` -> (`GPU-x`, `3`); GKE `nvidia0/vgpu2` -> (`nvidia0`, `2`);
-    Intel `card1-4` -> (`card1`, `4`); `0000:19:00.0` in any case/domain width ->
-    `0000:19:00.0`. Everything else is its own key.
-    """
-    raw = raw.strip()
-    for pattern in (_REPLICA, _GKE_VGPU, _INTEL_CARD):
-        m = pattern.match(raw)
-        if m:
-            key, replica = m["id"], m["replica"]
-            return normalize_device_id(key)[0], replica
-    return pci_address(raw) or raw, ""
-
 
 @dataclass(frozen=True, slots=True)
 class JoinResult:
@@ -89,14 +42,6 @@ class JoinResult:
     """NUMA placement of every container holding devices of matched resources."""
     registered: tuple[tuple[str, bool], ...] = ()
     """(resource, whether the kubelet lists any device of it now): see `_registered`."""
-
-
-class ResourceMatcher:
-    def __init__(self, patterns: Iterable[str] = DEFAULT_RESOURCE_PATTERNS) -> None:
-        self.patterns = tuple(patterns)
-
-    def __call__(self, resource_name: str) -> bool:
-        return any(fnmatch.fnmatchcase(resource_name, p) for p in self.patterns)
 
 
 def join(

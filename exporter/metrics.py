@@ -2,8 +2,8 @@
 
 Every metric the exporter can emit is a row here: its OpenTelemetry name, instrument
 kind, UCUM unit, help text and the metric-specific attributes it may carry. Both sinks
-and `docs/metrics.md` (`metricdoc.py`) are derived from this table; nothing else knows
-metric names.
+and `docs/metrics.md` (`monitoring/metricdoc.py`) are derived from this table; nothing
+else knows metric names.
 
 Names follow the OpenTelemetry hardware semantic conventions (`hw.*`, `hw.gpu.*`) and
 are extended in the same pattern where no convention exists. Prometheus names and
@@ -218,6 +218,23 @@ DEVICE_ATTRIBUTES = (
     "hw.parent",
 )
 """Attributes every device series carries (the vendor ones sources add are on hw.info)."""
+
+
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+"""`hw.gpu.clock.throttle_reason` values and their NVML clock event reason bits
+(`nvmlClocksEventReason*`): the NVML source splits the driver's mask into one series per
+reason, and the dcgm schema joins those series back into dcgm-exporter's mask. Both read
+this table, so neither needs the other."""
 
 
 # --- the table ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Protocol
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import container_usage
 from exporter.checks import allocatable_totals, source_findings, unseen_finding
-from exporter.join import JoinResult, ResourceMatcher, join
+from exporter.ids import ResourceMatcher
+from exporter.join import JoinResult, join
 from exporter.log import StateLog
 from exporter.model import (
     ContainerUsage,
@@ -51,6 +52,15 @@ class PodsView(Protocol):
     def health(self) -> KubeApiHealth: ...
 
 
+class AfterCycle(Protocol):
+    """A named step that publishes nothing (the heap trim), run after the sinks took the
+    snapshot; one that raises is logged by name and the cycle goes on."""
+
+    name: str
+
+    def after_cycle(self, snapshot: Snapshot) -> None: ...
+
+
 @dataclass(slots=True)
 class _SourceSlot:
     name: str
@@ -72,6 +82,7 @@ class Poller:
         sources: Mapping[str, Source],
         client: PodResourcesClient | None,
         sinks: Sequence[SnapshotSink] = (),
+        after_cycle: Sequence[AfterCycle] = (),
         after_publish: Sequence[Callable[[], None]] = (),
         self_metrics: Sequence[SelfMetrics] = (),
         matcher: ResourceMatcher | None = None,
@@ -90,6 +101,7 @@ class Poller:
         self.pods = pods
         self.client = client
         self.sinks = list(sinks)
+        self.after_cycle = list(after_cycle)
         self.after_publish = list(after_publish)
         """Work for the end of a cycle that is not the cycle's (the /metrics body built
         ahead of a scrape): in the same worker thread, after the duration is taken."""
@@ -193,6 +205,11 @@ class Poller:
         self._warn_unseen(joined, healths)
         for sink in self.sinks:
             sink.update(snapshot)
+        for step in self.after_cycle:
+            try:
+                step.after_cycle(snapshot)
+            except Exception:
+                log.exception("after-cycle step %s failed", step.name)
         self._last_duration = self._clock() - started
         for hook in self.after_publish:
             hook()
@@ -217,11 +234,7 @@ class Poller:
             )
             return replace(last, devices=devices)
         joined = join(
-            results,
-            state,
-            self.matcher,
-            cpu_nodes=cpu_nodes,
-            known_resources=self._resources,
+            results, state, self.matcher, cpu_nodes=cpu_nodes, known_resources=self._resources
         )
         self._join_cache = (key, joined)
         return joined
@@ -234,16 +247,13 @@ class Poller:
             except Exception:  # a bug in one cycle must not end the agent
                 log.exception("cycle failed")
             if self._cycles == 1:
-                # What lives after the first cycle (modules, sources, caches) lives for
-                # good: out of the collector's sight, later collections scan only what
-                # cycles make (about 40 % less time in the GC on a dense node).
+                # What lives after the first cycle (modules, sources, caches) lives for good:
+                # out of the collector's sight, later collections scan only what cycles make.
                 gc.collect()
                 gc.freeze()
             delay = max(0.0, self.interval - (self._clock() - started))
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                continue
 
     async def close(self, timeout: float = 3.0) -> dict[str, str]:
         """Close every source (in daemon threads: a source stuck in a driver call is left

@@ -21,11 +21,14 @@ evaluates every panel and variable query against a real Prometheus scraping simu
 - **Grafana UI**: Dashboards -> New -> Import, upload `dashboards/<name>.json`, pick a
   Prometheus data source. Every panel uses the `${datasource}` variable; no data source uid
   is hard-coded.
-- **Grafana sidecar** (kube-prometheus-stack): `deploy/grafana/` holds one ConfigMap per
+- **Grafana sidecar** (kube-prometheus-stack): `deploy/grafana/` renders one ConfigMap per
   dashboard with the label `grafana_dashboard: "1"` (and the `grafana_folder: Devices`
-  annotation). The `kube-prometheus-stack` overlay applies them to the exporter's namespace;
-  the sidecar must search it (`grafana.sidecar.dashboards.searchNamespace: ALL`), or apply
-  them to Grafana's namespace with an overlay that sets `namespace:` over `deploy/grafana`.
+  annotation); kustomize's `configMapGenerator` (`dashboards/kustomization.yaml`) wraps the
+  JSON files at render time, so `dashboards/` is the only stored copy. The Helm chart reads
+  the same files through its `files/dashboards` link. The `kube-prometheus-stack` overlay
+  applies them to the exporter's namespace; the sidecar must search it
+  (`grafana.sidecar.dashboards.searchNamespace: ALL`), or apply them to Grafana's namespace
+  with an overlay that sets `namespace:` over `deploy/grafana`.
 - **OTLP**: the names are the ones an OpenTelemetry Collector's Prometheus exporter (or
   Prometheus's OTLP receiver with the default translation) produces from the OTLP stream,
   so the dashboards work on either path.
@@ -49,7 +52,7 @@ ALERTS_INTRO = """\
 One source, `monitoring/alerts.py`, generates:
 
 - `deploy/alerts/kube-device-exporter.rules.yaml`: a plain Prometheus rule file
-  (`rule_files:` in prometheus.yml);
+  (`rule_files:` in prometheus.yml); the Helm chart's `files/rules.yaml` links to it;
 - `deploy/prometheusrule/prometheusrule.yaml`: the same groups as a PrometheusRule
   (label `release: kube-prometheus-stack`, which kube-prometheus-stack's default
   `ruleSelector` wants; change it to your release name);

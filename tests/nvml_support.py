@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from exporter.model import SourceResult
-from exporter.simulate import nvml as simnvml
-from exporter.simulate.scenario import Scenario, load_scenario, parse_scenario
 from exporter.sources import SourceContext
 from exporter.sources.nvml import NvmlSource
+from simulator import nvml as simnvml
+from simulator.scenario import Scenario, load_scenario, parse_scenario
 
 
 class NvidiaNode:

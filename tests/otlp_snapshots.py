@@ -3,7 +3,7 @@ names the demo scenario's devices (so the join against the simulated kubelet is 
 
 from __future__ import annotations
 
-from exporter.config import Config, OtlpConfig
+from exporter.cli.config import Config, OtlpConfig
 from exporter.model import (
     Device,
     DeviceReading,
@@ -15,7 +15,7 @@ from exporter.model import (
 )
 from exporter.sinks.otlp import OtlpSink
 
-# From exporter/simulate/scenarios/demo.yaml.
+# From simulator/scenarios/demo.yaml.
 GPU0 = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 """Held by ml-team/trainer-0/pytorch."""
 GPU1 = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000001"

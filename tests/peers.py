@@ -209,13 +209,13 @@ class ScrapedSimulation:
 
 @contextlib.contextmanager
 def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[ScrapedSimulation]:
-    """`simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
+    """`kde-simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
     every 1 s by a real Prometheus (`prometheus.started`: the exporter's start, monotonic).
     On exit: SIGTERM, the exporter's log tail printed."""
     port = free_port()
     with (tmp / "exporter.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "simulate", str(scenario),
+            [sys.executable, "-m", "simulator", str(scenario),
              "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s", *extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from exporter.simulate.nvml_scenario import parse_nvidia
-from exporter.simulate.nvml_spec import NvidiaSpec
-from exporter.simulate.scenario import Scenario, TimedPod
-from exporter.simulate.signals import Signal
+from simulator.nvml_scenario import parse_nvidia
+from simulator.nvml_spec import NvidiaSpec
+from simulator.scenario import Scenario, TimedPod
+from simulator.signals import Signal
 
 
 class Held(NamedTuple):

@@ -8,15 +8,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.join import ResourceMatcher
+from exporter.ids import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import Scenario
 from exporter.sinks.prometheus import render
 from exporter.sources import Source
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import Scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 FIXED_WALL_TIME = 1_800_000_000.0

@@ -7,9 +7,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from exporter.simulate.scenario import Scenario, load_scenario, parse_scenario
-from exporter.simulate.sysfs import SysfsPart
 from exporter.sources import SourceContext
+from simulator.scenario import Scenario, load_scenario, parse_scenario
+from simulator.sysfs import SysfsPart
 from tests.support import Clock
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
+SIMULATOR = ROOT / "simulator"
+"""The simulated node: beside the product, never imported by it."""
 
 
 def _modules(package: Path = PACKAGE) -> dict[str, Path]:
@@ -89,16 +91,174 @@ def test_the_walker_finds_a_circle_when_there_is_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
-def test_every_module_the_layout_names_exists() -> None:
+_FOLDER = re.compile(r"^(\w+)/$")
+_MODULE = re.compile(r"^\w+\.py$")
+
+
+def _layout_text() -> str:
     text = (ROOT / "docs" / "architecture.md").read_text()
     layout = text[text.index("## Layout") :]
-    layout = layout[: layout.index("```", layout.index("```") + 3)]
-    for name in ("poller.py", "join.py", "checks.py", "flags.py", "threads.py", "numa.py"):
-        assert name in layout, f"docs/architecture.md's layout misses {name}"
-    named = set(re.findall(r"[\w.]+\.py\b", layout))
-    assert len(named) > 40, named
-    missing = sorted(name for name in named if not list(PACKAGE.rglob(name)))
-    assert missing == [], f"docs/architecture.md's layout names modules that are gone: {missing}"
+    start = layout.index("```") + 3
+    return layout[start : layout.index("```", start)]
+
+
+def _named_in_layout(layout: str) -> set[str]:
+    """The modules and folders a layout block names, as paths under exporter/
+    (`sources/nvml/xid.py`, `sources/nvml/`).
+
+    A `name/` as a line's first word opens a folder inside the one whose line is less
+    indented; a line indented no deeper than a folder's leaves it (continuation lines sit in
+    the names column, deeper than any folder, and start with a module). Every `*.py` word
+    belongs to the folder open on its line, and so does a `name/` word after the first.
+    Folders at the left margin other than exporter/ are beside the package."""
+    named: set[str] = set()
+    open_folders: list[tuple[int, str]] = []  # (indent, path under exporter/; None: outside)
+    outside = False
+    for line in layout.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        indent = len(line) - len(line.lstrip())
+        while open_folders and open_folders[-1][0] >= indent:
+            open_folders.pop()
+        folder = _FOLDER.match(words[0])
+        if indent == 0:
+            outside = not (folder and folder[1] == "exporter")
+            words = words[1:] if folder else words
+        elif folder:
+            parent = open_folders[-1][1] if open_folders else ""
+            open_folders.append((indent, f"{parent}{folder[1]}/"))
+        if outside:
+            continue
+        here = open_folders[-1][1] if open_folders else ""
+        named |= {here + word for word in words if _MODULE.match(word)}
+        if folder and indent:
+            words = words[1:]
+            named.add(here)
+        named |= {f"{here}{word}" for word in words if _FOLDER.match(word)}
+    return named
+
+
+def _modules_on_disk() -> set[str]:
+    return {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "_proto" not in path.relative_to(PACKAGE).parts
+    }
+
+
+def test_the_layout_names_every_module_and_only_modules_that_exist() -> None:
+    """A folder's `__init__.py` is named by the folder."""
+    named, on_disk = _named_in_layout(_layout_text()), _modules_on_disk()
+    assert len(on_disk) > 60, on_disk
+    unnamed = sorted(
+        m for m in on_disk if m not in named and m.removesuffix("__init__.py") not in named
+    )
+    assert unnamed == [], f"docs/architecture.md's layout does not name {unnamed}"
+    gone = sorted(n for n in named if not (PACKAGE / n).exists())
+    assert gone == [], f"docs/architecture.md's layout names modules that are gone: {gone}"
+
+
+def test_the_layout_reader_places_names_in_their_folders() -> None:
+    layout = """
+exporter/
+  app.py join.py                 the composition root
+  sources/       counters.py     the counter rule
+                 rdma.py nvml/   vendors
+    nvml/        xid.py
+                 calls.py        continuation in the names column
+  poller.py                      back at the top
+monitoring/      metricdoc.py    beside the package: not exporter's
+"""
+    assert _named_in_layout(layout) == {
+        "app.py",
+        "join.py",
+        "sources/",
+        "sources/counters.py",
+        "sources/rdma.py",
+        "sources/nvml/",
+        "sources/nvml/xid.py",
+        "sources/nvml/calls.py",
+        "poller.py",
+    }
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_no_source_imports_the_join() -> None:
+    """Sources name their devices with exporter.ids; the join is downstream of them."""
+    graph = _graph()
+    reaching = sorted(
+        n for n in graph if _under(n, "exporter.sources") and "exporter.join" in graph[n]
+    )
+    assert reaching == []
+
+
+def test_no_sink_nor_the_web_side_imports_a_source() -> None:
+    """Sinks and the HTTP side read snapshots and the metric table, never a source (data
+    flows one way; the dcgm sink's throttle bits come from the metric table)."""
+    graph = _graph()
+    reaching = sorted(
+        f"{n} -> {target}"
+        for n in graph
+        if _under(n, "exporter.sinks") or _under(n, "exporter.web")
+        for target in graph[n]
+        if _under(target, "exporter.sources")
+    )
+    assert reaching == []
+
+
+def test_the_join_has_at_most_two_importers() -> None:
+    """The poller runs the join; the checks (doctor, landing page) explain its result."""
+    graph = _graph()
+    importers = sorted(n for n, targets in graph.items() if "exporter.join" in targets)
+    assert importers == ["exporter.checks", "exporter.poller"]
+
+
+def test_the_import_rules_see_imports_inside_functions_too(tmp_path: Path) -> None:
+    package = tmp_path / "exporter"
+    (package / "sinks").mkdir(parents=True)
+    (package / "sources").mkdir()
+    for name in ("__init__.py", "sinks/__init__.py", "sources/__init__.py", "sources/nvml.py"):
+        (package / name).write_text("")
+    (package / "sinks" / "dcgm.py").write_text("def f():\n    from exporter.sources import nvml\n")
+    modules = _modules(package)
+    dcgm = _imports("exporter.sinks.dcgm", modules["exporter.sinks.dcgm"], modules)
+    assert dcgm == {"exporter.sources.nvml"}
+
+
+def test_the_layout_names_every_simulator_module() -> None:
+    layout = _layout_text()
+    simulated = layout[layout.index("\nsimulator/") :]
+    unnamed = sorted(
+        p.name for p in SIMULATOR.glob("*.py") if p.name not in simulated + "__init__.py"
+    )
+    assert unnamed == [], f"docs/architecture.md's simulator/ layout misses {unnamed}"
+
+
+def test_the_product_never_imports_the_simulator_or_the_tests() -> None:
+    """The wheel and the image carry exporter/ alone: an import of the simulated node or a
+    test harness from it would fail on a node, or drag test tooling into the product."""
+    reaching = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            reaching += [
+                f"{name}: {t}" for t in targets if t.split(".")[0] in ("simulator", "tests")
+            ]
+    assert reaching == []
 
 
 MAX_LINES = 400

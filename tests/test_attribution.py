@@ -12,12 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver, start_time
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.model import Snapshot
-from exporter.simulate import nvml as simnvml
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.procfs import container_id, pod_uid
-from exporter.simulate.scenario import parse_scenario
+from simulator import nvml as simnvml
+from simulator.node import SimulatedNode
+from simulator.procfs import container_id, pod_uid
+from simulator.scenario import parse_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.otlp_receivers import GrpcReceiver, points_of
 from tests.otlp_snapshots import sink_for

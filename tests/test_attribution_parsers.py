@@ -276,9 +276,9 @@ _LAYOUTS = st.builds(
 def test_every_layout_the_simulator_writes_reads_back(
     uid: object, cid: str, layout: tuple[str, str, str, bool], qos: str
 ) -> None:
-    """What the simulated node writes (exporter/simulate/procfs.py, one claim per runtime
+    """What the simulated node writes (simulator/procfs.py, one claim per runtime
     and driver) is what the parser reads, in every combination."""
-    from exporter.simulate.procfs import Layout, cgroup_file
+    from simulator.procfs import Layout, cgroup_file
 
     cgroup, driver, runtime, cgroupns = layout
     text = cgroup_file(Layout(cgroup, driver, runtime, cgroupns), str(uid), cid, qos)

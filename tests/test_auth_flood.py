@@ -12,8 +12,8 @@ import time
 import bcrypt
 import pytest
 
-from exporter import basicauth
-from exporter.basicauth import BasicAuth, Verdict
+from exporter.web import basicauth
+from exporter.web.basicauth import BasicAuth, Verdict
 from tests.support import Clock
 
 PASSWORD = b"s3cret"

@@ -1,4 +1,4 @@
-"""The bench's own parts: generated big nodes, `simulate --node-only`, the fit."""
+"""The bench's own parts: generated big nodes, `kde-simulate --node-only`, the fit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from bench.cost import fit
 from bench.generate import scenario, write
-from exporter.simulate.scenario import load_scenario
+from simulator.scenario import load_scenario
 
 
 def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_fit_recovers_a_line() -> None:
 
 def test_node_only_prints_how_an_exporter_reads_it(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", "demo", "--node-only"],
+        [sys.executable, "-m", "simulator", "demo", "--node-only"],
         env={"KDE_SIMULATE_WORKDIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import parse_scenario
+from simulator.node import SimulatedNode
+from simulator.scenario import parse_scenario
 from tests.peers import free_port
 from tests.stuck_reads import ENV as STUCK_ENV
 
@@ -273,7 +273,7 @@ def test_sitecustomize_hook_is_test_only() -> None:
 
 @pytest.fixture(autouse=True)
 def _fakenvml_built() -> Iterator[None]:
-    from exporter.simulate import nvml as simnvml
+    from simulator import nvml as simnvml
 
     try:
         simnvml.preload_library()

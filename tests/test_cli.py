@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.flags import UsageError, build_parser, env_name, parse_config
+from exporter.cli.flags import UsageError, build_parser, env_name, parse_config
+from exporter.cli.values import boolean, duration, listen_address
 from exporter.sources import SourceContext, SourceInfo, SourceOption
-from exporter.values import boolean, duration, listen_address
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,8 +48,8 @@ def fake_sources() -> dict[str, SourceInfo]:
         ["--log.level", "loud"],
         ["--no-such-flag"],
         ["--collect-interval", "1s", "--collect-timeout", "5s"],
-        ["simulate", "no-such-scenario"],
-        ["simulate", str(Path(__file__).parent / "data" / "bad-sysfs-scenario.yaml")],
+        # The simulated node is no command of the product's: `kde-simulate` (simulator/).
+        ["simulate", "demo"],
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:
@@ -262,8 +262,9 @@ def test_source_options_are_typed_and_parsed_with_the_other_flags() -> None:
 def test_help_names_the_commands_and_no_internal_names() -> None:
     done = run_cli("--help")
     assert done.returncode == 0
-    for command in ("simulate SCENARIO", "podresources", "doctor"):
+    for command in ("podresources", "doctor"):
         assert f"kube-device-exporter {command}" in done.stdout
+    assert "simulate" not in done.stdout and "netlink-replay" not in done.stdout
     assert "(default ;" not in done.stdout and "(default unset" not in done.stdout
     for internal in ("PODRESOURCES_", "RESOURCE_PATTERNS", " LISTEN_ADDRESS", "VALUE"):
         assert internal not in done.stdout
@@ -308,7 +309,7 @@ def test_start_up_log_says_all_addresses_when_bound_to_all(tmp_path: Path) -> No
 def test_every_source_option_has_a_type_that_takes_its_default() -> None:
     """A new option left as free text would reach its source unchecked (the bug where
     `--collector.nvml.processes maybe` started with NVML off for good)."""
-    from exporter import values
+    from exporter.cli import values
     from exporter.sources import registry
 
     for info in registry().values():

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from exporter.simulate.scenario import load_scenario
+from simulator.scenario import load_scenario
 from tests.peers import PrometheusServer, free_port
 
 GPUS = {str(i) for i in range(8)}
@@ -40,7 +40,7 @@ def exporter_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     port = free_port()
     log = (tmp / "exporter.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", str(scenario.path),
+        [sys.executable, "-m", "simulator", str(scenario.path),
          "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s",
          "--metrics.schema", "native,dcgm"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

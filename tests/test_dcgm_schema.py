@@ -6,11 +6,11 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.flags import UsageError, parse_config
+from exporter.cli.flags import UsageError, parse_config
+from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.sinks.dcgm import THROTTLE_BITS, bus_id
 from exporter.sinks.prometheus import Renderer, reference, render
-from exporter.sources.nvml.readings import THROTTLE_REASONS
 
 GIB = 1024.0**3
 IDENTITY = (
@@ -154,8 +154,21 @@ def test_bytes_match_the_prometheus_client_reference() -> None:
     assert series(rendered.text) == series(text)
 
 
-def test_throttle_bits_are_the_nvml_sources() -> None:
+def test_throttle_bits_are_nvmls_clock_event_reasons() -> None:
+    """The metric table's bits (read by the NVML source and this sink) are the binding's
+    `nvmlClocksEventReason*` constants, one reason each, together NVML's whole mask."""
+    import pynvml
+
+    for reason, bit in THROTTLE_REASONS:
+        camel = "".join(
+            part.capitalize() for part in reason.split("_")
+        )  # sw_power_cap -> SwPowerCap
+        assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit, reason
     assert dict(THROTTLE_REASONS) == THROTTLE_BITS
+    mask = 0
+    for _, bit in THROTTLE_REASONS:
+        mask |= bit
+    assert mask == pynvml.nvmlClocksEventReasonAll
 
 
 def test_bus_id_is_nvmls_form() -> None:

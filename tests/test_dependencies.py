@@ -47,8 +47,8 @@ def test_opentelemetry_sdk_has_an_upper_bound_above_the_tested_version() -> None
 
 
 def test_every_join_example_names_the_node() -> None:
-    from exporter.metricdoc import markdown
     from exporter.metrics import SPECS_LIST
+    from monitoring.metricdoc import markdown
 
     texts = [s.help for s in SPECS_LIST] + [markdown()]
     texts += [p.read_text() for p in (ROOT / "docs").glob("*.md")]
@@ -60,7 +60,16 @@ def test_every_join_example_names_the_node() -> None:
 def test_nothing_cites_files_outside_the_repository() -> None:
     # users of the project have no ../shared; facts live in docs/ or cite public sources
     needle = "/".join(("shared", "reference"))  # spelled apart so this file does not match
-    for folder in ("exporter", "tests", "docs", "proto", "monitoring", "deploy", "bench"):
+    for folder in (
+        "exporter",
+        "simulator",
+        "tests",
+        "docs",
+        "proto",
+        "monitoring",
+        "deploy",
+        "bench",
+    ):
         for path in (ROOT / folder).rglob("*"):
             if path.is_file() and path.suffix in {".py", ".pyi", ".md", ".proto", ".yaml", ".c"}:
                 assert needle not in path.read_text(), path

@@ -118,10 +118,12 @@ def test_build_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "kube-device-exporter = exporter.cli:main" in archive.read(entry_points).decode()
+        assert (
+            "kube-device-exporter = exporter.cli.main:main" in archive.read(entry_points).decode()
+        )
     assert "exporter/py.typed" in names
-    assert "exporter/sinks/static/index.html" in names
-    assert any(n.startswith("exporter/simulate/scenarios/") for n in names)
+    assert "exporter/web/static/index.html" in names
+    assert not [n for n in names if n.startswith("simulator/") or n.endswith((".c", ".yaml"))]
     assert not [n for n in names if n.endswith((".so", ".o")) or ".so." in n]
     assert not [n for n in names if n.startswith(("tests/", "monitoring/", "dashboards/"))]
 
@@ -134,11 +136,12 @@ def test_build_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
     )  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-c",
-         "import exporter, sys; from exporter.cli import main; print(exporter.__file__);"
-         " sys.exit(main(['simulate', '--help']))"],
+         "import exporter, sys; from exporter.cli.main import main; print(exporter.__file__);"
+         " sys.exit(main(['--help']))"],
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith(str(site)), done.stdout
-    assert "demo" in done.stdout
+    assert "kube-device-exporter doctor" in done.stdout
+    assert "simulate" not in done.stdout, "the image has no simulated node"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import flagdoc
-from exporter.flags import build_parser
+from exporter.cli.flags import build_parser
+from monitoring import flagdoc
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_make_demo_installs_no_test_tools() -> None:
 
 def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "simulation.md").read_text()
-    (command,) = re.findall(r"`(make -C exporter/simulate/fakenvml [^`]*)`", doc)
+    (command,) = re.findall(r"`(make -C simulator/fakenvml [^`]*)`", doc)
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip("no .venv here (make install makes it)")
     build = tmp_path / "build"
@@ -61,7 +61,7 @@ def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
 
 def test_a_relative_python_for_fakenvml_says_what_to_do(tmp_path: Path) -> None:
     done = subprocess.run(
-        ["make", "-s", "-C", "exporter/simulate/fakenvml", "PYTHON=.venv/bin/python",
+        ["make", "-s", "-C", "simulator/fakenvml", "PYTHON=.venv/bin/python",
          f"BUILD={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -23,12 +23,12 @@ from exporter.checks import (
     source_findings,
     unseen_by_resource,
 )
-from exporter.flags import parse_config
-from exporter.join import ResourceMatcher
+from exporter.cli.flags import parse_config
+from exporter.ids import ResourceMatcher
 from exporter.model import ContainerDevices, Device, DeviceReading, SourceResult
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import load_scenario
 from exporter.sources.resources import SOURCE_FIXES
+from simulator.node import SimulatedNode
+from simulator.scenario import load_scenario
 from tests.support import StaticSource
 
 GPU0 = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from exporter.model import ProcessUsage
 from exporter.sources.amdgpu import AmdgpuSource
-from exporter.sources.drmfdinfo import Busy, DrmClient, parse_fdinfo, scan
 from exporter.sources.intel import IntelSource
+from exporter.sources.sysfs.drmfdinfo import Busy, DrmClient, parse_fdinfo, scan
 from tests.support import Clock
 from tests.sysfs_support import context, make_tree
 
@@ -240,14 +240,14 @@ def test_scan_counts_processes_it_may_not_read(
             raise PermissionError(13, "Permission denied")
         return listdir(path)
 
-    monkeypatch.setattr("exporter.sources.drmfdinfo.os.listdir", denied)
+    monkeypatch.setattr("exporter.sources.sysfs.drmfdinfo.os.listdir", denied)
     found = scan(proc, ["i915"])
     assert found.unreadable == 1
     assert [(pid, c.client_id) for pid, c in found.clients] == [(701, 18)]
 
 
 def test_process_scan_runs_every_process_interval_not_every_cycle(tmp_path: Path) -> None:
-    from exporter.sources.sysfs import PROCESS_INTERVAL
+    from exporter.sources.sysfs.source import PROCESS_INTERVAL
 
     part = make_tree(tmp_path, "mixed")
     proc = tmp_path / "proc"

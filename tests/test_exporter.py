@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import poller as poller_module
 from exporter.app import Exporter
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.join import join
 from exporter.model import (
     Container,
@@ -29,8 +29,9 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
+from exporter.sources import Source
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, metrics_text, one_cycle
 
@@ -114,7 +115,7 @@ async def test_deleted_pod_is_gone_the_next_cycle(tmp_path: Path) -> None:
 
 
 async def test_a_broken_source_loses_only_its_own_devices(tmp_path: Path) -> None:
-    sources = {"fake": StaticSource(gpu_result()), "broken": Broken()}
+    sources: dict[str, Source] = {"fake": StaticSource(gpu_result()), "broken": Broken()}
     snap = await one_cycle(parse_scenario(SCENARIO), tmp_path / "k.sock", sources)
     families = parse(metrics_text(snap))
     success = {labels["source"]: v for labels, v in families["kube_device_exporter_source_success"]}

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from exporter.simulate import nvml as simnvml
+from simulator import nvml as simnvml
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]

@@ -14,18 +14,17 @@ from typing import Any
 
 import pytest
 
-from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver
-from exporter.flags import parse_config
-from exporter.join import ResourceMatcher
+from exporter.cli.flags import parse_config
+from exporter.ids import ResourceMatcher
 from exporter.metrics import Kind
 from exporter.model import Snapshot
-from exporter.simulate import nvml as simnvml
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import Scenario, bundled_names, load_scenario
 from exporter.sinks.dcgm import FIELDS
 from exporter.sources import Source
 from exporter.sources.nvml import NvmlSource
+from simulator import nvml as simnvml
+from simulator.node import SimulatedNode
+from simulator.scenario import Scenario, bundled_names, load_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
 from tests.support import Clock, assert_golden, metrics_text, one_cycle
@@ -90,7 +89,7 @@ async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.Monke
     if state:
         monkeypatch.setenv(simnvml.STATE_ENV, state)
     config = parse_config(node.exporter_args(), env={})
-    sources = build_sources(config, clock=clock)
+    sources = node.sources(config, clock=clock)  # PF netlink from the node's recordings
     try:
         clock.now = T0
         node.advance()

@@ -3,6 +3,7 @@ what a trim does (a full collection, glibc's malloc_trim), and that the exporter
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -17,7 +18,7 @@ import pytest
 
 from exporter import heap
 from exporter.app import Exporter
-from exporter.flags import parse_config
+from exporter.cli.flags import parse_config
 from exporter.heap import MIN_DROP, HeapTrimmer, malloc_trim
 from exporter.model import (
     Container,
@@ -85,7 +86,7 @@ async def test_a_node_that_shrinks_is_trimmed_on_the_next_cycle_and_a_minute_lat
         node="n1",
         sources={"fake": gpu()},
         client=kubelet,  # type: ignore[arg-type]
-        sinks=[trimmer],
+        after_cycle=[trimmer],
         interval=1.0,
     )
     trims = []
@@ -112,7 +113,7 @@ def test_only_a_drop_to_half_the_peak_and_by_min_drop_items_trims() -> None:
 
     def cycle(size: int) -> int:
         clock.now += 1.0
-        trimmer.update(sized(size))
+        trimmer.after_cycle(sized(size))
         return trim.calls
 
     assert [cycle(n) for n in (100, 900, 450, 450)] == [0, 0, 0, 0]  # half, but by 450 only
@@ -147,7 +148,12 @@ def _trim_with_the_collector_off(trimmer: HeapTrimmer) -> None:
 
 def test_a_trim_collects_reference_cycles_then_trims_the_c_heap() -> None:
     gone, trim, seen = _garbage_cycle(), Counter(), []
-    trimmer = HeapTrimmer(lambda: seen.append(gone() is None) or trim(), clock=Clock())
+
+    def look_then_trim() -> bool:
+        seen.append(gone() is None)
+        return trim()
+
+    trimmer = HeapTrimmer(look_then_trim, clock=Clock())
     _trim_with_the_collector_off(trimmer)
     assert seen == [True]  # collected before malloc_trim walks the heap
     assert trim.calls == 1 and trimmer.trims == 1
@@ -158,7 +164,7 @@ def test_without_malloc_trim_a_trim_only_collects(monkeypatch: pytest.MonkeyPatc
         def __init__(self, name: object) -> None:
             self.name = name
 
-    monkeypatch.setattr(heap.ctypes, "CDLL", Musl)
+    monkeypatch.setattr(ctypes, "CDLL", Musl)  # the module heap calls it through
     assert malloc_trim() is None
     gone, trimmer = _garbage_cycle(), HeapTrimmer(clock=Clock())
     _trim_with_the_collector_off(trimmer)
@@ -195,15 +201,51 @@ def test_malloc_trim_hands_freed_pages_in_the_middle_of_the_heap_back(tmp_path: 
     assert before - after > 40 * 2**20, (before / 2**20, after / 2**20)
 
 
-def test_the_exporter_trims_after_every_other_sink() -> None:
+def test_the_exporter_trims_as_an_after_cycle_step_not_as_a_sink() -> None:
     config = parse_config(
         ["--kubelet-socket", "/nonexistent/kubelet.sock", "--node-name", "n1"],
         env={}, sources={},
     )  # fmt: skip
     exporter = Exporter(config, sources={"fake": gpu()})
-    sinks = exporter.poller.sinks
-    assert isinstance(sinks[-1], HeapTrimmer)
-    assert sum(isinstance(s, HeapTrimmer) for s in sinks) == 1
+    assert [step.name for step in exporter.poller.after_cycle] == ["heap-trim"]
+    assert isinstance(exporter.poller.after_cycle[0], HeapTrimmer)
+    assert not [s for s in exporter.poller.sinks if isinstance(s, HeapTrimmer)]
+
+
+class Broken:
+    name = "broken-step"
+
+    def after_cycle(self, snapshot: Snapshot) -> None:
+        raise RuntimeError("boom")
+
+
+async def test_a_failing_after_cycle_step_is_logged_by_name_and_the_cycle_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, trim, kubelet = Clock(), Counter(), Kubelet(600)
+    trimmer = HeapTrimmer(trim, clock=clock)
+    built: list[int] = []
+    poller = Poller(
+        node="n1",
+        sources={"fake": gpu()},
+        client=kubelet,  # type: ignore[arg-type]
+        after_cycle=[Broken(), trimmer],
+        after_publish=[lambda: built.append(1)],
+        interval=1.0,
+    )
+    try:
+        with caplog.at_level("ERROR", logger="exporter.poller"):
+            snapshot = await poller.run_once()
+        assert len(snapshot.allocations) == 600
+        assert "after-cycle step broken-step failed" in caplog.text
+        assert "RuntimeError: boom" in caplog.text
+        assert built == [1]  # the /metrics body is still built
+        kubelet.pods = 0
+        await poller.run_once()
+        await poller.run_once()  # the shrink's trim: on the next cycle, after the broken step
+    finally:
+        await poller.close()
+    assert trim.calls == 1 and built == [1, 1, 1]
 
 
 @pytest.mark.skipif(not GLIBC, reason="the image's allocator is glibc's malloc")
@@ -231,7 +273,7 @@ def test_the_trimmer_says_when_python_s_own_allocator_keeps_memory(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for blocks, said in ((12345, True), (0, False)):  # pymalloc counts its blocks, malloc not
-        monkeypatch.setattr(heap.sys, "getallocatedblocks", lambda b=blocks: b)
+        monkeypatch.setattr(sys, "getallocatedblocks", lambda b=blocks: b)
         caplog.clear()
         with caplog.at_level("INFO", logger="exporter.heap"):
             HeapTrimmer(clock=Clock())

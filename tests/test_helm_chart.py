@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import tarfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,34 @@ def test_rules_and_dashboards_are_the_kits() -> None:
         assert yaml.safe_load(text) == boards[stem]
 
 
+def test_packaged_chart_carries_the_stored_dashboards_and_rules(tmp_path: Path) -> None:
+    """The chart's files/ are links to dashboards/ and deploy/alerts (the one stored copy);
+    Helm follows them when it packages, so the archive holds the files themselves, and the
+    packaged chart renders the same objects as the chart directory."""
+    files = CHART / "files"
+    assert (files / "dashboards").resolve() == kit.DASHBOARDS
+    assert (files / "rules.yaml").resolve() == kit.RULES
+    archive = Path(helm.package(CHART, destination=tmp_path))
+    with tarfile.open(archive) as tar:
+        packed = {
+            m.name.removeprefix("kube-device-exporter/files/"): tar.extractfile(m)
+            for m in tar.getmembers()
+            if m.name.startswith("kube-device-exporter/files/")
+        }
+        texts = {name: f.read().decode() for name, f in packed.items() if f is not None}
+    expected = {f"dashboards/{p.name}": p.read_text() for p in kit.DASHBOARDS.glob("*.json")}
+    assert texts == {**expected, "rules.yaml": kit.RULES.read_text()}
+    with helm.Chart.load(archive) as chart:
+        out = chart.render(EVERYTHING, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    from_archive = [
+        d for path, text in out.items() if path.endswith(".yaml")
+        for d in yaml.safe_load_all(text) if d
+    ]  # fmt: skip
+    assert sorted(from_archive, key=kustomize.key) == sorted(
+        _rendered("everything"), key=kustomize.key
+    )
+
+
 def test_chart_version_is_the_package_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -197,7 +226,7 @@ def test_chart_version_is_the_package_version() -> None:
 def _pod_spec(resources: list[dict[str, Any]]) -> dict[str, Any]:
     """The DaemonSet's pod spec with named lists in name order (kustomize's patches put
     added items first, the chart last; order means nothing to Kubernetes here)."""
-    spec = copy.deepcopy(_one(resources, "DaemonSet")["spec"]["template"]["spec"])
+    spec: dict[str, Any] = copy.deepcopy(_one(resources, "DaemonSet")["spec"]["template"]["spec"])
     spec["volumes"].sort(key=lambda v: v["name"])
     for container in spec["containers"]:
         for field in ("env", "volumeMounts"):
@@ -218,7 +247,7 @@ def _kit(tmp_path: Path, overlay: str, *components: str) -> list[dict[str, Any]]
     return kustomize.build(mine)
 
 
-SAME_CHOICES = {
+SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
     "toolkit as default runtime": ({}, "kube-prometheus-stack", ()),
     "GPU Operator with CDI": ({"runtimeClassName": "nvidia"}, "gpu-operator", ()),
     "GKE": ({"gke": {"enabled": True}}, "gke", ()),

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.sinks.webserver import ServerLimits
-from exporter.sinks.webstats import ServerStats
+from exporter.web.server import ServerLimits
+from exporter.web.stats import ServerStats
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 

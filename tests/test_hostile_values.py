@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.model import SourceResult
-from exporter.simulate.sysfs import SysfsPart
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.counters import COUNTER_MAX, MonotonicCounters
-from exporter.sources.sysfsreader import PERCENT, U64, Reader, parse_integer, parse_number
+from exporter.sources.sysfs.reader import PERCENT, U64, Reader, parse_integer, parse_number
+from simulator.sysfs import SysfsPart
 from tests.support import Clock
 from tests.sysfs_support import context, make_tree
 from tests.test_sysfs_sources import AMD, AMD_DEV

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
+from simulator.kubelet import GET_DISABLED, SimulatedKubelet
+from simulator.scenario import parse_scenario
 
 SCENARIO = """
 node: n

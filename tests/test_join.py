@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.join import ResourceMatcher, join, normalize_device_id, pci_address
+from exporter.ids import ResourceMatcher, normalize_device_id, pci_address
+from exporter.join import join
 from exporter.model import (
     AllocationKind,
     ClaimResource,

@@ -1,7 +1,7 @@
 """Acceptance: a real Prometheus scrapes simulated nodes, loads the alert rules, and every
 dashboard panel query and template-variable query is evaluated through its HTTP API.
 
-The exporters run as `kube-device-exporter simulate SCENARIO` subprocesses, as a user runs
+The exporters run as `kde-simulate SCENARIO` subprocesses, as a user runs
 them: the simulated NVML library must be on LD_LIBRARY_PATH before the process starts, and
 the runner re-executes itself to get it. Beside the simulated nodes Prometheus scrapes an
 exporter whose kubelet socket does not exist (and whose OTLP push goes nowhere) and an
@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from exporter.metrics import SPECS, Scope
-from exporter.simulate.scenario import bundled_names, load_scenario
+from exporter.metrics import SPECS, Scope, prometheus_label
 from exporter.sources import registry
+from simulator.scenario import bundled_names, load_scenario
 from tests import kit
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, free_port, need
@@ -122,7 +122,7 @@ def _start_exporter(
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "exporter.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}",
+        [sys.executable, "-m", *args, "--web.listen-address", f"127.0.0.1:{port}",
          "--collect-interval", "1s", "--collect-timeout", "1s"],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -175,14 +175,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 kubeconfig = api.kubeconfig(root / "kubeconfig")
                 extra = ["--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig)]
             launched = time.time()
-            proc, target = _start_exporter(["simulate", scenario, *extra], root / scenario)
+            proc, target = _start_exporter(["simulator", scenario, *extra], root / scenario)
             procs.append(proc)
             _wait_ready(proc, target, root / scenario / "exporter.log")
             exporters[scenario] = target
             started[scenario] = (launched, time.time())
         # It also pushes OTLP to an address nobody listens on: its export counters are real.
         proc, target = _start_exporter(
-            ["--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
+            ["exporter", "--kubelet-socket", str(root / "no-kubelet" / "kubelet.sock"),
              "--node-name", "no-kubelet-node",
              "--otlp.endpoint", f"http://127.0.0.1:{free_port()}"],
             root / "no-kubelet",
@@ -299,7 +299,7 @@ def test_template_variable_lists_values(
 def _xfail_if_awaiting(expr: str) -> None:
     series, _ = kit.names_in(expr)
     waiting = {name: why for name, why in awaiting().items() if name in series}
-    resolved = f'{kit.prometheus_label("hw.id")}!=""'
+    resolved = f'{prometheus_label("hw.id")}!=""'
     if not registry() and resolved in expr:
         waiting[resolved] = "allocations resolve to devices only once a device source is merged"
     if waiting:
@@ -340,7 +340,7 @@ def test_alert_rules_load_and_evaluate(cluster: Cluster) -> None:
 
 
 def _alert_expr(name: str) -> str:
-    return next(r["expr"] for r in kit.rules() if r["alert"] == name)
+    return str(next(r["expr"] for r in kit.rules() if r["alert"] == name))
 
 
 def test_health_alert_expressions_select_the_broken_targets(cluster: Cluster) -> None:
@@ -349,7 +349,7 @@ def test_health_alert_expressions_select_the_broken_targets(cluster: Cluster) ->
     assert {s["metric"]["instance"] for s in down} == {cluster.down_target}
 
     unreachable = cluster.prometheus.wait_for(_alert_expr("KubeDeviceExporterKubeletUnreachable"))
-    node = kit.prometheus_label("k8s.node.name")
+    node = prometheus_label("k8s.node.name")
     assert {s["metric"][node] for s in unreachable} == {"no-kubelet-node"}
 
     # The demo exporter watches a reachable API server: its pod watch is up, so no alert.
@@ -378,7 +378,7 @@ def test_not_allocatable_panel_and_alert_show_the_unhealthy_gpu(cluster: Cluster
     """The `numa` node's plugin reports GPU ...003 unhealthy after 2 s: the devices
     dashboard's panel lists it with its holder, and the alert selects it and nothing else."""
     gpu = "GPU-2b7e0c41-93a5-4f1e-8d21-000000000003"
-    hw_id, pod = kit.prometheus_label("hw.id"), kit.prometheus_label("k8s.pod.name")
+    hw_id, pod = prometheus_label("hw.id"), prometheus_label("k8s.pod.name")
     allocatable, holder = _panel("devices", "Not allocatable (device plugin reports unhealthy)")
     assert {r[hw_id] for r in _rows(cluster, allocatable)} == {gpu}
     assert [(r[hw_id], r[pod]) for r in _rows(cluster, holder)] == [(gpu, "trainer-misaligned")]
@@ -387,7 +387,7 @@ def test_not_allocatable_panel_and_alert_show_the_unhealthy_gpu(cluster: Cluster
 
 
 def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -> None:
-    pod = kit.prometheus_label("k8s.pod.name")
+    pod = prometheus_label("k8s.pod.name")
     alignment = _panel("workloads", "NUMA alignment of containers holding devices")
     aligned_q, cpus_q = alignment
     aligned = {
@@ -397,14 +397,14 @@ def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -
             instant=True,
         )
         for r in [s["metric"]]
-        if r.get(kit.prometheus_label("k8s.node.name")) == "numa-node-1"
+        if r.get(prometheus_label("k8s.node.name")) == "numa-node-1"
     }
     # The notebook runs on the shared CPU pool with no pinned memory: no alignment value.
     assert aligned == {"trainer-misaligned": 0.0, "trainer-aligned": 1.0}
     assert {r[pod] for r in _rows(cluster, cpus_q)} >= {"notebook", "trainer-aligned"}
     (placed,) = _panel("workloads", "NUMA nodes by resource")
-    resource = kit.prometheus_label("hw.numa.resource")
-    numa_node = kit.prometheus_label("hw.numa_node")
+    resource = prometheus_label("hw.numa.resource")
+    numa_node = prometheus_label("hw.numa_node")
     rows = {
         (r[resource], r[numa_node])
         for r in _rows(cluster, placed)
@@ -420,7 +420,7 @@ def test_numa_panels_and_alert_show_the_misaligned_container(cluster: Cluster) -
 def _values_on(
     cluster: Cluster, query: kit.PanelQuery, node: str
 ) -> list[tuple[dict[str, str], float]]:
-    on = kit.prometheus_label("k8s.node.name")
+    on = prometheus_label("k8s.node.name")
     return [(m, points[-1]) for m, points in _read(cluster, query) if m.get(on, node) == node]
 
 
@@ -433,7 +433,7 @@ def test_dashboards_show_the_values_the_demo_node_has(cluster: Cluster) -> None:
     demo = yaml.safe_load(path.read_text())
     gpus = demo["nvidia"]["gpus"]
     slices = sum(len(g.get("mig", [])) for g in gpus)
-    hw_id, pod = kit.prometheus_label("hw.id"), kit.prometheus_label("k8s.pod.name")
+    hw_id, pod = prometheus_label("hw.id"), prometheus_label("k8s.pod.name")
 
     (devices,) = _panel("devices", "Devices")
     holders = {m[hw_id]: m.get(pod, "") for m, _ in _values_on(cluster, devices, "demo-node-1")}
@@ -551,7 +551,7 @@ def test_devices_dashboard_shows_each_gpus_utilization_and_memory(cluster: Clust
     ...003: dev-shell's 3 GiB), out of its memory (81559 MiB unless set)."""
     (utilization,) = _panel("devices", "Utilization")
     used, size = _panel("devices", "Device memory used")
-    hw_id, task = kit.prometheus_label("hw.id"), kit.prometheus_label("hw.gpu.task")
+    hw_id, task = prometheus_label("hw.id"), prometheus_label("hw.gpu.task")
     checked = []
     for name in ("demo", "numa"):
         scenario = load_scenario(name)
@@ -595,7 +595,7 @@ def test_workloads_dashboard_shows_each_pods_devices(cluster: Cluster) -> None:
     (pods,) = _panel("workloads", "Pods holding devices")
     (table,) = _panel("workloads", "Allocations")
     (by_namespace,) = _panel("workloads", "Devices held by namespace")
-    label = kit.prometheus_label
+    label = prometheus_label
     checked: dict[str, int] = {}
     for name in SCENARIOS:
         scenario = load_scenario(name)
@@ -653,7 +653,7 @@ def test_efficiency_dashboard_lists_exactly_the_idle_allocated_devices(
     for name in SCENARIOS:
         expected |= idle_while_held(load_scenario(name), threshold)
     keys = ("k8s.node.name", "hw.id", "k8s.namespace.name", "k8s.pod.name")
-    labels = [kit.prometheus_label(k) for k in keys]
+    labels = [prometheus_label(k) for k in keys]
     idle_for, peak, now = _panel("efficiency", "Allocated but idle")
 
     def listed(query: kit.PanelQuery) -> dict[tuple[str, ...], float]:
@@ -685,7 +685,7 @@ def test_efficiency_dashboard_lists_exactly_the_idle_allocated_devices(
         (stat,) = _panel(stem, title)
         assert _stat(cluster, stat) == count, title
     (graph,) = _panel("efficiency", "Allocated devices idle now, by namespace")
-    by_namespace = _latest(cluster, graph, kit.prometheus_label("k8s.namespace.name"))
+    by_namespace = _latest(cluster, graph, prometheus_label("k8s.namespace.name"))
     assert by_namespace == Counter(key[2] for key in expected)
 
 
@@ -703,13 +703,13 @@ def test_power_panels_show_watts_from_the_scenario(cluster: Cluster) -> None:
         for g in gpus
     }
     power, limit = _panel("devices", "Power and limit")
-    hw_id = kit.prometheus_label("hw.id")
+    hw_id = prometheus_label("hw.id")
     node = {"node": scenario.node}
     assert _levels(_read(cluster, power, **node), hw_id) == {k: {v} for k, v in watts.items()}
     assert _levels(_read(cluster, limit, **node), hw_id) == {g.uuid: {g.power_limit} for g in gpus}
     (by_node,) = _panel("overview", "Power by node")
     total = round(sum(watts.values()), 3)
-    on = kit.prometheus_label("k8s.node.name")
+    on = prometheus_label("k8s.node.name")
     assert _levels(_read(cluster, by_node, **node), on) == {scenario.node: {total}}
 
 
@@ -724,8 +724,8 @@ def test_mig_slices_panel_shows_each_slices_parent_profile_and_holder(cluster: C
     scenario = load_scenario("demo")
     holders = {h.device_id: h.pod for h in holdings(scenario)}
     slices_q, used_q, size_q = _panel("devices", "MIG slices")
-    label = kit.prometheus_label
-    columns = ("hw.parent", "hw.gpu.mig.profile", "hw.gpu.mig.gpu_instance_id")
+    label = prometheus_label
+    columns: tuple[str, ...] = ("hw.parent", "hw.gpu.mig.profile", "hw.gpu.mig.gpu_instance_id")
     columns += ("hw.gpu.mig.compute_instance_id", "k8s.namespace.name", "k8s.pod.name")
     expected: dict[str, tuple[str, ...]] = {}
     in_use: dict[str, tuple[int, int]] = {}
@@ -766,7 +766,7 @@ def test_overview_resources_table_counts_what_the_kubelet_lists(cluster: Cluster
     pods hold (numa: 4, the unhealthy GPU staying with its pod); every such resource's
     plugin registered (1), none of them being down in any bundled scenario."""
     allocatable_q, allocated_q, registered_q = _panel("overview", "Resources")
-    resource = kit.prometheus_label("hw.allocation.resource")
+    resource = prometheus_label("hw.allocation.resource")
     checked = []
     for name in SCENARIOS:
         scenario = load_scenario(name)

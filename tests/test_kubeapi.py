@@ -11,13 +11,13 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from exporter.flags import UsageError, parse_config
+from exporter.cli.flags import UsageError, parse_config
 from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
@@ -39,7 +39,7 @@ HOLDERS = [
 
 
 @pytest.fixture
-def server() -> AsyncIterator[FakeApiServer]:
+def server() -> Iterator[FakeApiServer]:
     srv = FakeApiServer().start()
     srv.add_owner(
         owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
@@ -47,7 +47,7 @@ def server() -> AsyncIterator[FakeApiServer]:
     srv.add_owner(owner_object("Job", "nightly-290", "job-1", "ml", ("CronJob", "nightly", "cj-1")))
     for p in (TRAIN, NIGHTLY, DB, BARE, ELSEWHERE):
         srv.add_pod(p)
-    yield srv  # type: ignore[misc]
+    yield srv
     srv.stop()
 
 
@@ -381,7 +381,7 @@ def test_flags(tmp_path: Path) -> None:
 
 
 def test_bad_regex_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter.cli import main
+    from exporter.cli.main import main
 
     assert main(["--kubernetes.pod-labels", "(("]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.simulate.scenario import load_scenario
+from simulator.scenario import load_scenario
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, scraped_simulation
 

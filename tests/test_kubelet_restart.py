@@ -18,9 +18,9 @@ import pytest
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
 from exporter.sinks.prometheus import render
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource
 
 SCENARIO = """
@@ -137,7 +137,7 @@ RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu-b")
 
 async def _restart_run(tmp: Path, settle: float, **kubelet: float) -> list[Cycle]:
     """Cycles every 0.2 s from 0 to 18 s; the kubelet is down from 9 to 10 s."""
-    node = Node(tmp, settle, **kubelet)
+    node = Node(tmp, settle, READINGS, **kubelet)
     await node.kubelet.start()
     try:
         await node.run_until(9.0)

@@ -14,13 +14,13 @@ import pytest
 from aiohttp import web
 
 from exporter.app import build_sources
-from exporter.flags import parse_config
-from exporter.join import ResourceMatcher
+from exporter.cli.flags import parse_config
+from exporter.ids import ResourceMatcher
 from exporter.model import Snapshot
-from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import load_scenario, parse_scenario
 from exporter.sinks.prometheus import PrometheusSink
-from exporter.sinks.web import DevicesView, make_app
+from exporter.web.app import DevicesView, make_app
+from simulator.node import SimulatedNode
+from simulator.scenario import load_scenario, parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, one_cycle
 from tests.test_exporter import GPU, SCENARIO, gpu_result
@@ -103,7 +103,7 @@ class FirstThenLater(DevicesView):
         super().__init__()
         self.first, self.later, self.served = first, later, 0
 
-    @property  # type: ignore[override]
+    @property
     def page(self) -> bytes:
         self.served += 1
         return self.first if self.served == 1 else self.later

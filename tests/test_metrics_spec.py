@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.metricdoc import markdown
 from exporter.metrics import (
     ATTRIBUTES,
     SPECS_LIST,
@@ -16,6 +15,7 @@ from exporter.metrics import (
     prometheus_label,
     prometheus_name,
 )
+from monitoring.metricdoc import markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 

@@ -15,7 +15,7 @@ from monitoring.__main__ import stale
 from monitoring.alerts import RUNBOOK_BASE, XID_CLASSES
 from monitoring.promql import UnknownName, promql
 from monitoring.render import files, flow
-from tests import kit
+from tests import kit, kustomize
 from tests.peers import promtool
 
 
@@ -102,16 +102,20 @@ def test_dashboard_is_importable_anywhere(stem: str) -> None:
 
 
 def test_dashboard_uids_are_unique_and_configmaps_carry_them() -> None:
+    """The kit's ConfigMaps are made by kustomize from the one stored copy, dashboards/:
+    the rendered text is each file's text, byte for byte, under the sidecar's label."""
     boards = kit.dashboards()
     assert len({b["uid"] for b in boards.values()}) == len(boards) == 5
+    maps = {cm["metadata"]["name"]: cm for cm in kustomize.build(kit.ROOT / "deploy" / "grafana")}
+    assert len(maps) == len(boards)
     for stem, board in boards.items():
-        path = kit.ROOT / "deploy" / "grafana" / f"dashboard-{stem}.yaml"
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        assert len(docs) == 1
-        cm = docs[0]
+        cm = maps[f"kube-device-exporter-dashboard-{stem}"]
         assert cm["kind"] == "ConfigMap"
+        assert cm["metadata"]["namespace"] == "kube-device-exporter"
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Devices"}
         (text,) = cm["data"].values()
+        assert text == (kit.DASHBOARDS / f"{stem}.json").read_text()
         assert json.loads(text) == board
         # kubectl's client-side apply keeps a copy in an annotation limited to 256 KiB.
         assert len(text.encode()) < 200 * 1024
@@ -178,7 +182,34 @@ def test_generator_writes_only_what_it_declares() -> None:
     paths = set(files())
     assert {p for p in paths if p.startswith("dashboards/")} == {
         f"dashboards/{p.name}" for p in kit.DASHBOARDS.glob("*.json")
-    }
+    } | {"dashboards/kustomization.yaml"}
+
+
+def test_generated_artefacts_are_stored_once() -> None:
+    """The generator writes each dashboard and the rule groups once; the kit's ConfigMaps
+    and the chart's files are made from those at render time, not stored beside them. The
+    PrometheusRule is the one stored second form of the groups (kustomize cannot make a
+    custom resource from a rule file); the rule tests above compare the two."""
+    paths = set(files())
+    assert not {p for p in paths if p.startswith(("deploy/helm/", "deploy/grafana/dashboard"))}
+    assert sorted(p.name for p in (kit.ROOT / "deploy" / "grafana").iterdir()) == [
+        "kustomization.yaml"
+    ]
+    stored = [
+        p
+        for top in ("dashboards", "deploy", "docs", "monitoring")
+        for p in sorted((kit.ROOT / top).rglob("*"))
+        if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts
+    ]
+    texts = {str(p.relative_to(kit.ROOT)): p.read_text() for p in stored}
+    for stem, board in kit.dashboards().items():
+        marker = f'"uid": "{board["uid"]}"'
+        assert [p for p, text in texts.items() if marker in text] == [f"dashboards/{stem}.json"]
+    first = f"- alert: {kit.rules()[0]['alert']}\n"
+    assert [p for p, text in texts.items() if first in text] == [
+        "deploy/alerts/kube-device-exporter.rules.yaml",
+        "deploy/prometheusrule/prometheusrule.yaml",
+    ]
 
 
 def _cells(panel: dict[str, Any]) -> set[tuple[int, int]]:
@@ -203,7 +234,7 @@ def test_panels_fit_the_grid_without_overlapping(stem: str) -> None:
 
 def test_flow_wraps_a_panel_that_does_not_fit() -> None:
     """The check above can fail: the SDK's placement put a 24-wide table at x=16."""
-    panels = [
+    panels: list[dict[str, Any]] = [
         {"type": "stat", "gridPos": {"x": 0, "y": 0, "w": 16, "h": 4}},
         {"type": "table", "gridPos": {"x": 16, "y": 0, "w": 24, "h": 10}},
         {"type": "row", "gridPos": {"x": 0, "y": 0, "w": 24, "h": 1}},

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.join import ResourceMatcher, container_numa
+from exporter.ids import ResourceMatcher
+from exporter.join import container_numa
 from exporter.model import Container, ContainerDevices, ContainerMemory
 from exporter.numa import CpuNodeMap, parse_cpulist, read_cpu_nodes
-from exporter.simulate.scenario import ScenarioError, parse_scenario
-from exporter.simulate.sysfs import render
-from exporter.simulate.sysfstree import write_tree
+from simulator.scenario import ScenarioError, parse_scenario
+from simulator.sysfs import render
+from simulator.sysfstree import write_tree
 from tests.support import Clock
 
 TWO_SOCKETS = {cpu: 0 for cpu in range(0, 8)} | {cpu: 1 for cpu in range(8, 16)}

@@ -1,5 +1,6 @@
 """The NVML behaviour table (exporter/sources/nvml/behaviour.py): each row's nvml.h passage
-is in the real header, the stand-in behaves as the row says, and so does the source.
+is in the real header, the stand-in behaves as the row and its note
+(simulator/nvml_stand_in.py) say, and so does the source.
 
 A test here that fails after a change to the stand-in means the stand-in stopped behaving
 like the header says a driver does; never relax it to make the source pass.
@@ -18,7 +19,8 @@ import pytest
 from exporter.model import SourceResult
 from exporter.sources import RestartRequired
 from exporter.sources.nvml import NvmlUnavailable
-from exporter.sources.nvml.behaviour import BY_KEY, MEASURED, TABLE
+from exporter.sources.nvml.behaviour import BY_KEY, TABLE
+from simulator.nvml_stand_in import STAND_IN, render
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]
@@ -47,7 +49,11 @@ def test_every_row_quotes_the_real_header(row: object) -> None:
 
     assert isinstance(row, Behaviour)
     assert _flat(row.header) in _flat(nvml_header()), f"{row.key}: not in nvml.h"
-    assert row.rule and row.stand_in
+    assert row.rule and STAND_IN.get(row.key), f"{row.key}: no stand-in note"
+
+
+def test_every_stand_in_note_is_for_a_row() -> None:
+    assert set(STAND_IN) == set(BY_KEY)
 
 
 def ids(result: SourceResult) -> list[str]:
@@ -271,19 +277,21 @@ def test_a_lost_gpu_stays_failed_across_a_driver_reload_until_retention(
     assert GPU.format(1) not in ids(node.collect_at(source, 115.0))  # retention over
 
 
-def test_docs_nvml_md_is_generated_from_the_table() -> None:
-    from exporter.sources.nvml.behaviour import markdown
+NVML_MD = Path(__file__).resolve().parent.parent / "docs" / "nvml.md"
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "nvml.md"
-    assert path.read_text() == markdown(), "run `make docs`"
+
+def test_docs_nvml_md_is_generated_from_the_table() -> None:
+    text = NVML_MD.read_text()
+    assert text == render(text), "run `make docs`"
+    assert "## `gpu-is-lost`" in text and STAND_IN["gpu-is-lost"] in text
 
 
 def test_own_pid_namespace_lists_nothing_but_samples_keep_host_pids(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:
-    """Measured on an H100 (behaviour.py MEASURED, bench/pidns_probe.sh): a pod without
-    hostPID gets no process from the lists, and utilization samples with host PIDs."""
-    assert "pid_namespace" in MEASURED
+    """Measured on an H100 (docs/nvml.md, bench/pidns_probe.sh): a pod without hostPID gets
+    no process from the lists, and utilization samples with host PIDs."""
+    assert "nvidia.pid_namespace: own" in NVML_MD.read_text().split("## Measured")[1]
     node = nvidia_node(TWO.replace("pid_namespace: host", "pid_namespace: own"))
     pynvml.nvmlInit()
     try:
@@ -299,7 +307,7 @@ def test_own_pid_namespace_lists_nothing_but_samples_keep_host_pids(
     result = node.collect_at(source, 5.0)
     # the sampled process, with its host PID, utilization and no memory (not 0); the
     # idle one is not seen at all
-    assert [(p.pid, p.memory_bytes, p.utilization) for p in result.processes] == [
-        (10, None, pytest.approx(0.4))
-    ]
+    (process,) = result.processes
+    assert (process.pid, process.memory_bytes) == (10, None)
+    assert process.utilization == pytest.approx(0.4)
     assert result.field_errors == 0

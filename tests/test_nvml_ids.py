@@ -16,7 +16,7 @@ from exporter.model import (
     Pod,
     PodResourcesState,
 )
-from exporter.simulate.scenario import load_scenario
+from simulator.scenario import load_scenario
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from exporter.simulate.nvml import STATE_ENV
+from simulator.nvml import STATE_ENV
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
 __all__ = ["fakenvml", "nvidia_node"]
 
 SCRIPT = r"""
 import json, statistics
-from exporter.simulate.nvml import measure_collect
+from simulator.nvml import measure_collect
 from exporter.sources import SourceContext
 from exporter.sources.nvml import NvmlSource
 

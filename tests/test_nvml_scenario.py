@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from exporter.simulate.nvml_scenario import parse_nvidia
-from exporter.simulate.nvml_spec import NO_ID
-from exporter.simulate.nvml_state import render
-from exporter.simulate.scenario import ScenarioError, load_scenario
-from exporter.simulate.signals import Signal, parse_signal
+from simulator.nvml_scenario import parse_nvidia
+from simulator.nvml_spec import NO_ID
+from simulator.nvml_state import render
+from simulator.scenario import ScenarioError, load_scenario
+from simulator.signals import Signal, parse_signal
 
 GPU0 = "GPU-00000000-0000-4000-8000-000000000000"
 

@@ -1,4 +1,4 @@
-"""`kube-device-exporter simulate demo`: the runner re-execs with LD_LIBRARY_PATH, the
+"""`kde-simulate demo`: the runner re-execs with LD_LIBRARY_PATH, the
 exporter's NVML source loads the simulated library, and /metrics shows GPUs with pods."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_simulate_demo_serves_gpu_metrics(fakenvml: object, tmp_path: object) ->
     }
     env["KDE_SIMULATE_WORKDIR"] = str(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", "demo",
+        [sys.executable, "-m", "simulator", "demo",
          "--web.listen-address", f"127.0.0.1:{port}",
          "--collect-interval", "1s", "--collect-timeout", "1s"],
         env=env,

@@ -15,12 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from exporter.config import Config, OtlpConfig
-from exporter.flags import UsageError, parse_config
+from exporter.cli.config import Config, OtlpConfig
+from exporter.cli.flags import UsageError, parse_config
 from exporter.metrics import SPECS, Kind, prometheus_label, prometheus_name
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import load_scenario
 from exporter.sinks.otlp_transport import export_timeout, http_url
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import load_scenario
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Point, Receiver, points_of
 from tests.otlp_snapshots import GPU0, MIG102, FakeGpus, energy_snapshot, sink_for
 from tests.support import Clock

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from exporter.app import Exporter
-from exporter.config import Config
+from exporter.cli.config import Config
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
 from exporter.sinks.prometheus import render
-from exporter.sinks.web import DevicesView
+from exporter.web.app import DevicesView
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource
 

@@ -13,11 +13,10 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Pod
 from exporter.podresources import client as podresources_client
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
-from exporter.simulate.kubelet import GET_DISABLED, SimulatedKubelet
-from exporter.simulate.scenario import parse_scenario
+from exporter.podresources.parse import parse_list
+from simulator.kubelet import GET_DISABLED, SimulatedKubelet
+from simulator.scenario import parse_scenario
 from tests.support import Clock
-
-parse_list = podresources_client.parse_list
 
 SCENARIO = """
 node: n1
@@ -238,7 +237,7 @@ async def test_rate_limit_backs_off_and_recovers(sock: Path) -> None:
 
 
 def test_token_bucket_matches_kubelet_numbers() -> None:
-    from exporter.simulate.kubelet import TokenBucket
+    from simulator.kubelet import TokenBucket
 
     clock = Clock()
     bucket = TokenBucket(100, 10, clock)

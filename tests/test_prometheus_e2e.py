@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.simulate.scenario import load_scenario
+from simulator.scenario import load_scenario
 from tests.peers import PrometheusServer, scraped_simulation
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-00000000000{}"

@@ -154,8 +154,10 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
 
 def parse_wire(data: bytes) -> list[tuple[int, int, Any]]:
     """Bytes -> [(field number, wire type, int or bytes)] (no schema involved)."""
-    out, i = [], 0
+    out: list[tuple[int, int, Any]] = []
+    i = 0
     while i < len(data):
+        value: int | bytes
         key, i = _varint(data, i)
         number, wire = key >> 3, key & 7
         if wire == 0:

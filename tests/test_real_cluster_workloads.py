@@ -54,6 +54,12 @@ def objects(node: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _node_pods(admin: Api, node: ClusterNode) -> dict[str, dict[str, Any]]:
+    """The test namespace's pods on the node, by name."""
+    items = admin.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")
+    return {p["metadata"]["name"]: p for p in items["items"] if p["metadata"]["namespace"] == NS}
+
+
 @dataclass
 class Scene:
     admin: Api
@@ -61,10 +67,7 @@ class Scene:
     metrics: Metrics
 
     def pods(self) -> dict[str, dict[str, Any]]:
-        items = self.admin.get("/api/v1/pods", fieldSelector=f"spec.nodeName={self.node.name}")
-        return {
-            p["metadata"]["name"]: p for p in items["items"] if p["metadata"]["namespace"] == NS
-        }
+        return _node_pods(self.admin, self.node)
 
     def running(self) -> dict[str, dict[str, Any]]:
         return {n: p for n, p in self.pods().items()
@@ -121,9 +124,9 @@ def scene(
         admin.request("DELETE", f"/api/v1/namespaces/{NS}")
         wait_for(
             "the namespace's pods gone from the node",
-            lambda: not Scene(admin, cluster_node, None).pods(),
+            lambda: not _node_pods(admin, cluster_node),
             60,
-        )  # type: ignore[arg-type]
+        )
 
 
 def test_1_each_owner_named_exactly(scene: Scene) -> None:
@@ -161,7 +164,7 @@ def test_2_a_rollout_moves_the_series_to_the_new_replicaset(scene: Scene) -> Non
                         {"spec": {"template": {"metadata": {"annotations": {"kde/rev": "2"}}}}},
                         content_type="application/strategic-merge-patch+json")  # fmt: skip
     wait_for("the new ReplicaSet's pod running",
-             lambda: {n for n in scene.running() if n.startswith("train-")} - before, 60)  # fmt: skip
+             lambda: bool({n for n in scene.running() if n.startswith("train-")} - before), 60)  # fmt: skip
     scene.settle("the rollout done", {"debug", "train", "db", "agent"}, 60)
     train = [dict(s) for s in scene.info() if dict(s)["k8s_pod_name"].startswith("train-")]
     assert len(train) == 1

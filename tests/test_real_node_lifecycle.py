@@ -1,7 +1,7 @@
 """What a real node does to the whole process: a driver call hung at SIGTERM, a driver
 upgraded under us, a node without NVIDIA hardware, a GPU node whose pod has no NVML.
 
-Each runs `kube-device-exporter simulate` (the exporter against the simulated kubelet,
+Each runs `kde-simulate` (the exporter against the simulated kubelet,
 NVML and sysfs) as its own process, as the DaemonSet runs it.
 """
 
@@ -64,7 +64,7 @@ def simulate(tmp_path: Path) -> Iterator[object]:
         env["KDE_SIMULATE_WORKDIR"] = str(tmp_path / f"work{len(started)}")
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "exporter", "simulate", str(path)),
+                *(sys.executable, "-m", "simulator", str(path)),
                 *("--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "500ms"),
                 *flags,
             ],

@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
-from exporter.join import normalize_device_id, pci_address
+from exporter.cli.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
+from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.podresources.client import PodResourcesClient, device_id_problem
 from exporter.poller import Poller
-from exporter.simulate.kubelet import SimulatedKubelet
-from exporter.simulate.scenario import ScenarioError, parse_scenario
 from exporter.sinks.prometheus import render
+from simulator.kubelet import SimulatedKubelet
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import StaticSource
 from tests.test_exporter import gpu_result
 

@@ -1,4 +1,4 @@
-"""`kube-device-exporter simulate` as a newcomer runs it: a taken port, Ctrl-C, SIGTERM, a bad
+"""`kde-simulate` as a newcomer runs it: a taken port, Ctrl-C, SIGTERM, a bad
 scenario, no HTTP server. One line on failure; the work directory never stays behind."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def leftovers(tmp_path: Path) -> list[str]:
 
 def simulate(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "exporter", "simulate", *args],
+        [sys.executable, "-m", "simulator", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path),
     )  # fmt: skip
 
@@ -103,7 +103,41 @@ def test_a_bad_scenario_leaves_nothing(tmp_path: Path) -> None:
     proc = simulate(tmp_path, str(BAD_SCENARIO))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("kde-simulate: error: ")
     assert leftovers(tmp_path) == []
+
+
+KDE_SIMULATE = Path(sys.executable).parent / "kde-simulate"
+"""The command the development install (simulator/pyproject.toml) puts beside python."""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["no-such-scenario"], "no-such-scenario"),
+        (["demo", "--collect-interval", "abc"], "--collect-interval"),
+        (["demo", "--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_the_installed_command_says_a_bad_input_in_one_line(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    done = subprocess.run(
+        [str(KDE_SIMULATE), *args],
+        capture_output=True, text=True, timeout=60, env=env_for(tmp_path), check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("kde-simulate: error: ") and says in line
+    assert done.stdout == "" and leftovers(tmp_path) == []
+
+
+def test_the_installed_command_prints_its_usage() -> None:
+    done = subprocess.run(
+        [str(KDE_SIMULATE), "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith("usage: kde-simulate SCENARIO [--node-only | EXPORTER FLAGS...]")
+    assert "bundled: demo, dense, mixed, numa" in done.stdout
 
 
 def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:
@@ -120,8 +154,8 @@ def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:
 def test_the_demo_slice_short_job_frees_goes_idle_when_it_ends() -> None:
     """The freed MIG slice must not show "free · 90%" for ever: busy while short-job holds
     it, idle once the pod (and its process) ended."""
-    from exporter.simulate.scenario import load_scenario
-    from exporter.simulate.signals import parse_signal
+    from simulator.scenario import load_scenario
+    from simulator.signals import parse_signal
 
     demo = load_scenario("demo")
     (job,) = [p for p in demo.pods if p.pod.name == "short-job"]

@@ -18,8 +18,8 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter._proto.podresources.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from exporter.simulate.kubelet import RATE_LIMITED, SimulatedKubelet
-from exporter.simulate.scenario import ScenarioError, parse_scenario
+from simulator.kubelet import RATE_LIMITED, SimulatedKubelet
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import Clock
 
 SCENARIO = """
@@ -94,7 +94,7 @@ async def kubelet(tmp_path: Path) -> AsyncIterator[Kubelet]:
     try:
         yield k
     finally:
-        await k.channel.close()
+        await k.channel.close(None)
         await sim.stop()
 
 
@@ -179,7 +179,10 @@ async def test_a_failed_pod_stays_with_its_containers_and_no_devices(kubelet: Ku
 async def test_a_stopped_plugin_takes_all_its_devices_out_list_unchanged(kubelet: Kubelet) -> None:
     """K10: all of a plugin's devices leave allocatable at once, List is unchanged, they
     come back when it registers again."""
-    resources = lambda a: sorted({d.resource_name for d in a.devices})  # noqa: E731
+
+    def resources(a: v1_pb2.AllocatableResourcesResponse) -> list[str]:
+        return sorted({d.resource_name for d in a.devices})
+
     listed = _canonical(await kubelet.list())
     assert resources(await kubelet.allocatable()) == ["nvidia.com/gpu", "rdma/hca"]
     kubelet.t.now = 30.0

@@ -9,14 +9,15 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.flags import parse_config
-from exporter.simulate.node import SimulatedNode
+from exporter.cli.flags import parse_config
 from exporter.sources import Source
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
 from exporter.sources.netdev import NetdevSource
 from exporter.sources.rdma import RdmaSource
-from exporter.sources.sysfs import SysfsSource
+from exporter.sources.sysfs.source import SysfsSource
+from simulator.netlink import RecordedVfStats
+from simulator.node import SimulatedNode
 from tests.peers import free_port, promtool_check_metrics
 from tests.support import Clock, assert_golden, metrics_text, one_cycle
 from tests.sysfs_support import context, make_tree, scenario
@@ -35,11 +36,10 @@ async def test_golden_metrics(tmp_path: Path, vendor: str, update_golden: bool) 
     source_class, patterns = VENDORS[vendor]
     part = make_tree(tmp_path / "node", "mixed")
     clock = Clock(1000.0)
-    options = {
-        "rdma": {"pool-config": str(part.pool_path)},
-        "netdev": {"netlink-replay": str(part.netlink_path)},
-    }.get(vendor, {})
-    source: SysfsSource = source_class(context(part, clock, **options))
+    options = {"rdma": {"pool-config": str(part.pool_path)}}.get(vendor, {})
+    source: SysfsSource = source_class(context(part, clock, None, **options))
+    if isinstance(source, NetdevSource):  # the node's recorded PF answers, not the kernel's
+        source.vf_reader = RecordedVfStats(part.netlink_path)
     # A first cycle 30 s earlier, so rates (Intel busy and power) exist in the second.
     source.collect()
     part.advance(30.0)
@@ -55,14 +55,14 @@ async def test_golden_metrics(tmp_path: Path, vendor: str, update_golden: bool) 
 
 
 async def test_simulate_mixed_serves_pod_labelled_metrics_of_every_vendor(tmp_path: Path) -> None:
-    """What `kube-device-exporter simulate mixed` runs, in process: node, flags, exporter."""
+    """What `kde-simulate mixed` runs, in process: node, flags, exporter."""
     node = SimulatedNode(scenario("mixed"), tmp_path, clock=lambda: 5.0)
     config = parse_config(
         [*node.exporter_args(), "--web.listen-address", f"127.0.0.1:{free_port()}"],
         env={},
     )
     await node.start()
-    exporter = Exporter(config)
+    exporter = Exporter(config, sources=node.sources(config))
     await exporter.start()
     try:
         await exporter.wait_ready()

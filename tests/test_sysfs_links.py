@@ -9,7 +9,7 @@ from pathlib import Path
 
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.rdma import RdmaSource
-from exporter.sources.sysfsreader import Reader
+from exporter.sources.sysfs.reader import Reader
 from tests.support import Clock
 from tests.sysfs_support import context, make_tree
 from tests.test_sysfs_sources import AMD, AMD_DEV, IB

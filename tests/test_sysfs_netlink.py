@@ -1,4 +1,5 @@
-"""PF-side VF statistics: pyroute2's real decoding, a real kernel answer, recorded replays."""
+"""PF-side VF statistics: pyroute2's real decoding, a real kernel answer, the simulated
+node's recorded replays (simulator/netlink.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from exporter.sources.netdev import (
-    NetlinkVfStats,
-    NetStats,
-    RecordedVfStats,
-    parse_vf_stats,
-    record_vf_stats,
-)
+from exporter.cli.flags import UsageError, parse_config
+from exporter.sources.netdev import NetdevSource, NetlinkVfStats, NetStats, parse_vf_stats
+from simulator.netlink import RecordedVfStats, record_vf_stats
+from simulator.node import SimulatedNode
+from simulator.scenario import load_scenario
 
 
 def wire_answer(vfs: dict[int, list[tuple[str, int]]]) -> ifinfmsg:
@@ -95,3 +94,23 @@ def test_record_and_replay(tmp_path: Path) -> None:
     assert RecordedVfStats(path).vf_stats("ens1f0") == EXPECTED
     with pytest.raises(LookupError):
         RecordedVfStats(path).vf_stats("ens9f9")
+
+
+def test_the_simulated_node_answers_pf_netlink_through_no_exporter_flag(tmp_path: Path) -> None:
+    """The recorded answers reach the netdev source through the simulator's own seam
+    (`SimulatedNode.sources`), which keeps `--collector.netdev.vf-netlink false`; the product
+    has no flag that names a recording."""
+    node = SimulatedNode(load_scenario("mixed"), tmp_path / "node")
+    args = [*node.exporter_args(), "--no-collector.nvml"]
+    assert not [a for a in args if "netlink" in a]
+    netdev = node.sources(parse_config(args, env={}))["netdev"]
+    assert isinstance(netdev, NetdevSource) and isinstance(netdev.vf_reader, RecordedVfStats)
+    moved = [r for r in netdev.collect().readings if r.device.id == "0000:5e:01.0"]
+    assert [("hw.network.stats_source", "pf_netlink") in r.device.attributes for r in moved] == [
+        True
+    ]
+    off = parse_config([*args, "--collector.netdev.vf-netlink", "false"], env={})
+    off_netdev = node.sources(off)["netdev"]
+    assert isinstance(off_netdev, NetdevSource) and off_netdev.vf_reader is None
+    with pytest.raises(UsageError, match="netlink-replay"):
+        parse_config([*args, "--collector.netdev.netlink-replay", str(node.workdir)], env={})

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.hwmon import read_hwmon
-from exporter.sources.sysfs import Counters, Rates
-from exporter.sources.sysfsreader import BUFFER_BYTES, Reader
+from exporter.sources.sysfs.hwmon import read_hwmon
+from exporter.sources.sysfs.reader import BUFFER_BYTES, Reader
+from exporter.sources.sysfs.source import Counters, Rates
 from tests.support import Clock
 from tests.sysfs_support import blocking_file
 

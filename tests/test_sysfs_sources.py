@@ -10,11 +10,12 @@ import pytest
 
 from exporter.join import join
 from exporter.model import PodResourcesState, Sample, SourceResult
-from exporter.simulate.scenario import ScenarioError
 from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.intel import IntelSource
-from exporter.sources.netdev import NetdevSource, NetStats, RecordedVfStats
+from exporter.sources.netdev import NetdevSource, NetStats
 from exporter.sources.rdma import RdmaSource
+from simulator.netlink import RecordedVfStats
+from simulator.scenario import ScenarioError
 from tests.support import Clock
 from tests.sysfs_support import blocking_file, context, make_tree, scenario
 
@@ -307,7 +308,7 @@ def test_infiniband_counter_never_goes_backwards(tmp_path: Path) -> None:
 
 def test_pool_config_assigns_hcas_by_selector(tmp_path: Path) -> None:
     part = make_tree(tmp_path, "mixed")
-    source = RdmaSource(context(part, Clock(), **{"pool-config": str(part.pool_path)}))
+    source = RdmaSource(context(part, Clock(), None, **{"pool-config": str(part.pool_path)}))
     pools = {r.device.id: r.device.pools for r in source.collect().readings}
     assert pools == {
         "mlx5_0/1": frozenset({"rdma/hca_shared_devices_a"}),
@@ -325,7 +326,7 @@ def test_pool_config_as_configmap_with_prefix_and_devices(tmp_path: Path) -> Non
         '      "rdmaHcaMax": 100, "devices": ["ib0", "ib1"]},\n'
         '     {"resourceName": "wrong_vendor", "selectors": {"vendors": ["8086"]}}]}\n'
     )
-    source = RdmaSource(context(part, Clock(), **{"pool-config": str(configmap)}))
+    source = RdmaSource(context(part, Clock(), None, **{"pool-config": str(configmap)}))
     result = source.collect()
     assert {r.device.id: r.device.pools for r in result.readings} == {
         "mlx5_0/1": frozenset({"example.com/ib_all"}),
@@ -345,7 +346,7 @@ def test_pool_config_as_configmap_with_prefix_and_devices(tmp_path: Path) -> Non
 def test_sriov_vfs_from_host_sysfs_and_from_the_pf(tmp_path: Path) -> None:
     part = make_tree(tmp_path, "mixed")
     part.advance(8.0)
-    source = NetdevSource(context(part, Clock(), **{"netlink-replay": str(part.netlink_path)}))
+    source = NetdevSource(context(part, Clock()), RecordedVfStats(part.netlink_path))
     result = source.collect()
     devices = {r.device.id: r.device for r in result.readings}
     assert sorted(devices) == [
@@ -410,8 +411,8 @@ def test_mixed_node_ids_resolve_to_devices(tmp_path: Path) -> None:
     results = [
         AmdgpuSource(context(part, clock)).collect(),
         IntelSource(context(part, clock)).collect(),
-        RdmaSource(context(part, clock, **{"pool-config": str(part.pool_path)})).collect(),
-        NetdevSource(context(part, clock, **{"netlink-replay": str(part.netlink_path)})).collect(),
+        RdmaSource(context(part, clock, None, **{"pool-config": str(part.pool_path)})).collect(),
+        NetdevSource(context(part, clock), RecordedVfStats(part.netlink_path)).collect(),
     ]
     state = PodResourcesState(
         pods=sc.pods_at(0), allocatable=sc.allocatable, allocatable_known=True

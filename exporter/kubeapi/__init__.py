@@ -7,7 +7,7 @@ attributes of `k8s.pod.workload.info`. The poller only reads the watcher's cache
 
 from __future__ import annotations
 
-from exporter.config import Config
+from exporter.cli.config import Config
 from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter

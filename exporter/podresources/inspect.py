@@ -15,12 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from exporter.config import DEFAULT_SOCKET
+from exporter.cli.config import DEFAULT_SOCKET
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 
 
 def run_inspect(argv: Sequence[str]) -> int:
-    from exporter.flags import Parser, UsageError, env_name
+    from exporter.cli.flags import Parser, UsageError, env_name
 
     # The same socket the exporter uses: its flag, then its variable, then the default.
     variable = env_name("--kubelet-socket")

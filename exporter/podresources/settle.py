@@ -12,8 +12,8 @@ So while the socket is new (its identity changed less than `window` seconds ago)
 empty List is replaced by the last good one, and a resource that the last good
 GetAllocatableResources had and this one lacks keeps its last good devices (plugins
 register one by one). After the window an empty answer is believed: the pods are gone, the
-plugin did not come back. The default window, 5 s, is five times the longest measured
-empty List (0.97 s, 1.36) and ten times the longest measured empty allocatable (0.5 s),
+plugin did not come back. The default window, 5 s, is several times the longest empty
+answers measured on real kubelets (docs/podresources.md, docs/design-figures.md),
 and holds a plugin that re-registers when it sees the new kubelet socket (the NVIDIA
 plugin watches it with inotify); a pod that really left during a restart shows as gone at
 most 5 s late, nothing against the alerts' `for: 1m`. A device that turns unhealthy is not

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from exporter.metrics import THROTTLE_REASONS as NVML_THROTTLE_REASONS
 from exporter.metrics import Kind, MetricSpec, Scope
 from exporter.model import Attributes, Device, JoinedDevice, Snapshot
 from exporter.points import Point
-from exporter.sources.nvml.readings import THROTTLE_REASONS as NVML_THROTTLE_REASONS
 
 MIB = 1024.0 * 1024.0
 
@@ -137,7 +137,8 @@ THROTTLE_REASONS = DcgmSpec(
     "Current clock throttle reasons (bitmask of nvmlClocksEventReason*).",
 )
 THROTTLE_BITS: dict[str, int] = dict(NVML_THROTTLE_REASONS)
-"""The NVML source's `nvmlClocksEventReason*` bits: the mask is rebuilt from its samples."""
+"""`nvmlClocksEventReason*` bits by reason (the metric table's): the mask is rebuilt from
+the NVML source's `hw.gpu.clock.throttled` samples."""
 
 _BY_METRIC: dict[str, list[Field]] = {}
 for _f in FIELDS:

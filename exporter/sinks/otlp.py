@@ -34,7 +34,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
-from exporter.config import Config
+from exporter.cli.config import Config
 from exporter.metrics import SPECS_LIST, Kind
 from exporter.model import Sample, Snapshot
 from exporter.points import points

@@ -36,7 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from exporter.config import OtlpConfig
+from exporter.cli.config import OtlpConfig
 from exporter.log import StateLog
 
 log = logging.getLogger("exporter.otlp")

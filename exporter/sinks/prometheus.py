@@ -45,7 +45,7 @@ from exporter.sinks.gofloat import Formats, go_floats
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the classic format Prometheus 2.x expects
 OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
-GZIP_LEVEL = 1  # level 6 costs ~3x the CPU for ~10 % fewer bytes on this output
+GZIP_LEVEL = 1  # higher levels cost far more CPU for few fewer bytes (docs/design-figures.md)
 
 SeriesKey = tuple[tuple[str, Attributes], ...]
 
@@ -331,8 +331,8 @@ class PrometheusSink:
     def build_due(self) -> None:
         """The bodies of the formats whose scrape is due before the next cycle ends, for
         the latest snapshot (the poller calls this at the end of the cycle, in its worker
-        thread: in a thread of its own the build cost no less CPU and ~8 MiB more RSS on
-        a 64-GPU node, glibc's malloc giving that thread an arena of its own)."""
+        thread: in a thread of its own the build costs no less CPU and more RSS, glibc's
+        malloc giving that thread an arena of its own; docs/design-figures.md)."""
         with self._lock:
             due, self._due = self._due, []
             if not due or self._snapshot is None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from exporter import values
+from exporter.cli import values
 from exporter.model import Sample, SourceResult
 
 SOURCE_MODULES = ("nvml", "amdgpu", "intel", "rdma", "netdev")
@@ -56,7 +56,7 @@ class Source(Protocol):
 class SourceOption:
     """A flag `--collector.<source>.<name>`, env `KDE_COLLECTOR_<SOURCE>_<NAME>`.
 
-    `parse` is the option's value type (`exporter.values`): the CLI runs it on the flag,
+    `parse` is the option's value type (`exporter.cli.values`): the CLI runs it on the flag,
     the variable and the default when it parses the other flags, so a bad value exits 2
     naming the flag instead of reaching the source. The source still receives the text.
     """

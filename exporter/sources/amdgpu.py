@@ -14,14 +14,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from exporter import values
 from exporter.attribution.resolver import read_small
+from exporter.cli import values
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.drmfdinfo import DrmProcesses
-from exporter.sources.hwmon import hwmon_samples, read_hwmon
-from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
-from exporter.sources.sysfsreader import PERCENT, U64, Reader, numbered, parse_integer
+from exporter.sources.sysfs.drmfdinfo import DrmProcesses
+from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
+from exporter.sources.sysfs.reader import PERCENT, U64, Reader, numbered, parse_integer
+from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
 MEMORY_FILES = (
     ("hw.gpu.memory.usage", "mem_info_vram_used"),
@@ -46,7 +46,7 @@ class AmdgpuSource(SysfsSource):
     looks_for = "class/drm cards bound to amdgpu"
 
     def __init__(self, ctx: SourceContext) -> None:
-        from exporter.values import boolean
+        from exporter.cli.values import boolean
 
         super().__init__(ctx)
         self.with_processes = boolean(ctx.options.get("processes", "true"))

@@ -16,13 +16,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from exporter import values
+from exporter.cli import values
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.drmfdinfo import DrmProcesses
-from exporter.sources.hwmon import hwmon_samples, read_hwmon
-from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
-from exporter.sources.sysfsreader import MEGAHERTZ, Reader, numbered
+from exporter.sources.sysfs.drmfdinfo import DrmProcesses
+from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
+from exporter.sources.sysfs.reader import MEGAHERTZ, Reader, numbered
+from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
 MODELS = {
     "0x56c0": "Intel Data Center GPU Flex 170",
@@ -42,7 +42,7 @@ class IntelSource(SysfsSource):
     looks_for = "class/drm cards bound to i915 or xe"
 
     def __init__(self, ctx: SourceContext) -> None:
-        from exporter.values import boolean
+        from exporter.cli.values import boolean
 
         super().__init__(ctx)
         self.with_processes = boolean(ctx.options.get("processes", "true"))

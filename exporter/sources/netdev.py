@@ -14,7 +14,6 @@ PFs with VFs are reported too (they are the VFs' `hw.parent`).
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Iterable, Iterator
@@ -23,12 +22,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporter import hostfiles
+from exporter.cli.values import auto_boolean, boolean
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
-from exporter.sources.sysfsreader import Reader, numbered
-from exporter.values import auto_boolean, boolean, file_path
+from exporter.sources.sysfs.reader import Reader, numbered
+from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
 log = logging.getLogger("exporter.sources.netdev")
 
@@ -119,34 +118,6 @@ class NetlinkVfStats:
             return parse_vf_stats(ipr.link("get", ifname=pf, ext_mask=RTEXT_FILTER_VF))
 
 
-class RecordedVfStats:
-    """Replays recorded netlink answers: JSON `{PF: [message dict, ...]}` (`record_vf_stats`).
-
-    The simulated node writes one (it has no kernel VFs); it also lets a support case be
-    replayed offline. The file is re-read every cycle, as a live answer would be.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def vf_stats(self, pf: str) -> dict[int, NetStats]:
-        recorded = json.loads(self.path.read_text())
-        if pf not in recorded:
-            raise LookupError(f"no recorded answer for {pf}")
-        return parse_vf_stats(recorded[pf])
-
-
-def record_vf_stats(pfs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
-    """Record the live netlink answers for `pfs` in the form RecordedVfStats replays."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        return {
-            pf: [m.dump() for m in ipr.link("get", ifname=pf, ext_mask=RTEXT_FILTER_VF)]
-            for pf in pfs
-        }
-
-
 # --- the source ------------------------------------------------------------------------------
 
 
@@ -156,10 +127,9 @@ class NetdevSource(SysfsSource):
 
     def __init__(self, ctx: SourceContext, vf_reader: VfStatsReader | None = None) -> None:
         super().__init__(ctx)
-        replay = ctx.options.get("netlink-replay", "")
-        self.vf_reader: VfStatsReader | None = vf_reader or (
-            RecordedVfStats(replay) if replay else NetlinkVfStats()
-        )
+        # `vf_reader` answers in place of the kernel for a caller that has none to ask (a
+        # simulated node's recorded answers, a test's failing PF); no flag reaches it.
+        self.vf_reader: VfStatsReader | None = vf_reader or NetlinkVfStats()
         mode = ctx.options.get("vf-netlink", "auto").lower()
         if mode == "auto":
             # The PF's netlink answers only in the host's network namespace; the DaemonSet
@@ -170,7 +140,7 @@ class NetdevSource(SysfsSource):
                 "on" if host else "off",
                 "in" if host else "not in",
             )
-            if not host and not replay and vf_reader is None:
+            if not host and vf_reader is None:
                 self.vf_reader = None
         elif not boolean(mode):
             self.vf_reader = None
@@ -281,12 +251,6 @@ register(
             "auto (on only in the host network namespace, i.e. with hostNetwork), true, false",
             "auto",
             auto_boolean,
-        ),
-        SourceOption(
-            "netlink-replay",
-            "replay recorded PF netlink answers from this JSON file instead of asking the "
-            "kernel (the simulated node; offline support cases)",
-            parse=file_path,
         ),
     ),
 )(NetdevSource)

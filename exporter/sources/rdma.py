@@ -21,12 +21,12 @@ from typing import Any
 
 import yaml
 
+from exporter.cli.values import file_path
 from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
 from exporter.sources import SourceContext, SourceOption, add, register
-from exporter.sources.sysfs import PciIdentity, SysfsSource, alias, device_reading
-from exporter.sources.sysfsreader import Reader
-from exporter.values import file_path
+from exporter.sources.sysfs.reader import Reader
+from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
 log = logging.getLogger("exporter.sources.rdma")
 

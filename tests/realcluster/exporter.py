@@ -1,6 +1,6 @@
 """The exporter as a process of the tier, and its /metrics read back as series.
 
-`simulated_node()` runs `kube-device-exporter simulate` (the exporter against the simulated
+`simulated_node()` runs `kde-simulate` (the exporter against the simulated
 kubelet, as tests/test_kubeapi_prometheus.py does with the loopback API server) with
 `--kubernetes.api` and a kubeconfig for the real API server: the pods the scenario's kubelet
 lists are the real pods' names, so the join of PodResources and the API watch is the real one.
@@ -101,7 +101,7 @@ def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
 @contextlib.contextmanager
 def simulated_node(workdir: Path, scenario_path: Path, kubeconfig: Path,
                    *flags: str) -> Iterator[Metrics]:  # fmt: skip
-    argv = [sys.executable, "-m", "exporter", "simulate", str(scenario_path),
+    argv = [sys.executable, "-m", "simulator", str(scenario_path),
             "--collect-interval", "500ms", "--kubernetes.api",
             "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
     # The simulated node keeps its sockets and trees in a folder of the test's.

@@ -1,8 +1,8 @@
-"""The NVML stand-in (exporter/simulate's libnvidia-ml.so.1) showing the devices our
+"""The NVML stand-in (simulator's libnvidia-ml.so.1) showing the devices our
 device plugin advertises, with real host PIDs of real containers as its processes.
 
 The exporter process loads the stand-in through `LD_LIBRARY_PATH` and reads the state
-file named by `KDE_FAKENVML_STATE` (exporter/simulate/nvml.py); `show()` rewrites that
+file named by `KDE_FAKENVML_STATE` (simulator/nvml.py); `show()` rewrites that
 file, so a test changes what "the driver" reports while the exporter runs. With
 `pid_namespace: host` the stand-in lists processes as a driver does for a DaemonSet with
 hostPID: host PIDs, which the exporter resolves through the host's /proc and cgroups.
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate.nvml import NvmlPart, library_path
-from exporter.simulate.nvml_scenario import parse_nvidia
+from simulator.nvml import NvmlPart, library_path
+from simulator.nvml_scenario import parse_nvidia
 
 GIB = 1 << 30
 

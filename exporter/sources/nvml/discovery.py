@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.join import normalize_device_id, pci_address
+from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device
 from exporter.sources.nvml.calls import Calls, text
 from exporter.sources.nvml.gpm import Gpm, allocate

@@ -1,7 +1,7 @@
 """One cycle's reads of a discovered GPU and its MIG slices: what moves, in base units.
 
 Counters are batched into one `nvmlDeviceGetFieldValues` call per GPU (never
-`nvmlDeviceGetPcieThroughput`: it blocks 20 ms per call).
+`nvmlDeviceGetPcieThroughput`: it blocks for a sampling period on every call).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pynvml import (
     NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
 )
 
+from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Sample
 from exporter.sources import add
 from exporter.sources.counters import MonotonicCounters
@@ -52,19 +53,6 @@ PROCESS_LISTS = (
 )
 """Compute first: it is read every cycle, the other two while they list anyone."""
 
-THROTTLE_REASONS = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
-"""NVML clock event reasons (`nvmlClocksEventReason*`) -> `hw.gpu.clock.throttle_reason`."""
-
 CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
 GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
 
@@ -78,7 +66,8 @@ class _Field:
     counter: bool = False
     scope: int = 0
     slow: bool = False
-    """Costs ~0.1-3 ms a call on a real driver: read every `slow-interval`, not every cycle."""
+    """A costly call on a real driver (docs/nvml.md): read every `slow-interval`, not every
+    cycle."""
 
 
 _ALL_LINKS = 0xFFFFFFFF
@@ -96,9 +85,9 @@ def _errors(field_id: int, error_type: str) -> _Field:
 _IO, _REMAP = "network.io.direction", "hw.gpu.memory.remap_cause"
 _NVLINK = {"scale": 1024.0, "scope": _ALL_LINKS}  # KiB over all links
 
-# Measured with `python -m bench.nvml_probe` on an H100 (driver 580.159.04), one field per
-# call: energy 3.1 ms, PCIe replay 0.35 ms, PCIe TX/RX bytes 0.15 ms each, every other
-# field 4-14 us. The slow ones are counters; between reads they keep their last value.
+# The slow fields cost a real driver far more per call than the others (measured with
+# `python -m bench.nvml_probe`: docs/design-figures.md). They are counters; between reads
+# they keep their last value.
 FIELDS = (
     _Field(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True, slow=True),
     _Field(NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
@@ -269,8 +258,8 @@ class Reader:
     def _gpm(
         self, device_id: str, gpu: Gpu, sample: Callable[..., Any], *args: Any, gpm: Gpm
     ) -> list[Sample]:
-        """GPM activity, measured every slow interval (nvmlGpmMetricsGet costs 1.5 ms on an
-        H100: per MIG slice and cycle that is most of a dense node's NVML time); between
+        """GPM activity, measured every slow interval (nvmlGpmMetricsGet per MIG slice and
+        cycle would be most of a dense node's NVML time: docs/design-figures.md); between
         two measurements the last one stands. The rate covers the time since the last."""
         empty = self._gpm_empty.get(device_id, 0)
         if gpu.slow_now or 0 < empty < GPM_RETRIES or device_id not in self._gpm_last:
@@ -280,7 +269,7 @@ class Reader:
             # A read without a rate (the first only primes the buffers; two samples too
             # close together have none) is tried again the next cycles, a few times; a
             # device whose GPM keeps failing waits for the slow interval like any other
-            # (never a 1.5 ms call per slice per cycle).
+            # (never a costly call per slice per cycle).
             self._gpm_empty[device_id] = 0 if found else empty + 1
         return list(self._gpm_last[device_id])
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pynvml
 
+from exporter.cli.values import boolean, duration
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
 from exporter.sources import RestartRequired, SourceContext, SourceOption, register
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
@@ -26,7 +27,6 @@ from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
 from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
-from exporter.values import boolean, duration
 
 
 @dataclass(slots=True)
@@ -181,7 +181,7 @@ class NvmlSource:
     def _rediscovery_due(self, gpus: list[Gpu]) -> bool:
         if self.clock() - self._discovered_at >= self.rediscover_interval:
             return True
-        # The MIG mode (0.16 ms a GPU on an H100) is checked with the slow values; a slice
+        # The MIG mode (a costly call per GPU) is checked with the slow values; a slice
         # made or destroyed without a mode change shows as a stale handle or waits for
         # the timer.
         try:

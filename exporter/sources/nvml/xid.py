@@ -45,10 +45,9 @@ class XidWatcher:
     """A thread blocked in nvmlEventSetWait_v2, counting each XID event once."""
 
     WAIT_MS = 1000
-    """Each wait that times out wakes the thread for nothing (about 0.1 ms of CPU, cold,
-    on every wake): at 250 ms that was 4 % of a dense node's CPU at a 1 s interval
-    (bench, side by side). The price is stop(): it waits for the wait in progress, up to
-    this long (the device plugin's own loop waits 5 s)."""
+    """Each wait that times out wakes the thread for nothing, so the wait is long (what a
+    shorter one cost: docs/design-figures.md). The price is stop(): it waits for the wait
+    in progress, up to this long (the device plugin's own loop waits 5 s)."""
 
     def __init__(
         self,

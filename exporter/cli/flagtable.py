@@ -1,0 +1,276 @@
+"""The flag table: every exporter flag's group, name, destination, value type, default and help.
+
+Data only, with the --help texts of the other commands. `flags.py` builds the parser and
+the Config from it, `monitoring/flagdoc.py` writes the README's flag table from it; each
+flag is also `KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here:
+the source registry makes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.cli.config import DEFAULT_SOCKET
+from exporter.cli.values import (
+    boolean,
+    choice,
+    choices,
+    duration,
+    listen_address,
+    positive_int,
+    regex,
+    size_bytes,
+)
+from exporter.ids import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import SCHEMAS
+
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One exporter flag (`KDE_<NAME>` in the environment too), as source options are
+    (`sources.SourceOption`)."""
+
+    group: str
+    """Its --help section: a key of GROUP_TITLES."""
+    flag: str
+    dest: str
+    """The Config field it sets."""
+    parse: Callable[[str], Any]
+    """Its value type (`exporter.cli.values`): text -> value, or a ValueError for the user."""
+    default: str
+    """The default as --help and the README say it (the value itself is the Config's)."""
+    help: str
+    metavar: str = ""
+    """What --help shows in place of a value; empty: the value type's METAVARS entry."""
+    repeatable: bool = False
+    """Given several times, the values add up (the variable holds one, or a list)."""
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "kubelet",
+        "--kubelet-socket",
+        "kubelet_socket",
+        Path,
+        str(DEFAULT_SOCKET),
+        "PodResources socket (mount its directory, not the file, so kubelet restarts are seen)",
+        metavar="PATH",
+    ),
+    Flag(
+        "kubelet",
+        "--kubernetes.resource-pattern",
+        "resource_patterns",
+        str,
+        "",
+        "extended-resource name pattern to attribute (glob; repeatable; replaces the defaults: "
+        + ", ".join(DEFAULT_RESOURCE_PATTERNS)
+        + ")",
+        metavar="GLOB[,GLOB...]",
+        repeatable=True,
+    ),
+    Flag(
+        "kubelet",
+        "--kubernetes.timeout",
+        "podresources_timeout",
+        duration,
+        "5s",
+        "deadline of each PodResources call",
+    ),
+    Flag(
+        "kubelet",
+        "--kubernetes.max-message-size",
+        "podresources_max_message_bytes",
+        size_bytes,
+        "256MiB",
+        "largest PodResources answer accepted (gRPC's default 4MiB breaks busy nodes)",
+    ),
+    Flag(
+        "kubelet",
+        "--kubernetes.stale-after",
+        "podresources_stale_after",
+        duration,
+        "5m",
+        "keep the last good PodResources answer this long while the kubelet fails",
+    ),
+    Flag(
+        "kubeapi",
+        "--kubernetes.api",
+        "kubernetes_api",
+        boolean,
+        "off",
+        "watch this node's pods on the API server for pod UIDs, workloads and allowed labels "
+        "(k8s_pod_workload_info); needs the kubernetes-api RBAC (deploy/components/kubernetes-api)",
+    ),
+    Flag(
+        "kubeapi",
+        "--kubernetes.kubeconfig",
+        "kubeconfig",
+        Path,
+        "in-cluster: the pod's ServiceAccount",
+        "kubeconfig for --kubernetes.api (development outside a cluster)",
+        metavar="FILE",
+    ),
+    Flag(
+        "kubeapi",
+        "--kubernetes.pod-labels",
+        "pod_label_patterns",
+        regex,
+        "none",
+        "pod label keys to export as k8s_pod_label_<key>: a regex matching the whole key "
+        "(repeatable; the environment variable holds one regex)",
+        metavar="REGEX",
+        repeatable=True,
+    ),
+    Flag(
+        "web",
+        "--web.listen-address",
+        "listen_address",
+        listen_address,
+        ":9405",
+        "HOST:PORT for /metrics, /healthz, /readyz and the landing page; 'none' for no server",
+        metavar="HOST:PORT",
+    ),
+    Flag(
+        "web",
+        "--web.config.file",
+        "web_config_file",
+        Path,
+        "none",
+        "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
+        "headers; re-read when it changes (docs/security.md)",
+        metavar="FILE",
+    ),
+    Flag(
+        "web",
+        "--web.max-connections",
+        "web_max_connections",
+        positive_int,
+        "512",
+        "open HTTP connections at most; at the cap the longest-idle one is closed",
+    ),
+    Flag(
+        "collection",
+        "--collect-interval",
+        "collect_interval",
+        duration,
+        "10s",
+        "how often to read devices and the kubelet (scrapes only read the last result)",
+    ),
+    Flag(
+        "collection",
+        "--collect-timeout",
+        "collect_timeout",
+        duration,
+        "5s",
+        "a source slower than this is reported failed for the cycle",
+    ),
+    Flag(
+        "collection",
+        "--node-name",
+        "node_name",
+        str,
+        "$NODE_NAME",
+        "node label value (set NODE_NAME from the downward API; the hostname of a pod is its name)",
+        metavar="NAME",
+    ),
+    Flag("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point", metavar="PATH"),
+    Flag(
+        "collection", "--path.procfs", "procfs", Path, "/proc", "procfs mount point", metavar="PATH"
+    ),
+    Flag(
+        "collection",
+        "--path.container-logs",
+        "container_logs",
+        Path,
+        "/var/log/containers",
+        "the kubelet's container-log symlinks: their names map container IDs to pods "
+        "(process attribution; only the names are read)",
+        metavar="PATH",
+    ),
+    Flag(
+        "collection",
+        "--attribution.process-series",
+        "process_series",
+        boolean,
+        "false",
+        "also export one series per process (hw_gpu_process_*, bare host PIDs: one series per "
+        "process, high cardinality)",
+    ),
+    Flag(
+        "collection",
+        "--metrics.schema",
+        "metrics_schema",
+        choices(*SCHEMAS),
+        "native",
+        "metric names and labels on /metrics: native (OpenTelemetry-derived), dcgm "
+        "(dcgm-exporter's DCGM_FI_* names, units and labels), or native,dcgm while migrating "
+        "(docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
+        metavar="native|dcgm|native,dcgm",
+    ),
+    Flag(
+        "otlp",
+        "--otlp.endpoint",
+        "otlp_endpoint",
+        str,
+        "$OTEL_EXPORTER_OTLP_ENDPOINT",
+        "push metrics to this OTLP collector, a base URL (OTLP/HTTP appends /v1/metrics; "
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given); empty: no push",
+        metavar="URL",
+    ),
+    Flag(
+        "otlp",
+        "--otlp.protocol",
+        "otlp_protocol",
+        choice(*OTLP_PROTOCOLS),
+        "$OTEL_EXPORTER_OTLP_PROTOCOL or grpc",
+        "OTLP transport",
+        metavar="grpc|http/protobuf",
+    ),
+    Flag(
+        "logging",
+        "--log.level",
+        "log_level",
+        choice("debug", "info", "warning", "error"),
+        "info",
+        "log level",
+        metavar="debug|info|warning|error",
+    ),
+    Flag(
+        "logging",
+        "--log.format",
+        "log_format",
+        choice("text", "json"),
+        "text",
+        "log format",
+        metavar="text|json",
+    ),
+)
+
+GROUP_TITLES = {
+    "kubelet": "kubelet (PodResources)",
+    "kubeapi": "Kubernetes API (optional)",
+    "web": "web",
+    "collection": "collection",
+    "collectors": "collectors (sources)",
+    "otlp": "OTLP push (also the standard OTEL_* variables)",
+    "logging": "logging",
+}
+
+
+COMMANDS = (
+    ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
+    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
+)
+
+
+DOCTOR = (
+    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
+    "at the host /sys and /proc, and compares what the node advertises with what the sources "
+    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
+    "there is one. Run it in the exporter's pod with the exporter's flags."
+)

@@ -1,0 +1,36 @@
+"""Command line: flags (each also from `KDE_<NAME>` in the environment) -> frozen Config.
+
+    kube-device-exporter [FLAGS]                   run the exporter
+    kube-device-exporter podresources [--pod NS/NAME] [FLAGS]
+                                                   print what the kubelet reports (debugging)
+    kube-device-exporter doctor [FLAGS]            why are my metrics missing? (exit 1: yes)
+
+A bad value exits 2 with one line naming the flag or variable.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from exporter.cli.flags import PROG, UsageError, parse_config, usage_error
+from exporter.cli.flagtable import DOCTOR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["podresources"]:
+            from exporter.podresources.inspect import run_inspect
+
+            return run_inspect(argv[1:])
+        if argv[:1] == ["doctor"]:
+            from exporter.doctor import run_doctor
+
+            return run_doctor(parse_config(argv[1:], prog=f"{PROG} doctor", description=DOCTOR))
+        config = parse_config(argv)
+    except UsageError as exc:
+        return usage_error(str(exc))
+    from exporter.app import run
+
+    return run(config)
