@@ -66,6 +66,8 @@ class Discovery:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.gpm_pool: dict[str, Gpm] = {}
+        self.no_gpm: set[str] = set()
+        """GPUs already said to have no GPM (logged once each)."""
         self.forbidden: set[int] = set()
         """Indices whose handle answered NO_PERMISSION (not in this container)."""
 
@@ -109,9 +111,8 @@ class Discovery:
             aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{index}"),
         )
         gpu = Gpu(handle, index, device, mig)
-        support = get(pynvml.nvmlGpmQueryDeviceSupport, handle)
-        gpm_supported = support is not None and bool(support.isSupportedDevice)
-        if gpm_supported and mig:
+        gpm_supported = self.gpm_supported(gpu)
+        if gpm_supported:
             gpu.gpm = self.take_gpm(uuid)
         if mig:
             gpu.migs = self.migs(gpu, common, gke, gpm_supported)
@@ -156,6 +157,23 @@ class Discovery:
             )
             found.append(Mig(handle, device, gi, ci, self.take_gpm(uuid) if gpm else None))
         return found
+
+    def gpm_supported(self, gpu: Gpu) -> bool:
+        """Whether GPM (Hopper and later) works on this GPU; a GPU or driver without it has
+        no profiling series, said once per GPU: it is not a failure."""
+        support = self.calls.get(pynvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+        if support is not None and support.isSupportedDevice:
+            return True
+        if gpu.device.id not in self.no_gpm:
+            self.no_gpm.add(gpu.device.id)
+            why = "no GPM in this driver" if support is None else "GPM needs Hopper or later"
+            self.calls.log.info(
+                "GPU %d (%s): %s: no profiling metrics (SM, tensor, DRAM activity) for it",
+                gpu.index,
+                gpu.device.model,
+                why,
+            )
+        return False
 
     def take_gpm(self, device_id: str) -> Gpm | None:
         """The device's GPM buffers from before a rediscovery, or new ones."""

@@ -23,6 +23,7 @@ from exporter.sources import RestartRequired, SourceContext, SourceOption, regis
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
 from exporter.sources.nvml.calls import Calls, DriverGone, GpuLost, NvmlUnavailable, text
 from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig_mode
+from exporter.sources.nvml.gpm import interval as gpm_interval
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
 from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
@@ -57,6 +58,14 @@ class _Lost:
             duration,
         ),
         SourceOption(
+            "gpm-interval",
+            "how often to take a GPM sample (Hopper and later: SM, tensor, FP64/32/16 pipe "
+            "and DRAM activity, PCIe and NVLink throughput, whole GPUs and MIG slices); each "
+            "value is the mean between two samples this far apart (over 100ms, nvml.h)",
+            "10s",
+            gpm_interval,
+        ),
+        SourceOption(
             "restart-after",
             "after NVML worked, how long init may fail before /healthz asks for a restart "
             "(a driver upgrade leaves this process with the old library)",
@@ -83,7 +92,8 @@ class NvmlSource:
         self.calls = Calls(self.log)
         self.discovery = Discovery(self.calls)
         self.slow_interval = duration(ctx.options.get("slow-interval", "10s"))
-        self.reader = Reader(self.calls, self.clock, self.slow_interval)
+        self.gpm_interval = gpm_interval(ctx.options.get("gpm-interval", "10s"))
+        self.reader = Reader(self.calls, self.clock, self.slow_interval, self.gpm_interval)
         self.xids = XidCounts()
         self._initialized = False
         self._worked = False
