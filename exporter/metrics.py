@@ -373,6 +373,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("hw.gpu.xid",),
     ),
     MetricSpec(
+        "hw.gpu.xid.last",
+        G,
+        "",
+        "NVIDIA: the code of the latest XID error of the GPU or any of its MIG slices since "
+        "the exporter started, 0 before any (on the GPU and on each slice); what "
+        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS shows. Count with hw.gpu.xid.errors.",
+    ),
+    MetricSpec(
         "hw.gpu.memory.remapped_rows",
         U,
         "{row}",

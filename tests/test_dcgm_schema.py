@@ -48,7 +48,10 @@ def mig(parent: JoinedDevice, holder: Holder) -> JoinedDevice:
                     ("hw.gpu.mig.gpu_instance_id", "9"), ("hw.gpu.mig.compute_instance_id", "0")),
     )  # fmt: skip
     samples = (
+        # GPM's GRAPHICS_UTIL, as the NVML source reads it on a slice (twice: NVML has no
+        # utilization under MIG, so it is the slice's hw.gpu.utilization too)
         Sample("hw.gpu.utilization", 0.25, (("hw.gpu.task", "general"),)),
+        Sample("hw.gpu.graphics.activity", 0.25),
         Sample("hw.gpu.memory.usage", 2 * GIB),
     )
     return JoinedDevice(DeviceReading(device, samples), holder, 1, True)
@@ -117,7 +120,8 @@ def test_mig_slice_names_its_parent_and_profile() -> None:
         "9",
     )
     assert slice_fb["pod"] == "nb"
-    # NVML has no per-slice utilization: the slice's GPM activity is GR_ENGINE_ACTIVE (0-1).
+    # NVML has no per-slice utilization: the slice's GPM GRAPHICS_UTIL is GR_ENGINE_ACTIVE (0-1),
+    # never DCGM_FI_DEV_GPU_UTIL (a whole GPU's NVML utilization, in percent).
     (gpu_util,) = got["DCGM_FI_DEV_GPU_UTIL"]
     assert "GPU_I_ID" not in gpu_util[0]
     ((engine, value),) = got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]

@@ -98,6 +98,8 @@ FIELDS: tuple[Field, ...] = (
            (("hw.gpu.task", "encoder"),), scale=100.0, mig=False),
     _field("DCGM_FI_DEV_DEC_UTIL", G, "Decoder utilization (in %).", "hw.gpu.utilization",
            (("hw.gpu.task", "decoder"),), scale=100.0, mig=False),
+    _field("DCGM_FI_DEV_XID_ERRORS", G, "Value of the last XID error encountered.",
+           "hw.gpu.xid.last"),
     _field("DCGM_FI_DEV_FB_FREE", G, "Framebuffer memory free (in MiB).",
            "hw.gpu.memory.free", scale=1 / MIB),
     _field("DCGM_FI_DEV_FB_USED", G, "Framebuffer memory used (in MiB).",

@@ -304,6 +304,7 @@ class NvmlSource:
         try:
             samples, degraded = reader.gpu_samples(gpu)
             migs = []
+            last_xid = self._last_xid(gpu)
             for mig in gpu.migs:
                 mig_samples = reader.mig_samples(gpu, mig)
                 if self.processes:
@@ -312,7 +313,7 @@ class NvmlSource:
                     ):
                         processes.append(ProcessUsage(mig.device.id, pid, memory, util))
                 mig_samples += status("ok")
-                mig_samples += self._xid_samples(mig.device.id)
+                mig_samples += self._xid_samples(mig.device.id) + last_xid
                 migs.append(DeviceReading(mig.device, tuple(mig_samples)))
             if self.processes and not gpu.mig_mode:
                 for pid, memory, util in reader.processes(
@@ -325,7 +326,7 @@ class NvmlSource:
             readings += [DeviceReading(m.device, status("failed")) for m in gpu.migs]
             return
         samples += status("degraded" if degraded else "ok")
-        samples += self._xid_samples(gpu.device.id)
+        samples += self._xid_samples(gpu.device.id) + last_xid
         readings.append(DeviceReading(gpu.device, tuple(samples)))
         readings += migs
 
@@ -335,3 +336,11 @@ class NvmlSource:
             for (dev, xid), n in sorted(self._xids_now.items())
             if dev == device_id
         ]
+
+    def _last_xid(self, gpu: Gpu) -> list[Sample]:
+        """The last XID of the GPU or any of its slices, on the GPU and on each slice (DCGM's
+        XID field is the GPU's), while the event thread watches: without it, nothing."""
+        if self._watcher is None:
+            return []
+        ids = (gpu.device.id, *(m.device.id for m in gpu.migs))
+        return [Sample("hw.gpu.xid.last", float(self.xids.last(ids)))]
