@@ -212,5 +212,5 @@ def test_a_driver_without_gpm_is_absent_too(
 def test_gpm_interval_respects_nvml_h_100ms() -> None:
     assert interval("10s") == 10.0
     assert interval("250ms") == 0.25
-    with pytest.raises(ValueError, match="100ms"):
+    with pytest.raises(ValueError, match="100ms apart"):
         interval("100ms")

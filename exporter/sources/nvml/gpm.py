@@ -12,19 +12,15 @@ import pynvml
 from exporter.model import Sample
 from exporter.sources import add
 from exporter.sources.nvml.calls import Calls
-from exporter.values import duration
+from exporter.values import duration_over
 
 MIN_INTERVAL = 0.1
 """nvml.h (nvmlGpmSampleGet): "The interval between two nvmlGpmSampleGet() calls should be
 greater than 100ms due to the internal sample refresh rate"."""
 
 
-def interval(text: str) -> float:
-    """`--collector.nvml.gpm-interval`: a duration over nvml.h's 100 ms between samples."""
-    seconds = duration(text)
-    if seconds <= MIN_INTERVAL:
-        raise ValueError(f"GPM samples must be more than 100ms apart (nvml.h), got {text!r}")
-    return seconds
+interval = duration_over(MIN_INTERVAL, "nvml.h: GPM samples over 100ms apart")
+"""`--collector.nvml.gpm-interval`: a duration over nvml.h's 100 ms between samples."""
 
 
 @dataclass(slots=True)
