@@ -278,6 +278,8 @@ nvidia:
     source = node.source()
     result = node.collect_at(source, 1.0)
     assert not [s for r in result.readings for s in r.samples if s.metric == "hw.gpu.xid.errors"]
+    # dcgm-exporter's DCGM_FI_DEV_XID_ERRORS before any XID: 0 on every GPU and slice
+    assert {value(r, "hw.gpu.xid.last") for r in result.readings} == {0.0}
     node.at(10.0)
     assert wait_xids(source, 4)
     for t in (10.0, 15.0, 20.0):
@@ -289,10 +291,17 @@ nvidia:
         assert value(gpu0, "hw.gpu.xid.errors", hw__gpu__xid="31") == 1
         assert value(mig, "hw.gpu.xid.errors", hw__gpu__xid="43") == 1
         assert value(gpu1, "hw.gpu.xid.errors", hw__gpu__xid="43") is None
+        # the last XID: 31 on GPU 0 (after two 13s); the slice's 43 on its GPU and the slice
+        assert value(gpu0, "hw.gpu.xid.last") == 31
+        assert (value(gpu1, "hw.gpu.xid.last"), value(mig, "hw.gpu.xid.last")) == (43, 43)
     node.at(31.0)
     assert wait_xids(source, 5)
-    gpu1 = reading(source.collect(), "GPU-00000000-0000-4000-8000-000000000001")
+    result = source.collect()
+    gpu1 = reading(result, "GPU-00000000-0000-4000-8000-000000000001")
     assert value(gpu1, "hw.gpu.xid.errors", hw__gpu__xid="79") == 1
+    assert value(gpu1, "hw.gpu.xid.last") == 79
+    mig = reading(result, "MIG-00000000-0000-5000-8000-000000000101")
+    assert value(mig, "hw.gpu.xid.last") == 79  # the GPU's XID shows on its slice too
     assert sum(source.xids.snapshot().values()) == 5
 
 

@@ -26,7 +26,7 @@ from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig
 from exporter.sources.nvml.gpm import interval as gpm_interval
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
-from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
+from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key, last_xid
 from exporter.values import boolean, duration
 
 
@@ -106,6 +106,7 @@ class NvmlSource:
         """The GPUs of the last discovery, kept across driver reloads (lost detection)."""
         self._watcher: XidWatcher | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
+        self._xid_latest: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------
@@ -113,7 +114,7 @@ class NvmlSource:
     def collect(self) -> SourceResult:
         with self._lock:
             self.calls.errors = 0
-            self._xids_now = self.xids.snapshot()
+            self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
             try:
                 gpus = self._ready()
                 if gpus is None:
@@ -343,4 +344,4 @@ class NvmlSource:
         if self._watcher is None:
             return []
         ids = (gpu.device.id, *(m.device.id for m in gpu.migs))
-        return [Sample("hw.gpu.xid.last", float(self.xids.last(ids)))]
+        return [Sample("hw.gpu.xid.last", float(last_xid(self._xid_latest, ids)))]

@@ -45,12 +45,20 @@ class XidCounts:
         with self._lock:
             return dict(self._counts)
 
-    def last(self, device_ids: Iterable[str]) -> int:
-        """The XID of the latest event on any of these devices; 0 before any (as
-        dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reads on a GPU that had none)."""
+    def snapshot_with_latest(
+        self,
+    ) -> tuple[dict[tuple[str, int], int], dict[str, tuple[int, int]]]:
+        """The counts, and per device (arrival number, XID) of its latest event, at one
+        moment (a cycle's counts and last XIDs agree)."""
         with self._lock:
-            events = [self._last[d] for d in device_ids if d in self._last]
-        return max(events)[1] if events else 0
+            return dict(self._counts), dict(self._last)
+
+
+def last_xid(latest: dict[str, tuple[int, int]], device_ids: Iterable[str]) -> int:
+    """The XID of the latest event on any of these devices; 0 before any (as dcgm-exporter's
+    DCGM_FI_DEV_XID_ERRORS reads on a GPU that had none)."""
+    events = [latest[d] for d in device_ids if d in latest]
+    return max(events)[1] if events else 0
 
 
 class XidWatcher:
