@@ -242,7 +242,7 @@ GPM (the profiling metrics) has its own cadence, `--collector.nvml.gpm-interval`
 sample and one nvmlGpmMetricsGet (12 metrics in the one call; the 1.5 ms above is for 5) per
 GPU and MIG slice and read, so a dense node (8 GPUs, 42 slices) pays about 77 ms in the cycle
 that reads it (`python -m bench gpm`, docs/performance.md). GPUs without GPM (before Hopper,
-or a driver without it) have no profiling series; the log says so once per GPU.
+or a driver without it) have no profiling series; one log line says which, once.
 
 So the costly values are read every `--collector.nvml.slow-interval` (10s) and held in
 between: one NVML collect went from 4.5 ms to 0.18 ms (median of 20, the real-driver test),

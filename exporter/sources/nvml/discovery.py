@@ -66,8 +66,9 @@ class Discovery:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.gpm_pool: dict[str, Gpm] = {}
-        self.no_gpm: set[str] = set()
-        """GPUs already said to have no GPM (logged once each)."""
+        self.no_gpm: dict[str, str] = {}
+        """GPUs found without GPM, and why (each said once)."""
+        self._unsaid: list[Gpu] = []
         self.forbidden: set[int] = set()
         """Indices whose handle answered NO_PERMISSION (not in this container)."""
 
@@ -160,20 +161,29 @@ class Discovery:
 
     def gpm_supported(self, gpu: Gpu) -> bool:
         """Whether GPM (Hopper and later) works on this GPU; a GPU or driver without it has
-        no profiling series, said once per GPU: it is not a failure."""
+        no profiling series (not a failure), said once: see `say_no_gpm`."""
         support = self.calls.get(pynvml.nvmlGpmQueryDeviceSupport, gpu.handle)
         if support is not None and support.isSupportedDevice:
             return True
         if gpu.device.id not in self.no_gpm:
-            self.no_gpm.add(gpu.device.id)
-            why = "no GPM in this driver" if support is None else "GPM needs Hopper or later"
-            self.calls.log.info(
-                "GPU %d (%s): %s: no profiling metrics (SM, tensor, DRAM activity) for it",
-                gpu.index,
-                gpu.device.model,
-                why,
+            self.no_gpm[gpu.device.id] = (
+                "no GPM in this driver" if support is None else "GPM needs Hopper or later"
             )
+            self._unsaid.append(gpu)
         return False
+
+    def say_no_gpm(self) -> None:
+        """One log line for the GPUs a discovery found without GPM, each GPU said once."""
+        if not self._unsaid:
+            return
+        gpus = ", ".join(f"{g.index} ({g.device.model})" for g in self._unsaid)
+        reasons = sorted({self.no_gpm[g.device.id] for g in self._unsaid})
+        self.calls.log.info(
+            "GPUs without GPM (%s): %s; no profiling metrics (SM, tensor, DRAM activity) for them",
+            "; ".join(reasons),
+            gpus,
+        )
+        self._unsaid = []
 
     def take_gpm(self, device_id: str) -> Gpm | None:
         """The device's GPM buffers from before a rediscovery, or new ones."""

@@ -237,6 +237,7 @@ class NvmlSource:
                 gpus.append(gpu)
         release_gpm(self.discovery.gpm_pool.values(), self.log)
         self.discovery.gpm_pool = {}
+        self.discovery.say_no_gpm()
         self._remember(self._known, gpus)
         self._known = gpus
         self._discovered_at = self.clock()
