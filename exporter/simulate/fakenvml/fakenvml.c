@@ -1285,7 +1285,24 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     return leave(NVML_SUCCESS);
 }
 
-/* ---------------------------------------------------------------- GPM */
+/* ---------------------------------------------------------------- GPM
+ *
+ * As nvml.h (PyPI nvidia-nvml-dev 13.5.37, include/nvml.h) documents GPM:
+ *   14896-15347  nvmlGpmMetricId_t: the metric ids and their units (percent 0.0 - 100.0,
+ *                MiB/sec), quoted at GPM_METRICS below
+ *   15366-15377  nvmlGpmMetric_t: per metric metricId IN; nvmlReturn, value, metricInfo OUT
+ *                ("If this is nonzero, then value is not valid")
+ *   15382-15391  nvmlGpmMetricsGet_t, NVML_GPM_METRICS_GET_VERSION 1
+ *   15396-15402  nvmlGpmSupport_t, NVML_GPM_SUPPORT_VERSION 1
+ *   15413-15434  nvmlGpmMetricsGet: metrics from two samples of one device
+ *   15467-15484  nvmlGpmSampleGet: "supports the device handle and MIG device handle"; two
+ *                samples "should be greater than 100ms" apart
+ *   15487-15505  nvmlGpmMigSampleGet: a sample of one MIG GPU instance, by its id
+ *   15508-15522  nvmlGpmQueryDeviceSupport: device or MIG handle; "For Hopper or newer"
+ * nvml.h does not say what a pair closer than 100 ms gives; here it is a rate like any other
+ * (the exporter never takes such a pair on purpose: --collector.nvml.gpm-interval must exceed
+ * 100 ms; a retry after a failed read is one collection interval later).
+ */
 
 EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) {
     DEVICE_CALL(device);
