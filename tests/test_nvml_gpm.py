@@ -44,11 +44,11 @@ def expected(device: GpuSpec | MigSpec) -> dict[tuple[str, str], float]:
         busy = _mean(device.busy_seconds)
     else:
         busy = _mean(device.utilization.integral)
+    # DRAM: the device's memory_utilization where the scenario gives one (a slice, or a
+    # GPU with MIG off), else its GPM_SHARES share of busy time (a MIG-enabled GPU too)
     memory = device.memory_utilization
-    whole_mig_off = isinstance(device, GpuSpec) and not device.mig
-    dram = _mean(memory.integral) if memory and not isinstance(device, GpuSpec) else None
-    if whole_mig_off and memory is not None:
-        dram = _mean(memory.integral)
+    own_memory = memory is not None and not (isinstance(device, GpuSpec) and device.mig)
+    dram = _mean(memory.integral) if memory is not None and own_memory else None
     out = {("hw.gpu.graphics.activity", ""): busy}
     out |= {(metric, ""): share * busy for metric, share in RATIOS.items()}
     out |= {("hw.gpu.pipe.activity", p): share * busy for p, share in PIPES.items()}
