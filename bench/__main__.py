@@ -7,6 +7,7 @@ side in the same run, interleaved, so machine load hits them alike.
 
     python -m bench [--window S] [--churn-cycles N] [--fleet-nodes N] [--out FILE]
     python -m bench nvml-calls [--cycles N]     NVML call costs against the loaded library
+    python -m bench gpm [--cycles N]            GPM (profiling) cost per cycle, its cadence
     python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
     python -m bench scrape [--baseline DIR]      scrape latency at Prometheus's cadences
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import churn, cost, fleet, generate, labels, nvml_calls, podresources, scrape
+from bench import churn, cost, fleet, generate, gpm, labels, nvml_calls, podresources, scrape
 from bench.procs import ExporterProcess, NodeProcess
 from bench.report import Results, write
 
@@ -114,6 +115,10 @@ def run_all(args: argparse.Namespace) -> Results:
             )
         text, results.nvml_calls = asyncio.run(_dense_scrape_and_nvml(work / "labels"))
         results.placements = labels.placements(text)
+        results.gpm = subprocess.run(
+            [sys.executable, "-m", "bench", "gpm"], check=True, capture_output=True, text=True
+        ).stdout
+        print(results.gpm, flush=True)
         results.churn = _run_churn(args.churn_cycles, args.big_pods)
         print(f"churn: {results.churn}", flush=True)
         if args.fleet_nodes:
@@ -136,6 +141,8 @@ def run_all(args: argparse.Namespace) -> Results:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["nvml-calls"]:
         return nvml_calls.main(argv[1:])
+    if argv[:1] == ["gpm"]:
+        return gpm.main(argv[1:])
     if argv[:1] == ["podresources"]:
         return podresources.main(argv[1:])
     if argv[:1] == ["scrape"]:

@@ -110,10 +110,51 @@ def probe(load_seconds: float) -> dict[str, Any]:
     out["handle_index_out_of_range"] = timed(
         lambda: pynvml.nvmlDeviceGetHandleByIndex(64), repeat=1
     )[1]
+    out["gpm"] = _gpm(handle)
     if load_seconds > 0:
         out["load"] = _under_load(handle, load_seconds)
     pynvml.nvmlShutdown()
     return out
+
+
+def _gpm(handle: Any, spacing: float = 1.0) -> dict[str, Any]:
+    """GPM on GPU 0 as the NVML source reads it (MIG off: nvmlGpmSampleGet on the GPU): the
+    cost of a sample, of nvmlGpmMetricsGet for the source's 12 metrics and for the first 5,
+    and each metric's value and return code between two samples `spacing` seconds apart."""
+    from exporter.sources.nvml.gpm import METRICS, Gpm, request
+
+    try:
+        if not pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            return {"supported": False}
+    except pynvml.NVMLError as exc:
+        return {"supported": f"NVMLError({exc.value}: {exc})"}
+    pair = Gpm(pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+    try:
+        sample_s, _ = timed(lambda: pynvml.nvmlGpmSampleGet(handle, pair.previous), repeat=20)
+        time.sleep(spacing)
+        pynvml.nvmlGpmSampleGet(handle, pair.current)
+        full = request(pair)
+        all_s, _ = timed(lambda: pynvml.nvmlGpmMetricsGet(full), repeat=20)
+        five = request(pair)
+        five.numMetrics = 5
+        five_s, _ = timed(lambda: pynvml.nvmlGpmMetricsGet(five), repeat=20)
+        values = {
+            " ".join([spec.metric, *(v for _, v in spec.attributes)]): {
+                "return": int(full.metrics[i].nvmlReturn),
+                "value": float(full.metrics[i].value),
+            }
+            for i, spec in enumerate(METRICS)
+        }
+    finally:
+        pynvml.nvmlGpmSampleFree(pair.previous)
+        pynvml.nvmlGpmSampleFree(pair.current)
+    return {
+        "supported": True,
+        "nvmlGpmSampleGet_us": round(sample_s * 1e6, 1),
+        f"nvmlGpmMetricsGet_{len(METRICS)}_metrics_us": round(all_s * 1e6, 1),
+        "nvmlGpmMetricsGet_5_metrics_us": round(five_s * 1e6, 1),
+        "values_in_nvml_units": values,
+    }
 
 
 def _field_request() -> list[tuple[int, int]]:

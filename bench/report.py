@@ -30,6 +30,8 @@ class Results:
     fleet: Fleet | None = None
     otlp: list[OtlpVolume] = field(default_factory=list)
     nvml_calls: str = ""
+    gpm: str = ""
+    """`python -m bench gpm`'s table."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """dense at 1 s: CPU per cycle of each cost.BREAKDOWN configuration."""
     wakeups: list[Wakeups] = field(default_factory=list)
@@ -314,6 +316,20 @@ def _fleet(r: Results) -> list[str]:
     return out
 
 
+def _gpm(r: Results) -> list[str]:
+    return [
+        "## GPM (profiling metrics) cost\n\n",
+        "`python -m bench gpm`: the NVML source on the stand-in with a fake clock stepping one\n"
+        "1 s cycle at a time, GPM at its default interval (`--collector.nvml.gpm-interval=10s`)\n"
+        "and, for comparison, every cycle. One GPM read is one sample call and one\n"
+        "nvmlGpmMetricsGet (12 metrics) per device, GPUs and MIG slices alike; the cycle it\n"
+        "falls in pays for all devices. The H100 columns apply the per-call costs measured on a\n"
+        "real H100 (nvmlGpmSampleGet 0.04 ms, nvmlGpmMetricsGet 1.5 ms for 5 metrics; issue 28,\n"
+        "docs/nvml.md) to the calls counted here; no H100 was at hand for this run.\n\n",
+        r.gpm.split("\n", 1)[-1].strip() + "\n",
+    ]
+
+
 def write(r: Results, args: argparse.Namespace) -> None:
     dense = _cost(r, "dense", "1s")
     out = [
@@ -337,6 +353,7 @@ def write(r: Results, args: argparse.Namespace) -> None:
         "`python -m bench nvml-calls` times every NVML call the source makes per cycle against\n"
         "whatever `libnvidia-ml.so.1` loads. Here, against the stand-in on `dense` (so the\n"
         "per-call times are the stand-in's, not a driver's; run it on a GPU node for those):\n\n",
-        r.nvml_calls.split("\n\n", 1)[-1].strip() + "\n",
+        r.nvml_calls.split("\n\n", 1)[-1].strip() + "\n\n",
+        *_gpm(r),
     ]
     args.out.write_text("".join(out))

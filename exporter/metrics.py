@@ -160,6 +160,7 @@ ATTRIBUTES: dict[str, str] = {
     "as given in OTLP; `.`, `/` and `-` become `_` in Prometheus, as the Collector does).",
     # metric-specific
     "hw.gpu.task": "What the utilization is of: `general`, `encoder`, `decoder`.",
+    "hw.gpu.pipe": "Which SM math pipe: `fp64`, `fp32`, `fp16` (non-tensor).",
     "hw.sensor_location": "Temperature sensor: `gpu`, `memory`, `edge`, `junction`, `package`.",
     "hw.gpu.clock.type": "Clock domain: `sm`, `graphics`, `memory`.",
     "hw.gpu.clock.throttle_reason": "Why clocks are held down (NVML clock event reason).",
@@ -271,18 +272,62 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "AMD mem_busy_percent).",
     ),
     MetricSpec(
+        "hw.gpu.graphics.activity",
+        G,
+        "1",
+        "Fraction of time any compute or graphics work was active, averaged over the GPM "
+        "interval (NVIDIA GPM GRAPHICS_UTIL; GPM: Hopper and later, whole GPUs and MIG slices).",
+    ),
+    MetricSpec(
         "hw.gpu.sm.activity",
         G,
         "1",
-        "Fraction of streaming multiprocessors busy, averaged over the cycle (NVIDIA GPM "
-        "SM_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
+        "Fraction of streaming multiprocessors busy, averaged over the GPM interval (NVIDIA "
+        "GPM SM_UTIL).",
+    ),
+    MetricSpec(
+        "hw.gpu.sm.occupancy",
+        G,
+        "1",
+        "Warps resident on the SMs as a fraction of the theoretical maximum, averaged over "
+        "the GPM interval (NVIDIA GPM SM_OCCUPANCY).",
     ),
     MetricSpec(
         "hw.gpu.tensor.activity",
         G,
         "1",
-        "Fraction of time any tensor pipe was active, averaged over the cycle (NVIDIA GPM "
-        "ANY_TENSOR_UTIL, Hopper and later; where GPM is read: MIG slices and MIG-enabled GPUs).",
+        "Fraction of time any tensor pipe was active, averaged over the GPM interval (NVIDIA "
+        "GPM ANY_TENSOR_UTIL).",
+    ),
+    MetricSpec(
+        "hw.gpu.pipe.activity",
+        G,
+        "1",
+        "Fraction of time the SMs did non-tensor math of a precision, averaged over the GPM "
+        "interval (NVIDIA GPM FP64_UTIL, FP32_UTIL, FP16_UTIL).",
+        attributes=("hw.gpu.pipe",),
+    ),
+    MetricSpec(
+        "hw.gpu.dram.activity",
+        G,
+        "1",
+        "DRAM bandwidth used as a fraction of the theoretical maximum, averaged over the GPM "
+        "interval (NVIDIA GPM DRAM_BW_UTIL).",
+    ),
+    MetricSpec(
+        "hw.gpu.pcie.throughput",
+        G,
+        "By/s",
+        "PCIe traffic, averaged over the GPM interval (NVIDIA GPM PCIE_TX/RX_PER_SEC).",
+        attributes=("network.io.direction",),
+    ),
+    MetricSpec(
+        "hw.gpu.nvlink.throughput",
+        G,
+        "By/s",
+        "NVLink traffic over all links, averaged over the GPM interval (NVIDIA GPM "
+        "NVLINK_TOTAL_TX/RX_PER_SEC: transmit is its write, receive its read bandwidth).",
+        attributes=("network.io.direction",),
     ),
     MetricSpec("hw.gpu.memory.usage", U, "By", "Device memory in use (NVIDIA FB, AMD VRAM)."),
     MetricSpec("hw.gpu.memory.limit", U, "By", "Device memory size."),
@@ -343,6 +388,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{error}",
         "NVIDIA XID errors, counted once per event, by XID code.",
         attributes=("hw.gpu.xid",),
+    ),
+    MetricSpec(
+        "hw.gpu.xid.last",
+        G,
+        "",
+        "NVIDIA: the code of the latest XID error of the GPU or any of its MIG slices since "
+        "the exporter started, 0 before any (on the GPU and on each slice); what "
+        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS shows. Count with hw.gpu.xid.errors.",
     ),
     MetricSpec(
         "hw.gpu.memory.remapped_rows",

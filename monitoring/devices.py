@@ -1,9 +1,11 @@
-"""Nodes and devices: health, temperature, power, clocks, errors, XIDs, MIG layout, links."""
+"""Nodes and devices: health, temperature, power, clocks, errors, XIDs, activity, profiling,
+MIG layout, links."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
+from monitoring import profiling
 from monitoring.grafana import (
     PanelBuilder,
     Q,
@@ -31,7 +33,7 @@ def build() -> dash.Dashboard:
         UID,
         "Devices / Nodes and devices",
         "Per device: health, XIDs and errors, temperature, power, clocks and throttling, "
-        "activity, MIG layout and network links.",
+        "activity, profiling (SM, tensor, DRAM), MIG layout and network links.",
     )
     board = variables(board, ("node", "type", "vendor", "model", "device"))
     return rows(
@@ -42,6 +44,7 @@ def build() -> dash.Dashboard:
             ("Thermals and power", _thermals()),
             ("Clocks and throttling", _clocks()),
             ("Activity", _activity()),
+            ("Profiling (NVIDIA GPM)", profiling.device_row(NVIDIA)),
             ("MIG layout", _mig()),
             ("Network and RDMA links", _network()),
         ),

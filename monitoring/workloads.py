@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
+from monitoring import profiling
 from monitoring.grafana import (
     PanelBuilder,
     Q,
@@ -139,6 +140,7 @@ def _top() -> list[PanelBuilder]:
 def _per_pod() -> list[PanelBuilder]:
     legend = "{{k8s_namespace_name}}/{{k8s_pod_name}}/{{k8s_container_name}}"
     return [
+        profiling.pod_panel(),
         timeseries_panel(
             "Utilization per container",
             "Mean general utilization of the devices the container holds alone.",

@@ -43,11 +43,38 @@ FEATURES: dict[str, tuple[str, ...]] = {
     ),
     "processes": ("processes",),
     "process_utilization": ("process_utilization",),
-    "gpm": ("gpm", "gpm_busy_s", "gpm_sm_s", "gpm_dram_s", "gpm_tensor_s"),
+    "gpm": (
+        "gpm",
+        "gpm_busy_s",
+        "gpm_sm_s",
+        "gpm_occupancy_s",
+        "gpm_tensor_s",
+        "gpm_fp64_s",
+        "gpm_fp32_s",
+        "gpm_fp16_s",
+        "gpm_dram_s",
+        "gpm_pcie_tx_bytes",
+        "gpm_pcie_rx_bytes",
+        "gpm_nvlink_tx_bytes",
+        "gpm_nvlink_rx_bytes",
+    ),
     "serial": ("serial",),
 }
 """Names usable in `unsupported:` and `not_supported` faults -> the state keys they hide
 (a hidden key is NVML_ERROR_NOT_SUPPORTED for every call and field that reads it)."""
+
+GPM_SHARES = {
+    "gpm_sm_s": 0.85,
+    "gpm_occupancy_s": 0.4,
+    "gpm_tensor_s": 0.6,
+    "gpm_fp64_s": 0.05,
+    "gpm_fp32_s": 0.3,
+    "gpm_fp16_s": 0.2,
+    "gpm_dram_s": 0.5,
+}
+"""The simulated GPM engines: each is busy this share of the time its device is busy (DRAM:
+unless the scenario gives the device a `memory_utilization`), so a GPM ratio between two
+samples is share x mean utilization. Byte rates (PCIe, NVLink) follow `nvml_state`."""
 
 THROTTLE_BITS = {
     "gpu_idle": 0x1,

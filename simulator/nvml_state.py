@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from simulator.nvml_spec import (
     FEATURES,
+    GPM_SHARES,
     MIB,
     NO_ID,
     THROTTLE_BITS,
@@ -181,8 +182,26 @@ def _gpu_values(spec: NvidiaSpec, gpu: GpuSpec, t: float, since: float) -> dict[
             "nvlink_recovery": 0,
         }
     if gpu.gpm:
-        values |= _gpm(gpu.busy_seconds(t))
+        values |= _gpm(gpu.busy_seconds(t), _dram_seconds(gpu, t))
+        busy_s = gpu.busy_seconds(t)
+        values |= {  # cumulative since scenario start: GPM only reads their rates
+            "gpm_pcie_tx_bytes": f"{1e6 * t + gpu.pcie_peak * busy_s:.3f}",
+            "gpm_pcie_rx_bytes": f"{2e6 * t + 1.3 * gpu.pcie_peak * busy_s:.3f}",
+        }
+        if gpu.nvlink_links:
+            values |= {
+                "gpm_nvlink_tx_bytes": f"{gpu.nvlink_peak * busy_s:.3f}",
+                "gpm_nvlink_rx_bytes": f"{0.9 * gpu.nvlink_peak * busy_s:.3f}",
+            }
     return values
+
+
+def _dram_seconds(gpu: GpuSpec, t: float) -> float | None:
+    """A whole GPU's DRAM-busy seconds: its memory utilization where the scenario gives
+    one (MIG off), else GPM_SHARES' share of its busy time."""
+    if gpu.mig or gpu.memory_utilization is None:
+        return None
+    return gpu.memory_utilization.integral(t)
 
 
 def _mig_values(gpu: GpuSpec, mig: MigSpec, t: float) -> dict[str, object]:
@@ -205,14 +224,14 @@ def _mig_values(gpu: GpuSpec, mig: MigSpec, t: float) -> dict[str, object]:
 
 
 def _gpm(busy_s: float, dram_s: float | None = None) -> dict[str, object]:
-    """Cumulative busy seconds: the fake's GPM metrics are their rates between two samples."""
-    return {
-        "gpm": 1,
-        "gpm_busy_s": f"{busy_s:.6f}",
-        "gpm_sm_s": f"{0.85 * busy_s:.6f}",
-        "gpm_dram_s": f"{(0.5 * busy_s if dram_s is None else dram_s):.6f}",
-        "gpm_tensor_s": f"{0.6 * busy_s:.6f}",
-    }
+    """Cumulative busy seconds: the fake's GPM metrics are their rates between two samples.
+    Each engine is busy its `GPM_SHARES` share of the device's busy time."""
+    values: dict[str, object] = {"gpm": 1, "gpm_busy_s": f"{busy_s:.6f}"}
+    for key, share in GPM_SHARES.items():
+        values[key] = f"{share * busy_s:.6f}"
+    if dram_s is not None:
+        values["gpm_dram_s"] = f"{dram_s:.6f}"
+    return values
 
 
 def _nvml_bus_id(address: str) -> str:

@@ -11,7 +11,11 @@ import pytest
 
 from bench.cost import fit
 from bench.generate import scenario, write
+from simulator import nvml as simnvml
 from simulator.scenario import load_scenario
+from tests.nvml_support import fakenvml
+
+__all__ = ["fakenvml"]
 
 
 def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> None:
@@ -106,3 +110,20 @@ def test_each_sleep_of_a_thread_counts_as_a_context_switch() -> None:
     _, after = threads_and_switches(os.getpid())
     assert threads >= threading.active_count()  # Python's threads, and any native ones
     assert after - before >= 5
+
+
+def test_gpm_cost_at_its_default_cadence(fakenvml: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make bench` quotes GPM's cost per cycle: on the demo node (8 devices) a GPM read every
+    10 s of 1 s cycles is 0.8 nvmlGpmMetricsGet a cycle; at an H100's per-call costs one read
+    is 8 x (1.5 + 0.04) ms and a cycle pays a tenth of it."""
+    from bench import gpm
+
+    monkeypatch.setenv(simnvml.STATE_ENV, "")  # restored after measure() points it elsewhere
+    cost = gpm.measure("demo", 20, 1.0, "10s")
+    assert cost.devices == 8
+    assert cost.metrics_calls_per_cycle == pytest.approx(0.8)
+    assert cost.h100_ms_per_read == pytest.approx(8 * 1.54)
+    assert cost.h100_ms_per_cycle == pytest.approx(8 * 1.54 / 10)
+    every = gpm.measure("demo", 20, 1.0, "1s")
+    assert every.metrics_calls_per_cycle == pytest.approx(8.0)
+    assert "| demo | 8 | 10s | 0.8 |" in gpm.table([cost, every], 1.0)

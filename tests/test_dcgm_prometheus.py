@@ -118,13 +118,14 @@ def test_dashboard_panels_return_every_gpu(prom: PrometheusServer) -> None:
     assert by_uuid(util) == pytest.approx(by_uuid(native_util, "hw_id"))
     assert all(0 <= v <= 100 for v in by_gpu(util).values())
 
-    # Tensor Core Utilization: from GPM, read on the six MIG-enabled GPUs (and their slices).
+    # Tensor Core Utilization: from GPM, on every GPU (MIG on or off) and every slice.
     tensor = prom.query(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{sel}")
     whole = {
         r["metric"]["UUID"]: float(r["value"][1]) for r in tensor if "GPU_I_ID" not in r["metric"]
     }
     native_tensor = prom.query(f"hw_gpu_tensor_activity_ratio{{{native}}}")
-    assert {r["metric"]["gpu"] for r in tensor} == {str(i) for i in range(6)}
+    assert {r["metric"]["gpu"] for r in tensor} == GPUS
+    assert len(tensor) == 8 + 42
     assert whole == pytest.approx(by_uuid(native_tensor, "hw_id"))
     assert all(0 < v <= 1 for v in whole.values())
 
@@ -182,3 +183,53 @@ def test_without_honor_labels_the_holder_is_renamed(
         server.stop()
     assert fb["metric"]["pod"] == TARGET["pod"]
     assert fb["metric"]["exported_namespace"] == "research"
+
+
+PROF = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "hw_gpu_graphics_activity_ratio",
+    "DCGM_FI_PROF_SM_ACTIVE": "hw_gpu_sm_activity_ratio",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "hw_gpu_sm_occupancy_ratio",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 'hw_gpu_pipe_activity_ratio{hw_gpu_pipe="fp64"}',
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 'hw_gpu_pipe_activity_ratio{hw_gpu_pipe="fp32"}',
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 'hw_gpu_pipe_activity_ratio{hw_gpu_pipe="fp16"}',
+    "DCGM_FI_PROF_DRAM_ACTIVE": "hw_gpu_dram_activity_ratio",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": (
+        'hw_gpu_pcie_throughput_bytes_per_second{network_io_direction="transmit"}'
+    ),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": (
+        'hw_gpu_pcie_throughput_bytes_per_second{network_io_direction="receive"}'
+    ),
+}
+
+
+@pytest.mark.peer
+def test_profiling_fields_on_whole_gpus_with_mig_off(prom: PrometheusServer) -> None:
+    """GPUs 6 and 7 (MIG off, time-sliced) have every DCGM_FI_PROF_* field, ratios 0-1 and
+    bytes per second, equal to the native GPM series at the same scrape."""
+    for dcgm, native in PROF.items():
+        got = prom.query(f'{dcgm}{{gpu=~"6|7", GPU_I_ID=""}}')
+        assert {r["metric"]["gpu"] for r in got} == {"6", "7"}, dcgm
+        sel = 'hw_id=~"GPU-.*000[67]"'
+        native_q = f"{native[:-1]},{sel}}}" if native.endswith("}") else f"{native}{{{sel}}}"
+        assert by_uuid(got) == pytest.approx(by_uuid(prom.query(native_q), "hw_id")), dcgm
+        if dcgm.endswith("_ACTIVE") or dcgm.endswith("_OCCUPANCY"):
+            assert all(0 < float(r["value"][1]) <= 1 for r in got), dcgm
+    pcie = prom.query('DCGM_FI_PROF_PCIE_TX_BYTES{gpu="6"}')
+    assert float(pcie[0]["value"][1]) > 1e6  # bytes/s: 1 MB/s idle, GB/s when busy
+
+
+@pytest.mark.peer
+def test_xid_errors_the_last_xid_as_dcgm_exporter(prom: PrometheusServer) -> None:
+    """dcgm-exporter's DCGM_FI_DEV_XID_ERRORS: the last XID's code, 0 before any. The dense
+    node sends XID 13 to GPU 6 at 20 s; GPU 1 never has one. Dashboard 12239 has no XID
+    panel; alerts query `DCGM_FI_DEV_XID_ERRORS > 0` (tests/test_dcgm_xid.py)."""
+    prom.wait_for('DCGM_FI_DEV_XID_ERRORS{gpu="6"} == 13', timeout=90)
+    gpus = prom.query('DCGM_FI_DEV_XID_ERRORS{GPU_I_ID=""}')
+    assert {r["metric"]["gpu"] for r in gpus} == GPUS
+    assert by_gpu(gpus)["1"] == 0
+    assert prom.query('DCGM_FI_DEV_XID_ERRORS{gpu="6", GPU_I_ID=""} > 0')  # the alert's query
+    native = prom.query('hw_gpu_xid_last{hw_id="GPU-3f0c9a52-81d4-4b7e-b0c6-5e1a2d7c0006"}')
+    assert float(native[0]["value"][1]) == 13
+    # the better native query: which XIDs, how many (a counter per code)
+    counted = prom.query('hw_gpu_xid_errors_total{hw_id=~".*0006"}')
+    assert {r["metric"]["hw_gpu_xid"]: float(r["value"][1]) for r in counted} == {"13": 1.0}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
@@ -9,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from exporter.cli.flags import UsageError, parse_config
 from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
-from exporter.sinks.dcgm import THROTTLE_BITS, bus_id
+from exporter.sinks.dcgm import FIELDS, THROTTLE_BITS, bus_id
+from exporter.sinks.dcgm import THROTTLE_REASONS as DCGM_THROTTLE
 from exporter.sinks.prometheus import Renderer, reference, render
 
 GIB = 1024.0**3
@@ -48,7 +52,10 @@ def mig(parent: JoinedDevice, holder: Holder) -> JoinedDevice:
                     ("hw.gpu.mig.gpu_instance_id", "9"), ("hw.gpu.mig.compute_instance_id", "0")),
     )  # fmt: skip
     samples = (
+        # GPM's GRAPHICS_UTIL, as the NVML source reads it on a slice (twice: NVML has no
+        # utilization under MIG, so it is the slice's hw.gpu.utilization too)
         Sample("hw.gpu.utilization", 0.25, (("hw.gpu.task", "general"),)),
+        Sample("hw.gpu.graphics.activity", 0.25),
         Sample("hw.gpu.memory.usage", 2 * GIB),
     )
     return JoinedDevice(DeviceReading(device, samples), holder, 1, True)
@@ -117,7 +124,8 @@ def test_mig_slice_names_its_parent_and_profile() -> None:
         "9",
     )
     assert slice_fb["pod"] == "nb"
-    # NVML has no per-slice utilization: the slice's GPM activity is GR_ENGINE_ACTIVE (0-1).
+    # NVML has no per-slice utilization: the slice's GPM GRAPHICS_UTIL is GR_ENGINE_ACTIVE (0-1),
+    # never DCGM_FI_DEV_GPU_UTIL (a whole GPU's NVML utilization, in percent).
     (gpu_util,) = got["DCGM_FI_DEV_GPU_UTIL"]
     assert "GPU_I_ID" not in gpu_util[0]
     ((engine, value),) = got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]
@@ -185,3 +193,49 @@ def test_flag_and_variable() -> None:
     assert parse_config([], env={"KDE_METRICS_SCHEMA": "dcgm"}).metrics_schema == ("dcgm",)
     with pytest.raises(UsageError, match=r"KDE_METRICS_SCHEMA.*native, dcgm"):
         parse_config([], env={"KDE_METRICS_SCHEMA": "dcgm,dcgm"})
+
+
+DEFAULT_COUNTERS = [
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+]
+"""The metrics of dcgm-exporter's etc/default-counters.csv (NVIDIA/dcgm-exporter e61056b,
+release 4.5.2-4.8.1 on), without its DCGM_FI_DRIVER_VERSION label."""
+
+
+def test_readme_comparison_says_exactly_what_the_dcgm_schema_serves() -> None:
+    """README's 'Its names' row: the default counters served, the two not served, the opt-in
+    ones served; each list equal to the sink's table (exporter/sinks/dcgm.py)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| Its names |")]
+    served_part, rest = row.split("**not**", 1)
+    not_part, opt_in_part = rest.split("Opt-in there, served here:", 1)
+    names = re.compile(r"`(DCGM_FI_(?:DEV|PROF)_[A-Z0-9_]+)`")
+    served = {f.spec.name for f in FIELDS} | {DCGM_THROTTLE.name}
+    assert set(names.findall(served_part)) == served & set(DEFAULT_COUNTERS)
+    assert set(names.findall(not_part)) == set(DEFAULT_COUNTERS) - served
+    opt_in = set(names.findall(opt_in_part.split("only where NVML has GPM")[0]))
+    assert opt_in == served - set(DEFAULT_COUNTERS)

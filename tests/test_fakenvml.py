@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pynvml
 import pytest
@@ -192,6 +193,84 @@ def test_gpm_metrics_are_rates_between_two_samples(nvml: NvidiaNode) -> None:
     assert request.metrics[0].value == 0.0  # the 3g.40gb slice is idle in this scenario
     pynvml.nvmlGpmSampleFree(first)
     pynvml.nvmlGpmSampleFree(second)
+
+
+def _gpm_request(first: object, second: object, *metric_ids: int) -> object:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(metric_ids)
+    request.sample1, request.sample2 = first, second
+    for i, metric_id in enumerate(metric_ids):
+        request.metrics[i].metricId = metric_id
+    return request
+
+
+def test_gpm_on_a_whole_gpu_in_nvml_h_units(nvml: NvidiaNode) -> None:
+    """nvml.h's nvmlGpmMetricId_t: activities in percent (0.0 - 100.0), PCIe and NVLink in
+    MiB/sec; GPU 0 is a constant 50 % busy, MIG off."""
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlGpmQueryDeviceSupport(gpu).isSupportedDevice == 1
+    first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    nvml.at(5.0)
+    pynvml.nvmlGpmSampleGet(gpu, first)
+    nvml.at(15.0)
+    pynvml.nvmlGpmSampleGet(gpu, second)
+    ids = {
+        pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 50.0,
+        pynvml.NVML_GPM_METRIC_SM_UTIL: 0.85 * 50,
+        pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 0.4 * 50,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.6 * 50,
+        pynvml.NVML_GPM_METRIC_FP64_UTIL: 0.05 * 50,
+        pynvml.NVML_GPM_METRIC_FP32_UTIL: 0.3 * 50,
+        pynvml.NVML_GPM_METRIC_FP16_UTIL: 0.2 * 50,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 0.5 * 50,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (1e6 + 12e9 * 0.5) / 2**20,
+        pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (2e6 + 1.3 * 12e9 * 0.5) / 2**20,
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 120e9 * 0.5 / 2**20,
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 0.9 * 120e9 * 0.5 / 2**20,
+        pynvml.NVML_GPM_METRIC_INTEGER_UTIL: None,  # not simulated: NOT_SUPPORTED
+    }
+    request: Any = _gpm_request(first, second, *ids)
+    pynvml.nvmlGpmMetricsGet(request)
+    for i, want in enumerate(ids.values()):
+        got = request.metrics[i]
+        if want is None:
+            assert got.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+            continue
+        assert got.nvmlReturn == pynvml.NVML_SUCCESS, i
+        assert got.value == pytest.approx(want, rel=1e-6), i
+    assert request.metrics[8].metricInfo.unit == b"MiB/sec"
+    assert request.metrics[0].metricInfo.unit == b"%"
+    # the version nvml.h names, and samples of one device
+    request.version = 2
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        pynvml.nvmlGpmMetricsGet(request)
+    pynvml.nvmlGpmSampleFree(first)
+    pynvml.nvmlGpmSampleFree(second)
+
+
+def test_gpm_per_instance_through_a_mig_handle_or_the_gpu(nvml: NvidiaNode) -> None:
+    """nvml.h: nvmlGpmSampleGet "supports the device handle and MIG device handle"; a MIG
+    handle samples its GPU instance, as nvmlGpmMigSampleGet(gpu, gi) does. An instance has
+    no PCIe or NVLink counters of its own (NOT_SUPPORTED), samples of two devices are
+    INVALID_ARGUMENT."""
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)  # gi 9
+    a, b, c = (pynvml.nvmlGpmSampleAlloc() for _ in range(3))
+    pynvml.nvmlGpmSampleGet(mig, a)
+    nvml.at(10.0)
+    pynvml.nvmlGpmMigSampleGet(gpu, 9, b)
+    pynvml.nvmlGpmMigSampleGet(gpu, 2, c)
+    request: Any = _gpm_request(
+        a, b, pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    )
+    pynvml.nvmlGpmMetricsGet(request)
+    assert (request.metrics[0].nvmlReturn, request.metrics[0].value) == (pynvml.NVML_SUCCESS, 0)
+    assert request.metrics[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpmMetricsGet(_gpm_request(a, c, pynvml.NVML_GPM_METRIC_SM_UTIL))
+    for sample in (a, b, c):
+        pynvml.nvmlGpmSampleFree(sample)
 
 
 def test_slow_calls_take_their_injected_time(nvml: NvidiaNode) -> None:

@@ -35,6 +35,8 @@ import yaml
 
 from exporter.metrics import SPECS, Scope, prometheus_label
 from exporter.sources import registry
+from simulator.nvml_scenario import parse_nvidia
+from simulator.nvml_spec import GPM_SHARES
 from simulator.scenario import bundled_names, load_scenario
 from tests import kit
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
@@ -789,3 +791,25 @@ def test_overview_resources_table_counts_what_the_kubelet_lists(cluster: Cluster
             assert _settled(shown, expected) == expected, (name, query.ref)
         checked.append(name)
     assert "numa" in checked, checked
+
+
+def test_pod_panel_says_how_well_each_pod_uses_its_gpu(cluster: Cluster) -> None:
+    """The workloads dashboard's per-pod GPM panel, through the allocation join: the demo's
+    notebook-alice holds MIG slice 101 alone, a constant 2 % busy, so its SMs are active
+    0.85 x 0.02 and its tensor pipes 0.6 x 0.02 (the stand-in's GPM_SHARES); a pod holding
+    a time-sliced GPU's replica is not on it (a shared device's activity is not per pod)."""
+    loaded = load_scenario("demo")
+    nvidia = parse_nvidia(loaded.sections["nvidia"], "demo")
+    (notebook,) = [m for g in nvidia.gpus for m in g.mig if m.uuid.endswith("000000000101")]
+    busy = notebook.utilization.value(0.0)
+    pod = prometheus_label("k8s.pod.name")
+    sm, tensor = _panel("workloads", "Is the GPU used well? SM and tensor activity per pod (GPM)")
+    got_sm = _settled(
+        lambda: _latest(cluster, sm, pod).get("notebook-alice"), GPM_SHARES["gpm_sm_s"] * busy
+    )
+    # (the stand-in's state keeps busy seconds to 1 us: a rate over 1 s is good to 1e-6)
+    assert got_sm == pytest.approx(GPM_SHARES["gpm_sm_s"] * busy, abs=1e-6)
+    assert _latest(cluster, tensor, pod)["notebook-alice"] == pytest.approx(
+        GPM_SHARES["gpm_tensor_s"] * busy, abs=1e-6
+    )
+    assert not {"batch-a", "batch-b"} & set(_latest(cluster, sm, pod))

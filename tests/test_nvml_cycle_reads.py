@@ -100,27 +100,27 @@ def test_a_process_in_two_lists_counts_its_memory_once(lists: _Lists) -> None:
     assert _cycle(reader, lists, slow=True)[0] == {7: GIB}
 
 
-def test_a_gpm_that_gives_no_rate_is_retried_a_few_cycles_then_left_to_the_slow_interval() -> None:
-    """nvmlGpmMetricsGet costs 1.5 ms per MIG slice on an H100 (docs/nvml.md): a slice whose
+def test_a_gpm_that_gives_no_rate_is_retried_a_few_cycles_then_left_to_the_gpm_interval() -> None:
+    """nvmlGpmMetricsGet costs 1.5 ms per device on an H100 (docs/nvml.md): a device whose
     GPM never yields a rate must not cost that every cycle."""
     import pynvml
 
     from exporter.sources.nvml.gpm import Gpm
 
-    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    now = [0.0]
+    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: now[0], gpm_interval=10.0)
     asked: list[int] = []
 
     def failing_sample(buffer: object) -> None:
         asked.append(1)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
 
-    gpu: Any = type("G", (), {"slow_now": False})()
     gpm = Gpm(previous=object(), current=object())
     reads = []
     for cycle in range(25):
-        gpu.slow_now = cycle % 10 == 0
+        now[0] = float(cycle)  # one cycle a second
         asked.clear()
-        assert reader._gpm("MIG-1", gpu, failing_sample, gpm=gpm) == []
+        assert reader._gpm("MIG-1", failing_sample, gpm=gpm, mig=True) == []
         reads.append(len(asked))
-    # The first read and two retries, then one read per slow interval (cycles 10, 20).
+    # The first read and two retries, then one read per GPM interval (cycles 10, 20).
     assert [c for c, n in enumerate(reads) if n] == [0, 1, 2, 10, 20]

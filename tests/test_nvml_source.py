@@ -90,6 +90,7 @@ def test_registered_with_options() -> None:
         "processes",
         "xid-events",
         "slow-interval",
+        "gpm-interval",
         "restart-after",
         "lost-retention",
     }
@@ -277,6 +278,8 @@ nvidia:
     source = node.source()
     result = node.collect_at(source, 1.0)
     assert not [s for r in result.readings for s in r.samples if s.metric == "hw.gpu.xid.errors"]
+    # dcgm-exporter's DCGM_FI_DEV_XID_ERRORS before any XID: 0 on every GPU and slice
+    assert {value(r, "hw.gpu.xid.last") for r in result.readings} == {0.0}
     node.at(10.0)
     assert wait_xids(source, 4)
     for t in (10.0, 15.0, 20.0):
@@ -288,10 +291,17 @@ nvidia:
         assert value(gpu0, "hw.gpu.xid.errors", hw__gpu__xid="31") == 1
         assert value(mig, "hw.gpu.xid.errors", hw__gpu__xid="43") == 1
         assert value(gpu1, "hw.gpu.xid.errors", hw__gpu__xid="43") is None
+        # the last XID: 31 on GPU 0 (after two 13s); the slice's 43 on its GPU and the slice
+        assert value(gpu0, "hw.gpu.xid.last") == 31
+        assert (value(gpu1, "hw.gpu.xid.last"), value(mig, "hw.gpu.xid.last")) == (43, 43)
     node.at(31.0)
     assert wait_xids(source, 5)
-    gpu1 = reading(source.collect(), "GPU-00000000-0000-4000-8000-000000000001")
+    result = source.collect()
+    gpu1 = reading(result, "GPU-00000000-0000-4000-8000-000000000001")
     assert value(gpu1, "hw.gpu.xid.errors", hw__gpu__xid="79") == 1
+    assert value(gpu1, "hw.gpu.xid.last") == 79
+    mig = reading(result, "MIG-00000000-0000-5000-8000-000000000101")
+    assert value(mig, "hw.gpu.xid.last") == 79  # the GPU's XID shows on its slice too
     assert sum(source.xids.snapshot().values()) == 5
 
 
@@ -465,7 +475,7 @@ def test_rediscovery_keeps_mig_activity_and_the_event_thread(
         assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9), t
     assert node.calls("nvmlDeviceGetUUID") == 3 * 8
     assert source._watcher is watcher
-    assert node.calls("nvmlGpmSampleAlloc") == 2 * 5  # the parent GPU and four slices
+    assert node.calls("nvmlGpmSampleAlloc") == 2 * 8  # four GPUs (MIG or not), four slices
 
 
 def test_a_mig_reconfiguration_is_picked_up(nvidia_node: Callable[[str], NvidiaNode]) -> None:
@@ -617,17 +627,18 @@ def test_costly_values_are_read_every_slow_interval_and_held_between(
     assert value(held, "hw.power") != value(first, "hw.power")
 
 
-def test_gpm_activity_is_measured_every_slow_interval(
+def test_gpm_activity_is_measured_every_gpm_interval(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:
-    # nvmlGpmMetricsGet costs 1.5 ms on a real H100 (docs/nvml.md), per MIG slice: primed
-    # at the first cycle, measured at the second, then every slow interval
+    # nvmlGpmMetricsGet costs 1.5 ms on a real H100 (docs/nvml.md), per device: primed
+    # at the first cycle, measured at the second, then every GPM interval (its own flag,
+    # not the slow interval's)
     node = nvidia_node("demo")
-    source = node.source(**{"slow-interval": "10s"})
+    source = node.source(**{"slow-interval": "1h", "gpm-interval": "10s"})
     node.collect_at(source, 1.0)
     node.collect_at(source, 2.0)
     measured = node.calls("nvmlGpmMetricsGet")
-    assert measured == 5  # the MIG parent and its four slices
+    assert measured == 8  # four GPUs (three with MIG off, one MIG parent), four slices
     for t in (3.0, 5.0, 9.0):
         r = reading(node.collect_at(source, t), MIG.format(2))
         assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)

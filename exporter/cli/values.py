@@ -18,6 +18,19 @@ def duration(text: str) -> float:
     return value
 
 
+def duration_over(minimum: float, why: str) -> Callable[[str], float]:
+    """A `duration` that must exceed `minimum` seconds; `why` names who requires it."""
+
+    def parse(text: str) -> float:
+        seconds = duration(text)
+        if seconds <= minimum:
+            raise ValueError(f"must be more than {minimum:g}s ({why}), got {text!r}")
+        return seconds
+
+    parse.__name__ = "duration"  # the same value type in --help (METAVARS: DURATION)
+    return parse
+
+
 def choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.lower() not in allowed:

@@ -73,6 +73,7 @@ def _field(
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+_DIR = "network.io.direction"
 
 # Help texts are dcgm-exporter's (etc/default-counters.csv), so `# HELP` lines match too.
 FIELDS: tuple[Field, ...] = (
@@ -97,6 +98,8 @@ FIELDS: tuple[Field, ...] = (
            (("hw.gpu.task", "encoder"),), scale=100.0, mig=False),
     _field("DCGM_FI_DEV_DEC_UTIL", G, "Decoder utilization (in %).", "hw.gpu.utilization",
            (("hw.gpu.task", "decoder"),), scale=100.0, mig=False),
+    _field("DCGM_FI_DEV_XID_ERRORS", G, "Value of the last XID error encountered.",
+           "hw.gpu.xid.last"),
     _field("DCGM_FI_DEV_FB_FREE", G, "Framebuffer memory free (in MiB).",
            "hw.gpu.memory.free", scale=1 / MIB),
     _field("DCGM_FI_DEV_FB_USED", G, "Framebuffer memory used (in MiB).",
@@ -117,17 +120,38 @@ FIELDS: tuple[Field, ...] = (
            "hw.errors", (("error.type", "ecc_corrected"),)),
     _field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", C, "Total number of double-bit volatile ECC errors.",
            "hw.errors", (("error.type", "ecc_uncorrected"),)),
-    # MIG slices: NVML has no utilization per slice; the NVML source reads GPM, the same
-    # engine counters DCGM reads for these fields on Hopper (ratios 0-1, as DCGM's).
+    # GPM (Hopper and later; the NVML source, whole GPUs and MIG slices): the engine counters
+    # DCGM reads for these fields on Hopper. Help texts and units from dcgm-exporter's
+    # etc/dcp-metrics-included.csv: ratios 0-1, PCIe/NVLink in bytes per second (gauges).
     _field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", G, "Ratio of time the graphics engine is active.",
-           "hw.gpu.utilization", (("hw.gpu.task", "general"),), mig=True),
-    _field("DCGM_FI_PROF_DRAM_ACTIVE", G, "Ratio of cycles the device memory interface is "
-           "active sending or receiving data.", "hw.gpu.memory.bandwidth.utilization", mig=True),
+           "hw.gpu.graphics.activity"),
     _field("DCGM_FI_PROF_SM_ACTIVE", G, "The ratio of cycles an SM has at least 1 warp "
            "assigned (computed from the number of cycles and elapsed cycles)",
            "hw.gpu.sm.activity"),
+    _field("DCGM_FI_PROF_SM_OCCUPANCY", G, "The ratio of number of warps resident on an SM.",
+           "hw.gpu.sm.occupancy"),
     _field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", G, "Ratio of cycles the tensor (HMMA) pipe is "
            "active.", "hw.gpu.tensor.activity"),
+    _field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", G, "Ratio of cycles the fp64 pipes are active.",
+           "hw.gpu.pipe.activity", (("hw.gpu.pipe", "fp64"),)),
+    _field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", G, "Ratio of cycles the fp32 pipes are active.",
+           "hw.gpu.pipe.activity", (("hw.gpu.pipe", "fp32"),)),
+    _field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", G, "Ratio of cycles the fp16 pipes are active.",
+           "hw.gpu.pipe.activity", (("hw.gpu.pipe", "fp16"),)),
+    _field("DCGM_FI_PROF_DRAM_ACTIVE", G, "Ratio of cycles the device memory interface is "
+           "active sending or receiving data.", "hw.gpu.dram.activity"),
+    _field("DCGM_FI_PROF_PCIE_TX_BYTES", G, "The rate of data transmitted over the PCIe bus - "
+           "including both protocol headers and data payloads - in bytes per second.",
+           "hw.gpu.pcie.throughput", ((_DIR, "transmit"),)),
+    _field("DCGM_FI_PROF_PCIE_RX_BYTES", G, "The rate of data received over the PCIe bus - "
+           "including both protocol headers and data payloads - in bytes per second.",
+           "hw.gpu.pcie.throughput", ((_DIR, "receive"),)),
+    # No NVLink line in dcgm-exporter's csv files: help worded as its PCIe ones; a gauge in
+    # bytes per second like them (DCGM's PROF byte fields are rates).
+    _field("DCGM_FI_PROF_NVLINK_TX_BYTES", G, "The rate of data transmitted over NVLink, in "
+           "bytes per second.", "hw.gpu.nvlink.throughput", ((_DIR, "transmit"),)),
+    _field("DCGM_FI_PROF_NVLINK_RX_BYTES", G, "The rate of data received over NVLink, in "
+           "bytes per second.", "hw.gpu.nvlink.throughput", ((_DIR, "receive"),)),
 )  # fmt: skip
 
 THROTTLE_REASONS = DcgmSpec(

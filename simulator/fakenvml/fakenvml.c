@@ -135,9 +135,21 @@ struct nvmlEventSet_st {
     int watch; /* inotify on the state's directory, for the whole life of the set; -1: none */
 };
 
+/* One GPM sample: the counters of one GPU or GPU instance at one scenario time. Each is
+ * cumulative (busy seconds, bytes), so nvmlGpmMetricsGet's value is the rate between two
+ * samples; GPM_COUNTERS are the state keys, in the order of the array. */
+enum { GPM_GR, GPM_SM, GPM_OCC, GPM_TENSOR, GPM_FP64, GPM_FP32, GPM_FP16, GPM_DRAM,
+       GPM_PCIE_TX, GPM_PCIE_RX, GPM_NVLINK_TX, GPM_NVLINK_RX, GPM_N };
+static const char *const GPM_COUNTERS[GPM_N] = {
+    "gpm_busy_s", "gpm_sm_s", "gpm_occupancy_s", "gpm_tensor_s", "gpm_fp64_s", "gpm_fp32_s",
+    "gpm_fp16_s", "gpm_dram_s", "gpm_pcie_tx_bytes", "gpm_pcie_rx_bytes",
+    "gpm_nvlink_tx_bytes", "gpm_nvlink_rx_bytes",
+};
+
 struct nvmlGpmSample_st {
     int valid, gpu, gi;
-    double time, busy, sm, dram, tensor;
+    double time;
+    double counter[GPM_N]; /* NAN: the device has no such counter (NOT_SUPPORTED) */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1273,7 +1285,24 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     return leave(NVML_SUCCESS);
 }
 
-/* ---------------------------------------------------------------- GPM */
+/* ---------------------------------------------------------------- GPM
+ *
+ * As nvml.h (PyPI nvidia-nvml-dev 13.5.37, include/nvml.h) documents GPM:
+ *   14896-15347  nvmlGpmMetricId_t: the metric ids and their units (percent 0.0 - 100.0,
+ *                MiB/sec), quoted at GPM_METRICS below
+ *   15366-15377  nvmlGpmMetric_t: per metric metricId IN; nvmlReturn, value, metricInfo OUT
+ *                ("If this is nonzero, then value is not valid")
+ *   15382-15391  nvmlGpmMetricsGet_t, NVML_GPM_METRICS_GET_VERSION 1
+ *   15396-15402  nvmlGpmSupport_t, NVML_GPM_SUPPORT_VERSION 1
+ *   15413-15434  nvmlGpmMetricsGet: metrics from two samples of one device
+ *   15467-15484  nvmlGpmSampleGet: "supports the device handle and MIG device handle"; two
+ *                samples "should be greater than 100ms" apart
+ *   15487-15505  nvmlGpmMigSampleGet: a sample of one MIG GPU instance, by its id
+ *   15508-15522  nvmlGpmQueryDeviceSupport: device or MIG handle; "For Hopper or newer"
+ * nvml.h does not say what a pair closer than 100 ms gives; here it is a rate like any other
+ * (the exporter never takes such a pair on purpose: --collector.nvml.gpm-interval must exceed
+ * 100 ms; a retry after a failed read is one collection interval later).
+ */
 
 EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) {
     DEVICE_CALL(device);
@@ -1297,29 +1326,30 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
 }
 
 static nvmlReturn_t gpm_fill(const obj_t *o, int gpu, int gi, nvmlGpmSample_t s) {
-    const char *busy = get(o, "gpm_busy_s"), *sm = get(o, "gpm_sm_s"), *dram = get(o, "gpm_dram_s");
-    const char *tensor = get(o, "gpm_tensor_s");
     nvmlReturn_t r = status(o, "gpm_busy_s");
     if (r != NVML_SUCCESS) return r;
-    if (sm && sm[0] == '!') sm = NULL;
-    if (dram && dram[0] == '!') dram = NULL;
-    if (tensor && tensor[0] == '!') tensor = NULL;
     s->valid = 1;
     s->gpu = gpu;
     s->gi = gi;
     s->time = cur->time;
-    s->busy = atof(busy);
-    s->sm = sm ? atof(sm) : NAN;
-    s->dram = dram ? atof(dram) : NAN;
-    s->tensor = tensor ? atof(tensor) : NAN;
+    for (int i = 0; i < GPM_N; i++) {
+        const char *v = get(o, GPM_COUNTERS[i]);
+        s->counter[i] = v && v[0] != '!' ? atof(v) : NAN;
+    }
     return NVML_SUCCESS;
 }
 
+/* nvml.h (nvmlGpmSampleGet): "This API supports the device handle and MIG device handle";
+ * a MIG handle samples its GPU instance, as nvmlGpmMigSampleGet does. */
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
+    unsigned gi = 0;
     DEVICE_CALL(device);
     CHECK_PTR(gpmSample);
-    if (device->mig >= 0) return leave(NVML_ERROR_NOT_SUPPORTED);
     if ((r = status(&g->o, "gpm")) != NVML_SUCCESS) return leave(r);
+    if (device->mig >= 0) {
+        if ((r = get_uint(o, "gi", &gi)) != NVML_SUCCESS) return leave(r);
+        return leave(gpm_fill(o, device->gpu, (int)gi, gpmSample));
+    }
     return leave(gpm_fill(o, device->gpu, -1, gpmSample));
 }
 
@@ -1335,6 +1365,38 @@ EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuIns
     return leave(NVML_ERROR_NOT_FOUND);
 }
 
+/* The metrics the stand-in computes: nvml.h's nvmlGpmMetricId_t, its comments quoted.
+ * `percent`: 100 x (busy seconds / elapsed); otherwise bytes / elapsed, in MiB/sec. */
+static const struct {
+    unsigned id;
+    int counter, percent;
+    const char *name;
+} GPM_METRICS[] = {
+    /* "Percentage of time any compute/graphics app was active on the GPU. 0.0 - 100.0" */
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, GPM_GR, 1, "GR_UTIL"},
+    /* "Percentage of SMs that were busy. 0.0 - 100.0" */
+    {NVML_GPM_METRIC_SM_UTIL, GPM_SM, 1, "SM_UTIL"},
+    /* "Percentage of warps that were active vs theoretical maximum. 0.0 - 100.0" */
+    {NVML_GPM_METRIC_SM_OCCUPANCY, GPM_OCC, 1, "SM_OCCUPANCY"},
+    /* "Percentage of time the GPU's SMs were doing ANY tensor operations. 0.0 - 100.0" */
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, GPM_TENSOR, 1, "ANY_TENSOR_UTIL"},
+    /* "Percentage of time the GPU's SMs were doing non-tensor FP64/FP32/FP16 math." */
+    {NVML_GPM_METRIC_FP64_UTIL, GPM_FP64, 1, "FP64_UTIL"},
+    {NVML_GPM_METRIC_FP32_UTIL, GPM_FP32, 1, "FP32_UTIL"},
+    {NVML_GPM_METRIC_FP16_UTIL, GPM_FP16, 1, "FP16_UTIL"},
+    /* "Percentage of DRAM bw used vs theoretical maximum. 0.0 - 100.0" */
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, GPM_DRAM, 1, "DRAM_BW_UTIL"},
+    /* "PCIe traffic from this GPU in MiB/sec" / "PCIe traffic to this GPU in MiB/sec" */
+    {NVML_GPM_METRIC_PCIE_TX_PER_SEC, GPM_PCIE_TX, 0, "PCIE_TX_PER_SEC"},
+    {NVML_GPM_METRIC_PCIE_RX_PER_SEC, GPM_PCIE_RX, 0, "PCIE_RX_PER_SEC"},
+    /* "NvLink write bandwidth for all links in MiB/sec" / "NvLink read bandwidth ..." */
+    {NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, GPM_NVLINK_TX, 0, "NVLINK_TOTAL_TX_PER_SEC"},
+    {NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, GPM_NVLINK_RX, 0, "NVLINK_TOTAL_RX_PER_SEC"},
+};
+
+/* nvml.h (nvmlGpmMetricsGet): version NVML_GPM_METRICS_GET_VERSION, numMetrics entries of
+ * metrics[] with metricId set; each gets its own nvmlReturn ("If this is nonzero, then
+ * value is not valid"), the call itself succeeds. */
 EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     const struct nvmlGpmSample_st *a, *b;
     double dt;
@@ -1350,22 +1412,22 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     dt = b->time - a->time;
     for (unsigned i = 0; i < m->numMetrics; i++) {
         nvmlGpmMetric_t *x = &m->metrics[i];
+        size_t k = 0;
         double delta;
-        switch (x->metricId) {
-        case NVML_GPM_METRIC_GRAPHICS_UTIL: delta = b->busy - a->busy; x->metricInfo.shortName = "GR_UTIL"; break;
-        case NVML_GPM_METRIC_SM_UTIL: delta = b->sm - a->sm; x->metricInfo.shortName = "SM_UTIL"; break;
-        case NVML_GPM_METRIC_DRAM_BW_UTIL: delta = b->dram - a->dram; x->metricInfo.shortName = "DRAM_BW_UTIL"; break;
-        /* nvml.h: "Percentage of time the GPU's SMs were doing ANY tensor operations" */
-        case NVML_GPM_METRIC_ANY_TENSOR_UTIL: delta = b->tensor - a->tensor; x->metricInfo.shortName = "ANY_TENSOR_UTIL"; break;
-        default: x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; continue;
+        while (k < sizeof GPM_METRICS / sizeof GPM_METRICS[0] && GPM_METRICS[k].id != x->metricId) k++;
+        if (k == sizeof GPM_METRICS / sizeof GPM_METRICS[0]) {
+            x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
         }
-        x->metricInfo.longName = x->metricInfo.shortName;
-        x->metricInfo.unit = "%";
+        x->metricInfo.shortName = x->metricInfo.longName = (char *)GPM_METRICS[k].name;
+        x->metricInfo.unit = GPM_METRICS[k].percent ? "%" : "MiB/sec";
+        delta = b->counter[GPM_METRICS[k].counter] - a->counter[GPM_METRICS[k].counter];
         if (dt <= 0 || isnan(delta)) {
             x->nvmlReturn = isnan(delta) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
             continue;
         }
-        x->value = fmin(100.0, fmax(0.0, 100.0 * delta / dt));
+        x->value = GPM_METRICS[k].percent ? fmin(100.0, fmax(0.0, 100.0 * delta / dt))
+                                          : fmax(0.0, delta / dt / (1024.0 * 1024.0));
         x->nvmlReturn = NVML_SUCCESS;
     }
     return leave(NVML_SUCCESS);

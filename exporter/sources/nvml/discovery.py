@@ -66,6 +66,9 @@ class Discovery:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.gpm_pool: dict[str, Gpm] = {}
+        self.no_gpm: dict[str, str] = {}
+        """GPUs found without GPM, and why (each said once)."""
+        self._unsaid: list[Gpu] = []
         self.forbidden: set[int] = set()
         """Indices whose handle answered NO_PERMISSION (not in this container)."""
 
@@ -109,9 +112,8 @@ class Discovery:
             aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{index}"),
         )
         gpu = Gpu(handle, index, device, mig)
-        support = get(pynvml.nvmlGpmQueryDeviceSupport, handle)
-        gpm_supported = support is not None and bool(support.isSupportedDevice)
-        if gpm_supported and mig:
+        gpm_supported = self.gpm_supported(gpu)
+        if gpm_supported:
             gpu.gpm = self.take_gpm(uuid)
         if mig:
             gpu.migs = self.migs(gpu, common, gke, gpm_supported)
@@ -156,6 +158,32 @@ class Discovery:
             )
             found.append(Mig(handle, device, gi, ci, self.take_gpm(uuid) if gpm else None))
         return found
+
+    def gpm_supported(self, gpu: Gpu) -> bool:
+        """Whether GPM (Hopper and later) works on this GPU; a GPU or driver without it has
+        no profiling series (not a failure), said once: see `say_no_gpm`."""
+        support = self.calls.get(pynvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+        if support is not None and support.isSupportedDevice:
+            return True
+        if gpu.device.id not in self.no_gpm:
+            self.no_gpm[gpu.device.id] = (
+                "no GPM in this driver" if support is None else "GPM needs Hopper or later"
+            )
+            self._unsaid.append(gpu)
+        return False
+
+    def say_no_gpm(self) -> None:
+        """One log line for the GPUs a discovery found without GPM, each GPU said once."""
+        if not self._unsaid:
+            return
+        gpus = ", ".join(f"{g.index} ({g.device.model})" for g in self._unsaid)
+        reasons = sorted({self.no_gpm[g.device.id] for g in self._unsaid})
+        self.calls.log.info(
+            "GPUs without GPM (%s): %s; no profiling metrics (SM, tensor, DRAM activity) for them",
+            "; ".join(reasons),
+            gpus,
+        )
+        self._unsaid = []
 
     def take_gpm(self, device_id: str) -> Gpm | None:
         """The device's GPM buffers from before a rediscovery, or new ones."""

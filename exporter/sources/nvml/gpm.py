@@ -9,9 +9,18 @@ from typing import Any
 
 import pynvml
 
+from exporter.cli.values import duration_over
 from exporter.model import Sample
 from exporter.sources import add
 from exporter.sources.nvml.calls import Calls
+
+MIN_INTERVAL = 0.1
+"""nvml.h (nvmlGpmSampleGet): "The interval between two nvmlGpmSampleGet() calls should be
+greater than 100ms due to the internal sample refresh rate"."""
+
+
+interval = duration_over(MIN_INTERVAL, "nvml.h: GPM samples over 100ms apart")
+"""`--collector.nvml.gpm-interval`: a duration over nvml.h's 100 ms between samples."""
 
 
 @dataclass(slots=True)
@@ -40,32 +49,99 @@ def release(pairs: Iterable[Gpm | None], log: logging.Logger) -> None:
                 log.debug("nvmlGpmSampleFree: %s", exc)
 
 
+_PCT, _MIB = 0.01, 1024.0 * 1024.0
+_TX, _RX = ("network.io.direction", "transmit"), ("network.io.direction", "receive")
+
+
+@dataclass(frozen=True, slots=True)
+class GpmMetric:
+    """An NVML GPM metric (nvml.h `nvmlGpmMetricId_t`) and the native sample it becomes."""
+
+    metric_id: int
+    metric: str
+    scale: float
+    """percent -> ratio (0.01), MiB/sec -> bytes/s (2^20)."""
+    attributes: tuple[tuple[str, str], ...] = ()
+
+
+METRICS: tuple[GpmMetric, ...] = (
+    GpmMetric(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, "hw.gpu.graphics.activity", _PCT),
+    GpmMetric(pynvml.NVML_GPM_METRIC_SM_UTIL, "hw.gpu.sm.activity", _PCT),
+    GpmMetric(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "hw.gpu.sm.occupancy", _PCT),
+    GpmMetric(pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "hw.gpu.tensor.activity", _PCT),
+    GpmMetric(
+        pynvml.NVML_GPM_METRIC_FP64_UTIL, "hw.gpu.pipe.activity", _PCT, (("hw.gpu.pipe", "fp64"),)
+    ),
+    GpmMetric(
+        pynvml.NVML_GPM_METRIC_FP32_UTIL, "hw.gpu.pipe.activity", _PCT, (("hw.gpu.pipe", "fp32"),)
+    ),
+    GpmMetric(
+        pynvml.NVML_GPM_METRIC_FP16_UTIL, "hw.gpu.pipe.activity", _PCT, (("hw.gpu.pipe", "fp16"),)
+    ),
+    GpmMetric(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "hw.gpu.dram.activity", _PCT),
+    GpmMetric(pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "hw.gpu.pcie.throughput", _MIB, (_TX,)),
+    GpmMetric(pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "hw.gpu.pcie.throughput", _MIB, (_RX,)),
+    # nvml.h: TOTAL_TX "NvLink write bandwidth", TOTAL_RX "NvLink read bandwidth", all links.
+    GpmMetric(
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+        "hw.gpu.nvlink.throughput",
+        _MIB,
+        (_TX,),
+    ),
+    GpmMetric(
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+        "hw.gpu.nvlink.throughput",
+        _MIB,
+        (_RX,),
+    ),
+)
+"""Every metric one nvmlGpmMetricsGet call asks for, per device and read."""
+
+_UNDER_MIG = {
+    "hw.gpu.graphics.activity": ("hw.gpu.utilization", (("hw.gpu.task", "general"),)),
+    "hw.gpu.dram.activity": ("hw.gpu.memory.bandwidth.utilization", ()),
+}
+"""Under MIG NVML has no utilization counter: GPM's stands in for it too (as before GPM
+was read on whole GPUs), so a slice's `hw.gpu.utilization` keeps working."""
+
+
+def request(gpm: Gpm) -> Any:
+    """An nvmlGpmMetricsGet_t (nvml.h: version NVML_GPM_METRICS_GET_VERSION) for METRICS
+    between the previous sample and this one."""
+    req = pynvml.c_nvmlGpmMetricsGet_t()
+    req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = len(METRICS)
+    req.sample1, req.sample2 = gpm.previous, gpm.current
+    for i, spec in enumerate(METRICS):
+        req.metrics[i].metricId = spec.metric_id
+    return req
+
+
 def read(
-    calls: Calls, gpm: Gpm, samples: list[Sample], sample: Callable[..., Any], *args: Any
+    calls: Calls,
+    gpm: Gpm,
+    samples: list[Sample],
+    sample: Callable[..., Any],
+    *args: Any,
+    mig: bool = False,
 ) -> None:
-    """GPM activity since the previous cycle's sample (`sample(*args, buffer)`)."""
+    """GPM activity since the previous read's sample (`sample(*args, buffer)`); `mig`: a
+    MIG slice or a MIG-enabled GPU, where GPM also stands in for NVML's utilization."""
     if calls.get(sample, *args, gpm.current, handle=True) is None:
         gpm.primed = False
         return
     if gpm.primed:
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 4
-        request.sample1, request.sample2 = gpm.previous, gpm.current
-        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
-        request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
-        request.metrics[2].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
-        request.metrics[3].metricId = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
-        if calls.get(pynvml.nvmlGpmMetricsGet, request) is not None:
-            busy, dram, sm, tensor = request.metrics[0:4]
-            if busy.nvmlReturn == pynvml.NVML_SUCCESS:
-                add(samples, "hw.gpu.utilization", busy.value / 100, ("hw.gpu.task", "general"))
-            if dram.nvmlReturn == pynvml.NVML_SUCCESS:
-                add(samples, "hw.gpu.memory.bandwidth.utilization", dram.value / 100)
-            # Per metric: one the driver does not support is no series, the others stay.
-            if sm.nvmlReturn == pynvml.NVML_SUCCESS:
-                add(samples, "hw.gpu.sm.activity", sm.value / 100)
-            if tensor.nvmlReturn == pynvml.NVML_SUCCESS:
-                add(samples, "hw.gpu.tensor.activity", tensor.value / 100)
+        req = request(gpm)
+        if calls.get(pynvml.nvmlGpmMetricsGet, req) is not None:
+            for i, spec in enumerate(METRICS):
+                result = req.metrics[i]
+                # Per metric: one the driver does not support is no series, the others stay.
+                if result.nvmlReturn != pynvml.NVML_SUCCESS:
+                    continue
+                value = result.value * spec.scale
+                add(samples, spec.metric, value, *spec.attributes)
+                if mig and spec.metric in _UNDER_MIG:
+                    name, attributes = _UNDER_MIG[spec.metric]
+                    add(samples, name, value, *attributes)
     gpm.previous, gpm.current = gpm.current, gpm.previous
     gpm.primed = True

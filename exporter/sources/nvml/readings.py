@@ -6,6 +6,7 @@ Counters are batched into one `nvmlDeviceGetFieldValues` call per GPU (never
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -123,12 +124,19 @@ class Reader:
     What costs milliseconds on a real driver is read every `slow_interval` seconds."""
 
     def __init__(
-        self, calls: Calls, clock: Callable[[], float], slow_interval: float = 10.0
+        self,
+        calls: Calls,
+        clock: Callable[[], float],
+        slow_interval: float = 10.0,
+        gpm_interval: float = 10.0,
     ) -> None:
         self.calls = calls
         self.counters = MonotonicCounters()
         self.clock = clock
         self.slow_interval = slow_interval
+        self.gpm_interval = gpm_interval
+        self._gpm_read_at: dict[str, float] = {}
+        """Per device: when its GPM sample was last taken on the GPM interval."""
         self._busy: dict[str, dict[int, float] | None] = {}
         self._gpm_last: dict[str, list[Sample]] = {}
         self._gpm_empty: dict[str, int] = {}
@@ -150,8 +158,10 @@ class Reader:
             if util is not None:
                 add(samples, "hw.gpu.utilization", util.gpu / 100, ("hw.gpu.task", "general"))
                 add(samples, "hw.gpu.memory.bandwidth.utilization", util.memory / 100)
-        elif gpu.gpm is not None:
-            samples += self._gpm(gpu.device.id, gpu, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm)
+        if gpu.gpm is not None:
+            samples += self._gpm(
+                gpu.device.id, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm, mig=gpu.mig_mode
+            )
         for task, fn in (
             ("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
             ("decoder", pynvml.nvmlDeviceGetDecoderUtilization),
@@ -251,27 +261,31 @@ class Reader:
         self.memory_samples(mig.handle, samples)
         if mig.gpm is not None:
             samples += self._gpm(
-                mig.device.id, gpu, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm
+                mig.device.id, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm, mig=True
             )
         return samples
 
     def _gpm(
-        self, device_id: str, gpu: Gpu, sample: Callable[..., Any], *args: Any, gpm: Gpm
+        self, device_id: str, sample: Callable[..., Any], *args: Any, gpm: Gpm, mig: bool
     ) -> list[Sample]:
-        """GPM activity, measured every slow interval (nvmlGpmMetricsGet per MIG slice and
-        cycle would be most of a dense node's NVML time: docs/design-figures.md); between
-        two measurements the last one stands. The rate covers the time since the last."""
+        """GPM activity, measured every `gpm_interval` (its cost per call: docs/nvml.md);
+        between two measurements the last one stands. The rate covers the time since the last
+        sample, so consecutive samples are `gpm_interval` apart (nvml.h asks for over 100 ms)."""
+        now = self.clock()
         empty = self._gpm_empty.get(device_id, 0)
-        if gpu.slow_now or 0 < empty < GPM_RETRIES or device_id not in self._gpm_last:
+        due = now - self._gpm_read_at.get(device_id, -math.inf) >= self.gpm_interval
+        if due or 0 < empty < GPM_RETRIES:
             found: list[Sample] = []
-            gpm_read(self.calls, gpm, found, sample, *args)
+            gpm_read(self.calls, gpm, found, sample, *args, mig=mig)
             self._gpm_last[device_id] = found
+            if due:
+                self._gpm_read_at[device_id] = now
             # A read without a rate (the first only primes the buffers; two samples too
             # close together have none) is tried again the next cycles, a few times; a
-            # device whose GPM keeps failing waits for the slow interval like any other
-            # (never a costly call per slice per cycle).
+            # device whose GPM keeps failing waits for the GPM interval like any other
+            # (never a costly call per device per cycle).
             self._gpm_empty[device_id] = 0 if found else empty + 1
-        return list(self._gpm_last[device_id])
+        return list(self._gpm_last.get(device_id, ()))
 
     def processes(
         self, device_id: str, handle: Any, gpu: Gpu | None, *, slow: bool

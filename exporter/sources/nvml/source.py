@@ -24,9 +24,10 @@ from exporter.sources import RestartRequired, SourceContext, SourceOption, regis
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
 from exporter.sources.nvml.calls import Calls, DriverGone, GpuLost, NvmlUnavailable, text
 from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig_mode
+from exporter.sources.nvml.gpm import interval as gpm_interval
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
-from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key
+from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key, last_xid
 
 
 @dataclass(slots=True)
@@ -57,6 +58,14 @@ class _Lost:
             duration,
         ),
         SourceOption(
+            "gpm-interval",
+            "how often to take a GPM sample (Hopper and later: SM, tensor, FP64/32/16 pipe "
+            "and DRAM activity, PCIe and NVLink throughput, whole GPUs and MIG slices); each "
+            "value is the mean between two samples this far apart (over 100ms, nvml.h)",
+            "10s",
+            gpm_interval,
+        ),
+        SourceOption(
             "restart-after",
             "after NVML worked, how long init may fail before /healthz asks for a restart "
             "(a driver upgrade leaves this process with the old library)",
@@ -83,7 +92,8 @@ class NvmlSource:
         self.calls = Calls(self.log)
         self.discovery = Discovery(self.calls)
         self.slow_interval = duration(ctx.options.get("slow-interval", "10s"))
-        self.reader = Reader(self.calls, self.clock, self.slow_interval)
+        self.gpm_interval = gpm_interval(ctx.options.get("gpm-interval", "10s"))
+        self.reader = Reader(self.calls, self.clock, self.slow_interval, self.gpm_interval)
         self.xids = XidCounts()
         self._initialized = False
         self._worked = False
@@ -96,6 +106,7 @@ class NvmlSource:
         """The GPUs of the last discovery, kept across driver reloads (lost detection)."""
         self._watcher: XidWatcher | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
+        self._xid_latest: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------
@@ -103,7 +114,7 @@ class NvmlSource:
     def collect(self) -> SourceResult:
         with self._lock:
             self.calls.errors = 0
-            self._xids_now = self.xids.snapshot()
+            self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
             try:
                 gpus = self._ready()
                 if gpus is None:
@@ -226,6 +237,7 @@ class NvmlSource:
                 gpus.append(gpu)
         release_gpm(self.discovery.gpm_pool.values(), self.log)
         self.discovery.gpm_pool = {}
+        self.discovery.say_no_gpm()
         self._remember(self._known, gpus)
         self._known = gpus
         self._discovered_at = self.clock()
@@ -294,6 +306,7 @@ class NvmlSource:
         try:
             samples, degraded = reader.gpu_samples(gpu)
             migs = []
+            last_xid = self._last_xid(gpu)
             for mig in gpu.migs:
                 mig_samples = reader.mig_samples(gpu, mig)
                 if self.processes:
@@ -302,7 +315,7 @@ class NvmlSource:
                     ):
                         processes.append(ProcessUsage(mig.device.id, pid, memory, util))
                 mig_samples += status("ok")
-                mig_samples += self._xid_samples(mig.device.id)
+                mig_samples += self._xid_samples(mig.device.id) + last_xid
                 migs.append(DeviceReading(mig.device, tuple(mig_samples)))
             if self.processes and not gpu.mig_mode:
                 for pid, memory, util in reader.processes(
@@ -315,7 +328,7 @@ class NvmlSource:
             readings += [DeviceReading(m.device, status("failed")) for m in gpu.migs]
             return
         samples += status("degraded" if degraded else "ok")
-        samples += self._xid_samples(gpu.device.id)
+        samples += self._xid_samples(gpu.device.id) + last_xid
         readings.append(DeviceReading(gpu.device, tuple(samples)))
         readings += migs
 
@@ -325,3 +338,11 @@ class NvmlSource:
             for (dev, xid), n in sorted(self._xids_now.items())
             if dev == device_id
         ]
+
+    def _last_xid(self, gpu: Gpu) -> list[Sample]:
+        """The last XID of the GPU or any of its slices, on the GPU and on each slice (DCGM's
+        XID field is the GPU's), while the event thread watches: without it, nothing."""
+        if self._watcher is None:
+            return []
+        ids = (gpu.device.id, *(m.device.id for m in gpu.migs))
+        return [Sample("hw.gpu.xid.last", float(last_xid(self._xid_latest, ids)))]

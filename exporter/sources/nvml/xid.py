@@ -30,15 +30,35 @@ class XidCounts:
 
     def __init__(self) -> None:
         self._counts: Counter[tuple[str, int]] = Counter()
+        self._last: dict[str, tuple[int, int]] = {}
+        """Per device: (arrival number, XID) of its latest event."""
+        self._arrived = 0
         self._lock = threading.Lock()
 
     def add(self, device_id: str, xid: int) -> None:
         with self._lock:
             self._counts[(device_id, xid)] += 1
+            self._arrived += 1
+            self._last[device_id] = (self._arrived, xid)
 
     def snapshot(self) -> dict[tuple[str, int], int]:
         with self._lock:
             return dict(self._counts)
+
+    def snapshot_with_latest(
+        self,
+    ) -> tuple[dict[tuple[str, int], int], dict[str, tuple[int, int]]]:
+        """The counts, and per device (arrival number, XID) of its latest event, at one
+        moment (a cycle's counts and last XIDs agree)."""
+        with self._lock:
+            return dict(self._counts), dict(self._last)
+
+
+def last_xid(latest: dict[str, tuple[int, int]], device_ids: Iterable[str]) -> int:
+    """The XID of the latest event on any of these devices; 0 before any (as dcgm-exporter's
+    DCGM_FI_DEV_XID_ERRORS reads on a GPU that had none)."""
+    events = [latest[d] for d in device_ids if d in latest]
+    return max(events)[1] if events else 0
 
 
 class XidWatcher:
