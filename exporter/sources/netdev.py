@@ -157,6 +157,12 @@ class NetdevSource(SysfsSource):
     def __init__(self, ctx: SourceContext, vf_reader: VfStatsReader | None = None) -> None:
         super().__init__(ctx)
         replay = ctx.options.get("netlink-replay", "")
+        if replay and not Path(replay).is_file():
+            log.warning(
+                "--collector.netdev.netlink-replay %s: no such file; VF statistics are "
+                "missing until it appears",
+                replay,
+            )
         self.vf_reader: VfStatsReader | None = vf_reader or (
             RecordedVfStats(replay) if replay else NetlinkVfStats()
         )
