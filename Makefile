@@ -131,6 +131,7 @@ docs: $(STAMP)
 	$(PY) -m exporter.metricdoc > docs/metrics.md
 	$(PY) -m exporter.flagdoc README.md
 	$(PY) -c 'from exporter.sources.nvml.behaviour import markdown; print(markdown(), end="")' > docs/nvml.md
+	$(PY) -m bench.measured
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh

@@ -239,6 +239,7 @@ COMMANDS = (
     ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),
     ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
     ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
+    ("help [COMMAND]", "this help, or a command's (as --help)"),
 )
 
 

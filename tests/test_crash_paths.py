@@ -381,3 +381,22 @@ def test_the_otlp_start_line_says_the_interval_and_the_timeout_once(
         ) in lines
     finally:
         sink.shutdown()
+
+
+# --- 13. `help` --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (["help"], "usage: kube-device-exporter [-h]"),
+        (["help", "doctor"], "usage: kube-device-exporter doctor [-h]"),
+        (["help", "podresources"], "usage: kube-device-exporter podresources [-h]"),
+    ],
+)
+def test_help_is_a_command(args: list[str], usage: str) -> None:
+    proc = run_exporter(args)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith(usage)
+    if args == ["help"]:
+        assert "kube-device-exporter help [COMMAND]" in proc.stdout
