@@ -26,10 +26,14 @@ FAILED = 'hw.state="failed"'
 PICKED = 'hw.id=~"$device"'
 
 
+TITLE = "Devices / Nodes and devices"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Nodes and devices",
+        TITLE,
         "Per device: health, XIDs and errors, temperature, power, clocks and throttling, "
         "activity, MIG layout and network links.",
     )

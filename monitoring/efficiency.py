@@ -65,10 +65,14 @@ def _holders_share(by: str) -> str:
     )
 
 
+TITLE = "Devices / Allocation efficiency"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Allocation efficiency",
+        TITLE,
         "Devices that are allocated but idle, who holds them, and for how long.",
     )
     board = variables(
