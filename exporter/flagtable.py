@@ -237,7 +237,10 @@ FLAG_METAVARS = {
 
 COMMANDS = (
     ("simulate SCENARIO [FLAGS]", "run a simulated node and the exporter on it (the demo)"),
-    ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
+    (
+        "podresources [--pod NS/NAME] [-o table|json] [--devices-only] [--resource GLOB] [-n NS]",
+        "print what the kubelet reports: device IDs, resources",
+    ),
     ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
     ("help [COMMAND]", "this help, or a command's (as --help)"),
 )
