@@ -317,7 +317,7 @@ def _mig() -> list[PanelBuilder]:
             [
                 (
                     "Slice",
-                    f"max by (k8s.node.name, hw.parent, hw.id, hw.gpu.mig.profile,"
+                    f"max by ({KEY}, hw.parent, hw.gpu.mig.profile,"
                     f" hw.gpu.mig.gpu_instance_id, hw.gpu.mig.compute_instance_id,"
                     f" k8s.namespace.name, k8s.pod.name) ({sel('hw.info', MIG)})",
                 ),

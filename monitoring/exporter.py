@@ -14,10 +14,10 @@ from monitoring.grafana import (
     timeseries_panel,
 )
 from monitoring.layout import new_dashboard, rows, variables
-from monitoring.queries import NODE, sel
+from monitoring.queries import CLUSTER, NODE, sel
 
 UID = "kde-exporter"
-JOB = 'job=~"$job"'
+JOB = f'{CLUSTER}, job=~"$job"'
 RATE = "$__rate_interval"
 NODE_LEGEND = "{{k8s_node_name}}"
 
