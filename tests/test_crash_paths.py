@@ -145,6 +145,39 @@ async def test_a_watcher_that_dies_says_so_in_one_line(caplog: pytest.LogCapture
     )
 
 
+async def test_a_watcher_that_dies_leaves_a_clean_shutdown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error the watcher does not retry ends it: one log line, and `stop()` (SIGTERM)
+    still returns instead of re-raising it (a traceback and exit 1 before)."""
+    from exporter.app import Exporter
+    from exporter.kubeapi.watcher import PodWatcher
+
+    async def broken(self: PodWatcher, stop: asyncio.Event) -> None:
+        raise RuntimeError("unexpected answer")
+
+    monkeypatch.setattr(PodWatcher, "_watch_forever", broken)
+    config = Config(
+        kubelet_socket=tmp_path / "none.sock",
+        listen_address=None,
+        node_name="n1",
+        kubernetes_api=True,
+        kubeconfig=tmp_path / "kubeconfig",  # never read: the watch fails first
+    )
+    exporter = Exporter(config, sources={})
+    with caplog.at_level(logging.ERROR, logger="exporter"):
+        await exporter.start()
+        for _ in range(100):  # the task ends at its first await
+            if exporter._kubeapi_task is not None and exporter._kubeapi_task.done():
+                break
+            await asyncio.sleep(0.01)
+        await exporter.stop()
+    assert [r.getMessage() for r in caplog.records if r.name == "exporter"] == [
+        "the Kubernetes API watcher stopped: RuntimeError: unexpected answer; pod UIDs, owners "
+        "and labels stay missing until a restart"
+    ]
+
+
 # --- 3. a missing OTLP CA file ---------------------------------------------------------------
 
 
