@@ -6,8 +6,10 @@ import errno
 import socket
 
 
-class ListenError(Exception):
-    """The HTTP server could not bind `--web.listen-address`; the text is the whole story."""
+class ListenError(OSError):
+    """The HTTP server could not bind `--web.listen-address`; the text is the whole story.
+    An OSError, as the bind's own error was: whatever reports a failed start (the exporter,
+    `simulate`) says this line instead."""
 
 
 def listen_problem(address: tuple[str, int], exc: OSError) -> str:

@@ -225,6 +225,16 @@ def test_an_unresolvable_host_names_the_flag() -> None:
     )
 
 
+def test_the_demo_on_a_port_in_use_names_the_flag(busy_port: int) -> None:
+    """`make demo` runs `simulate demo`: the same one line, then the Makefile's hint."""
+    proc = run_exporter(["simulate", "demo", "--web.listen-address", f"127.0.0.1:{busy_port}"])
+    line = one_error_line(proc, 1)
+    assert line.endswith(
+        f"cannot start: --web.listen-address 127.0.0.1:{busy_port}: port {busy_port} is in use "
+        "by another process (another exporter?); pick another port, or stop the other process"
+    )
+
+
 def test_make_demo_suggests_another_port() -> None:
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
@@ -293,6 +303,18 @@ def test_a_misspelt_variable_is_named_with_the_likely_one() -> None:
         "(did you mean KDE_COLLECT_INTERVAL?)",
     )
     assert config.collect_interval == 10.0
+
+
+def test_doctor_names_a_misspelt_variable(tmp_path: Path) -> None:
+    proc = run_exporter(
+        ["doctor", "--kubelet-socket", str(tmp_path / "none.sock"), *QUIET],
+        env={"KDE_COLLECTOR_NVML_RESTART_AFTR": "5m"},
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert (
+        "PROBLEM  environment       environment variable KDE_COLLECTOR_NVML_RESTART_AFTR is not "
+        "a flag's and is ignored (did you mean KDE_COLLECTOR_NVML_RESTART_AFTER?)"
+    ) in proc.stdout
 
 
 def test_the_exporter_logs_a_misspelt_variable_at_start() -> None:
