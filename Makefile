@@ -32,7 +32,7 @@ E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(CURDIR)/$(K8S)/kubelet-v*
 	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(CURDIR)/$(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(CURDIR)/$(K8S)/etcd-v* 2>/dev/null | head -n1)}"
 FAKENVML := simulator/fakenvml
-DEMO_ADDR ?= 127.0.0.1:9400
+DEMO_ADDR ?= 127.0.0.1:9405
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
@@ -91,7 +91,8 @@ fakenvml: $(RUNTIME)
 
 # The demo runs Python as the image does (Dockerfile ENV PYTHONMALLOC, exporter/heap.py).
 demo: $(RUNTIME) fakenvml
-	PYTHONMALLOC=malloc $(VENV)/bin/kde-simulate demo --web.listen-address $(DEMO_ADDR)
+	@PYTHONMALLOC=malloc $(VENV)/bin/kde-simulate demo --web.listen-address $(DEMO_ADDR) \
+		|| { rc=$$?; echo "make demo: exit $$rc; if $(DEMO_ADDR) is in use, pick another port: make demo DEMO_ADDR=127.0.0.1:9505" >&2; exit $$rc; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check exporter simulator tests bench monitoring
@@ -134,6 +135,7 @@ docs: $(STAMP)
 	$(PY) -m monitoring.metricdoc > docs/metrics.md
 	$(PY) -m monitoring.flagdoc README.md
 	$(PY) -m simulator.nvml_stand_in docs/nvml.md
+	$(PY) -m bench.measured
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh

@@ -21,4 +21,7 @@ PY
 curl -s localhost:9405/metrics > $OUT/metrics.txt; curl -s -o /dev/null -w "%{http_code}\n" localhost:9405/healthz >> $OUT/cpu.txt
 S=$(date +%s.%N); kill -TERM $PID; wait $PID; E=$(date +%s.%N)
 python3 -c "print('sigterm_exit_s', $E-$S)" >> $OUT/cpu.txt
+# The figures the docs quote (docs/measured.json), then the docs themselves: MACHINE names the
+# GPU, driver and CUDA version, e.g. MACHINE="one H100 80GB HBM3, driver 580.159.04, CUDA 13.0".
+[ -n "${MACHINE:-}" ] && python3 -m bench.measured --real-gpu $OUT/cpu.txt --machine "$MACHINE"
 cat $OUT/cpu.txt; tail -3 $OUT/real.txt

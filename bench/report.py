@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from bench import measured
 from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
 from bench.cost import BREAKDOWN, Cost, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
@@ -357,3 +358,20 @@ def write(r: Results, args: argparse.Namespace) -> None:
         *_gpm(r),
     ]
     args.out.write_text("".join(out))
+    if args.out.resolve() == (measured.ROOT / "docs" / "performance.md").resolve():
+        measured.record(_figures(r), source="make bench (docs/performance.md)", machine=r.machine)
+        measured.rewrite(measured.documents(), measured.load())
+
+
+def _figures(r: Results) -> dict[str, str]:
+    """The figures other pages quote from this run (bench/measured.py)."""
+    dense = _cost(r, "dense", "1s")
+    figures = {
+        "bench.dense_1s_cpu_per_cycle": _ms(dense.cpu_per_cycle_s),
+        "bench.dense_1s_core_share": f"{dense.core_share:.2%}",
+        "bench.gpu64_1s_rss": f"{_cost(r, 'generated-64gpu', '1s').rss_bytes / MIB:.0f} MiB",
+    }
+    if r.churn:
+        peak = max(r.churn[f"big_rss_{n}"] for n in range(1, SWINGS + 1))
+        figures["bench.big_pods_peak_rss"] = f"{peak / MIB:.1f} MiB"
+    return figures

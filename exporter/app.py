@@ -30,6 +30,7 @@ from exporter.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
 from exporter.web.app import DevicesView, make_app
 from exporter.web.auth import security_middleware
 from exporter.web.config import WebConfigError, WebConfigWatcher
+from exporter.web.listen import ListenError, listen_problem
 from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
@@ -162,6 +163,7 @@ class Exporter:
             self.otlp.start()
         if self.kubeapi is not None:
             self._kubeapi_task = asyncio.create_task(self.kubeapi.run(self._stop))
+            self._kubeapi_task.add_done_callback(_log_watcher_end)
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
     async def _start_server(self, address: tuple[str, int]) -> None:
@@ -180,7 +182,10 @@ class Exporter:
         )
         await self._runner.setup()
         self._server = GuardedServer(self._runner, self.web_limits, self.web_stats, watcher)
-        self.port = await self._server.start(address[0] or None, address[1])
+        try:
+            self.port = await self._server.start(address[0] or None, address[1])
+        except OSError as exc:
+            raise ListenError(listen_problem(address, exc)) from exc
 
     async def stop(self) -> None:
         """Stop within SHUTDOWN_SECONDS whatever a source is doing: the cycle in progress
@@ -201,7 +206,8 @@ class Exporter:
                     await self._task
         if self._kubeapi_task is not None:
             self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            # An error that ended it early was logged when it ended (_log_watcher_end).
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
         if self.otlp is not None:
             otlp = self.otlp
@@ -228,6 +234,19 @@ class Exporter:
             return
         log.info("SIGHUP: reloading %s", watcher.path)
         watcher.reload(" on SIGHUP")
+
+
+def _log_watcher_end(task: asyncio.Task[None]) -> None:
+    """The pod watcher retries every error it knows; one it does not ends it. Say so once,
+    in one line: kubernetes_up 0 alone does not tell an operator why."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error(
+            "the Kubernetes API watcher stopped: %s: %s; pod UIDs, owners and labels stay "
+            "missing until a restart",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        )
 
 
 async def serve(exporter: Exporter, stop: asyncio.Event) -> None:
@@ -280,7 +299,7 @@ def host_path_problems(config: Config) -> list[str]:
 def run(config: Config) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until Exporter.reload takes it: never fatal
     logsetup.setup(config.log_level, config.log_format)
-    for problem in host_path_problems(config):
+    for problem in (*config.notices, *host_path_problems(config)):
         log.warning("%s", problem)
 
     async def main() -> None:
@@ -296,7 +315,7 @@ def run(config: Config) -> int:
 
     try:
         asyncio.run(main())
-    except (OSError, WebConfigError) as exc:
+    except (OSError, WebConfigError, ListenError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return exit_now_if_stuck(0)

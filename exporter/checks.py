@@ -139,6 +139,14 @@ def check_kubelet(
 
 def _kubelet_hint(socket: Path, error: PodResourcesError) -> tuple[str, str]:
     text = str(error).lower()
+    if error.code == "NO_SOCKET" and "not a socket" in text:
+        return (
+            f"{socket} is there but is not a socket: a hostPath mount of the socket file made "
+            "before the kubelet created it (Kubernetes then mounts a directory or file in "
+            "its place), or a wrong --kubelet-socket",
+            "mount the host directory /var/lib/kubelet/pod-resources (the directory, not the "
+            "socket) and point --kubelet-socket at kubelet.sock in it",
+        )
     if error.code == "NO_SOCKET" and "permission" not in text:
         return (
             "the kubelet's pod-resources directory is not mounted in this pod, or this "
@@ -287,7 +295,15 @@ def check_procfs(procfs: Path) -> Finding:
     try:
         init = (procfs / "1" / "comm").read_text().strip()
     except OSError as exc:
-        init = f"unreadable ({exc.strerror})"
+        # Process attribution reads every PID's entries the way it reads PID 1's.
+        return Finding(
+            PROBLEM,
+            subject,
+            f"{len(pids)} processes, but PID 1 is unreadable ({exc.strerror}): processes "
+            "cannot be attributed to pods",
+            "a procfs mounted with hidepid, or one the container may not read",
+            fix,
+        )
     return Finding(OK, subject, f"{len(pids)} processes, PID 1 is {init}")
 
 

@@ -18,6 +18,8 @@ from dataclasses import replace
 from exporter import log as logsetup
 from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
 from exporter.checks import (
+    PROBLEM,
+    Finding,
     check_kubelet,
     check_procfs,
     check_sysfs,
@@ -42,7 +44,8 @@ def run_doctor(config: Config) -> int:
     if config.log_level != "debug":
         # The cycle's own warnings say what the findings below say, better.
         logging.getLogger("exporter.poller").setLevel(logging.CRITICAL)
-    findings = check_sysfs(host_path_problems(config))
+    findings = [Finding(PROBLEM, "environment", notice) for notice in config.notices]
+    findings += check_sysfs(host_path_problems(config))
     findings.append(check_procfs(config.procfs))
     (state, error), (healths, readings) = asyncio.run(_ask(config))
     findings += check_kubelet(config.kubelet_socket, state, error)

@@ -104,10 +104,14 @@ class HeapTrimmer:
         """When the pending trims are due: each runs on the first cycle at or after it."""
         self.trims = 0
         if uses_pymalloc():
-            log.info(
+            # Only a pod runs for long enough to care; a local run (`kube-device-exporter`
+            # from a checkout) would print it every time.
+            in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+            log.log(
+                logging.INFO if in_pod else logging.DEBUG,
                 "Python's own allocator (pymalloc) serves small objects: after a big node "
                 "shrinks, RSS stays near its peak; the image sets PYTHONMALLOC=malloc, "
-                "set it in your own image too (docs/deploy.md, Resources)"
+                "set it in your own image too (docs/deploy.md, Resources)",
             )
 
     def after_cycle(self, snapshot: Snapshot) -> None:

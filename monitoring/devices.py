@@ -28,10 +28,14 @@ FAILED = 'hw.state="failed"'
 PICKED = 'hw.id=~"$device"'
 
 
+TITLE = "Devices / Nodes and devices"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Nodes and devices",
+        TITLE,
         "Per device: health, XIDs and errors, temperature, power, clocks and throttling, "
         "activity, profiling (SM, tensor, DRAM), MIG layout and network links.",
     )
@@ -316,7 +320,7 @@ def _mig() -> list[PanelBuilder]:
             [
                 (
                     "Slice",
-                    f"max by (k8s.node.name, hw.parent, hw.id, hw.gpu.mig.profile,"
+                    f"max by ({KEY}, hw.parent, hw.gpu.mig.profile,"
                     f" hw.gpu.mig.gpu_instance_id, hw.gpu.mig.compute_instance_id,"
                     f" k8s.namespace.name, k8s.pod.name) ({sel('hw.info', MIG)})",
                 ),

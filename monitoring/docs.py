@@ -16,6 +16,16 @@ is written with OpenTelemetry names and translated through `exporter/metrics.py`
 dashboard never names a metric the exporter does not have; `tests/test_kit_prometheus.py`
 evaluates every panel and variable query against a real Prometheus scraping simulated nodes.
 
+**Grafana 11.6 or later.** The JSON is `schemaVersion 41`, the version Grafana writes since
+11.6 (grafana/grafana#100554); an older Grafana does not migrate a newer model and may show
+it wrong.
+
+**Several clusters in one Prometheus** (Thanos, Mimir, a central Prometheus fed by remote
+write): every dashboard's first variable is `cluster`, the label that tells them apart (set
+it as an external label, or a target label, named `cluster`); every query filters by it, and
+devices are told apart by cluster, node and id. With one cluster and no such label the
+variable is empty and its *All* matches everything.
+
 ## Importing
 
 - **Grafana UI**: Dashboards -> New -> Import, upload `dashboards/<name>.json`, pick a

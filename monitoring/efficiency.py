@@ -65,10 +65,14 @@ def _holders_share(by: str) -> str:
     )
 
 
+TITLE = "Devices / Allocation efficiency"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Allocation efficiency",
+        TITLE,
         "Devices that are allocated but idle, who holds them, and for how long.",
     )
     board = variables(
@@ -100,7 +104,7 @@ def _idle() -> list[PanelBuilder]:
             "Free devices",
             "Devices no container holds (MIG parents excluded).",
             f"count(max by ({KEY}) ({sel('hw.info', NODE)}) unless on({KEY}) {ALLOCATED}"
-            f" unless on({KEY}) label_replace(max by (k8s.node.name, hw.parent)"
+            f" unless on({KEY}) label_replace(max by (cluster, k8s.node.name, hw.parent)"
             f' (hw.info{{hw.parent!=""}}), "hw.id", "$1", "hw.parent", "(.+)")) or vector(0)',
         ),
         table_panel(

@@ -14,18 +14,22 @@ from monitoring.grafana import (
     timeseries_panel,
 )
 from monitoring.layout import new_dashboard, rows, variables
-from monitoring.queries import NODE, sel
+from monitoring.queries import CLUSTER, NODE, sel
 
 UID = "kde-exporter"
-JOB = 'job=~"$job"'
+JOB = f'{CLUSTER}, job=~"$job"'
 RATE = "$__rate_interval"
 NODE_LEGEND = "{{k8s_node_name}}"
+
+
+TITLE = "Devices / Exporter health"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
 
 
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Exporter health",
+        TITLE,
         "kube-device-exporter itself: scrape targets, sources (collectors), the kubelet "
         "PodResources connection, the optional Kubernetes API watch, collection cycles and "
         "output size.",

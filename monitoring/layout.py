@@ -14,9 +14,10 @@ from monitoring.grafana import (
     datasource_variable,
     query_variable,
 )
+from monitoring.queries import NODE
 
 TAG = "kube-device-exporter"
-NODE_QUERY = "label_values(kube_device_exporter.build.info, k8s.node.name)"
+NODE_QUERY = 'label_values(kube_device_exporter.build.info{cluster=~"$cluster"}, k8s.node.name)'
 """Every running exporter reports build info, so nodes are listed even before a device is."""
 
 IDLE_THRESHOLDS = ("0.05", "0.01", "0.1", "0.2")
@@ -58,22 +59,33 @@ def rows(
 
 
 def variables(board: dash.Dashboard, names: Sequence[str]) -> dash.Dashboard:
-    """Add the named variables, in the order given (later ones filter by earlier ones)."""
-    board = board.with_variable(datasource_variable())
+    """Add the named variables, in the order given (later ones filter by earlier ones),
+    after the data source and `cluster`, which every dashboard has: one Prometheus (Thanos,
+    Mimir) often holds several clusters, told apart by an external label `cluster`. Where
+    there is none the variable is empty and its All (`.*`) matches every series."""
+    board = board.with_variable(datasource_variable()).with_variable(_cluster())
     for name in names:
         board = board.with_variable(_VARIABLES[name]())
     return board
 
 
+def _cluster() -> VariableBuilder:
+    return query_variable(
+        "cluster",
+        "Cluster",
+        "label_values(kube_device_exporter.build.info, cluster)",
+        description="The `cluster` label of a Prometheus holding several clusters (Thanos, "
+        "Mimir); empty with one cluster",
+    )
+
+
 def _type() -> VariableBuilder:
-    return query_variable("type", "Type", 'label_values(hw.info{k8s.node.name=~"$node"}, hw.type)')
+    return query_variable("type", "Type", f"label_values(hw.info{{{NODE}}}, hw.type)")
 
 
 def _vendor() -> VariableBuilder:
     return query_variable(
-        "vendor",
-        "Vendor",
-        'label_values(hw.info{k8s.node.name=~"$node", hw.type=~"$type"}, hw.vendor)',
+        "vendor", "Vendor", f'label_values(hw.info{{{NODE}, hw.type=~"$type"}}, hw.vendor)'
     )
 
 
@@ -81,8 +93,7 @@ def _model() -> VariableBuilder:
     return query_variable(
         "model",
         "Model",
-        'label_values(hw.info{k8s.node.name=~"$node", hw.type=~"$type", hw.vendor=~"$vendor"},'
-        " hw.model)",
+        f'label_values(hw.info{{{NODE}, hw.type=~"$type", hw.vendor=~"$vendor"}}, hw.model)',
     )
 
 
@@ -90,7 +101,7 @@ def _device() -> VariableBuilder:
     return query_variable(
         "device",
         "Device",
-        'label_values(hw.info{k8s.node.name=~"$node", hw.type=~"$type", hw.vendor=~"$vendor",'
+        f'label_values(hw.info{{{NODE}, hw.type=~"$type", hw.vendor=~"$vendor",'
         ' hw.model=~"$model"}, hw.id)',
     )
 
@@ -99,7 +110,7 @@ def _namespace() -> VariableBuilder:
     return query_variable(
         "namespace",
         "Namespace",
-        'label_values(hw.allocation.info{k8s.node.name=~"$node"}, k8s.namespace.name)',
+        f"label_values(hw.allocation.info{{{NODE}}}, k8s.namespace.name)",
     )
 
 
@@ -107,8 +118,8 @@ def _pod() -> VariableBuilder:
     return query_variable(
         "pod",
         "Pod",
-        'label_values(hw.allocation.info{k8s.node.name=~"$node",'
-        ' k8s.namespace.name=~"$namespace"}, k8s.pod.name)',
+        f'label_values(hw.allocation.info{{{NODE}, k8s.namespace.name=~"$namespace"}},'
+        " k8s.pod.name)",
     )
 
 
@@ -116,7 +127,7 @@ def _job() -> VariableBuilder:
     return query_variable(
         "job",
         "Job",
-        "label_values(kube_device_exporter.build.info, job)",
+        'label_values(kube_device_exporter.build.info{cluster=~"$cluster"}, job)',
         multi=False,
         description="Prometheus job that scrapes the exporters",
     )

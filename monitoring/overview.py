@@ -35,10 +35,14 @@ IDLE = idle_allocated(DEVICE, "$idle_window", "$idle_threshold")
 IDLE_NOW = idle_now_allocated(DEVICE, "$idle_threshold")
 
 
+TITLE = "Devices / Cluster overview"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Cluster overview",
+        TITLE,
         "Accelerators and NICs in the cluster: by vendor and model, allocated vs free vs "
         "idle while allocated.",
     )

@@ -12,10 +12,14 @@ Two facts shape every query here:
 
 from __future__ import annotations
 
-KEY = "k8s.node.name, hw.id"
-"""The labels that name one device in the whole cluster."""
+KEY = "cluster, k8s.node.name, hw.id"
+"""The labels that name one device: in the whole cluster, and among clusters when one
+Prometheus (Thanos, Mimir) holds several, each with its external label `cluster`. Where there
+is no such label it is empty on every side, and joins and sums are the same without it."""
 
-NODE = 'k8s.node.name=~"$node"'
+CLUSTER = 'cluster=~"$cluster"'
+"""The dashboards' first variable (monitoring/layout.py); `.*` (All) also matches no label."""
+NODE = f'{CLUSTER}, k8s.node.name=~"$node"'
 DEVICE = f'{NODE}, hw.type=~"$type", hw.vendor=~"$vendor", hw.model=~"$model"'
 """Device filter of the overview (node, type, vendor, model variables)."""
 HOLDER = f'{NODE}, k8s.namespace.name=~"$namespace", k8s.pod.name=~"$pod"'
@@ -33,7 +37,7 @@ def sel(metric: str, *matchers: str) -> str:
 
 
 PARENTS = (
-    'label_replace(max by (k8s.node.name, hw.parent) (hw.info{hw.parent!=""}),'
+    'label_replace(max by (cluster, k8s.node.name, hw.parent) (hw.info{hw.parent!=""}),'
     ' "hw.id", "$1", "hw.parent", "(.+)")'
 )
 """Devices that are some device's parent (a GPU split into MIG slices, an HCA, a PF),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitoring import alerts
+from monitoring import alerts, devices, efficiency, workloads
 
 EXEC = "kubectl -n kube-device-exporter exec ds/kube-device-exporter --"
 LOGS = "kubectl -n kube-device-exporter logs ds/kube-device-exporter"
@@ -29,10 +29,18 @@ def _xid_table() -> str:
     return f"| Class | XIDs |\n|---|---|\n{rows}"
 
 
+def see(title: str, *, row: str = "", panel: str = "") -> str:
+    """A pointer to a dashboard and one of its rows or panels, by the generated titles
+    (tests/test_runbook_dashboards.py checks each exists in dashboards/*.json): written as
+    `dashboard *TITLE*, row *ROW*` or `..., panel *PANEL*`."""
+    part = f", row *{row}*" if row else f", panel *{panel}*" if panel else ""
+    return f"dashboard *{title}*{part}"
+
+
 _DRAIN = "Cordon the node (`kubectl cordon NODE`) so no new work lands on the GPU."
 _WHO = (
     'Find the pods on the GPU: `hw_allocation_info{k8s_node_name="NODE", hw_id="ID"}` '
-    "(dashboard *Devices / Workloads*)."
+    f"({see(workloads.TITLE, row='Who uses what')})."
 )
 _RESET = (
     "When its workloads are gone, reset the GPU (`nvidia-smi -r -i INDEX` on the node, or "
@@ -148,8 +156,8 @@ RUNBOOKS: dict[str, Runbook] = {
     "KubeDeviceAllocatedIdle": Runbook(
         "A container holds a device it has not used for an hour: capacity others wait for.",
         (
-            "Tell the owner (namespace and pod in the alert); the *Allocation efficiency* "
-            "dashboard shows for how long.",
+            "Tell the owner (namespace and pod in the alert); for how long it has been idle: "
+            f"{see(efficiency.TITLE, panel='Allocated but idle')}.",
             "Notebooks and stuck jobs are the usual cause; an idle-culling policy fixes them "
             "for good.",
         ),
@@ -162,8 +170,8 @@ RUNBOOKS: dict[str, Runbook] = {
         (
             "Find the pod (namespace and pod in the alert) and its owner; `kubectl get pod "
             "-o yaml` shows the environment, privileged flag and host-path mounts.",
-            "The *Workloads* dashboard shows what it uses on the device (per-pod memory and "
-            "utilization), next to the pods that hold it.",
+            "What it uses on the device (memory and utilization per container), next to the "
+            f"pods that hold it: {see(workloads.TITLE, panel='Used without a request')}.",
             "Stop it for good on NVIDIA nodes: the container toolkit's "
             "`accept-nvidia-visible-devices-envvar-when-unprivileged = false` with the device "
             "plugin's `deviceListStrategy: volume-mounts` (GPU Operator defaults on recent "
@@ -233,8 +241,8 @@ RUNBOOKS: dict[str, Runbook] = {
         "other than application ones (48 double-bit ECC, 79 fallen off the bus...).",
         (
             _WHO,
-            "Look at the device's XIDs and status on the *Devices / Nodes and devices* "
-            "dashboard, and at the plugin's log (`kubectl -n <plugin namespace> logs "
+            f"Look at the device's XIDs and status ({see(devices.TITLE, row='Errors')}), and at "
+            "the plugin's log (`kubectl -n <plugin namespace> logs "
             "<device plugin pod on the node>`) for the reason it gave.",
             _DRAIN,
             _RESET,
@@ -278,7 +286,7 @@ RUNBOOKS: dict[str, Runbook] = {
         "policy is `none` or `best-effort`, or the aligned node had no room.",
         (
             'See where each part sits: `hw_container_numa_node{k8s_pod_name="POD"}` '
-            "(dashboard *Devices / Namespaces and pods*, NUMA placement).",
+            f"({see(workloads.TITLE, row='NUMA placement')}).",
             "For a node that must align, set the kubelet's `topologyManagerPolicy: "
             "single-numa-node` (or `restricted`) with `cpuManagerPolicy: static`; a pod that "
             "cannot be aligned is then rejected with TopologyAffinityError instead of running "

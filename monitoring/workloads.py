@@ -34,10 +34,14 @@ UNRESOLVED = 'hw.id=""'
 SHARED = sel("hw.allocation.info", HOLDER, RESOLVED, 'hw.allocation.shared="true"')
 
 
+TITLE = "Devices / Namespaces and pods"
+"""The dashboard's title: docs/runbooks.md names it (monitoring/runbooks.py)."""
+
+
 def build() -> dash.Dashboard:
     board = new_dashboard(
         UID,
-        "Devices / Namespaces and pods",
+        TITLE,
         "Which pod holds which device, the top consumers, and per-pod utilization, memory "
         "and power.",
     )

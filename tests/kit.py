@@ -27,9 +27,11 @@ PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "kube_daemonset_status_num
 """Series Prometheus itself makes per target, and the one kube-state-metrics series the
 rules read; the only non-spec names the kit may use."""
 TARGET_LABELS = {
-    "job", "instance", "namespace", "pod", "container", "service", "endpoint", "daemonset"
+    "job", "instance", "namespace", "pod", "container", "service", "endpoint", "daemonset",
+    "cluster",
 }  # fmt: skip
-"""Labels Prometheus (and kube-prometheus) put on every target's series."""
+"""Labels Prometheus (and kube-prometheus) put on every target's series; `cluster`: the
+external label that tells clusters apart in a Prometheus holding several (Thanos, Mimir)."""
 SPEC_SERIES = {s.prom_name for s in SPECS_LIST}
 SPEC_LABELS = {prometheus_label(a) for a in ATTRIBUTES}
 

@@ -66,7 +66,8 @@ def test_bad_environment_value_names_the_variable() -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "kube-device-exporter: error: environment variable KDE_COLLECT_INTERVAL: "
-        "expected a duration like 10s, 500ms or 1m, got 'soon'"
+        "expected a duration like 10s, 1m30s or 500ms (Prometheus's format: units y, w, d, h, "
+        "m, s, ms), largest unit first, got 'soon'"
     )
 
 
@@ -145,7 +146,7 @@ def test_otlp_from_standard_variables() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("10", 10.0), ("10s", 10.0), ("500ms", 0.5), ("2m", 120.0)]
+    ("text", "seconds"), [("10s", 10.0), ("500ms", 0.5), ("2m", 120.0), ("1h30m", 5400.0)]
 )
 def test_durations(text: str, seconds: float) -> None:
     assert duration(text) == seconds

@@ -43,6 +43,7 @@ NAMES = [str(p.relative_to(DEPLOY)) for p in KUSTOMIZATIONS]
 KUBELET_ROOTS = {
     "kube-prometheus-stack": "/var/lib/kubelet",
     "gpu-operator": "/var/lib/kubelet",
+    "gpu-operator-exporter-only": "/var/lib/kubelet",
     "gke": "/var/lib/kubelet",
     "podmonitor": "/var/lib/kubelet",
     "otlp": "/var/lib/kubelet",
@@ -253,10 +254,24 @@ def test_nvml_with_the_toolkit_as_default_runtime() -> None:
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
 
-def test_nvml_under_the_gpu_operator_with_cdi() -> None:
-    pod, env, _ = _nvml_view("gpu-operator")
+@pytest.mark.parametrize("overlay", ["gpu-operator", "gpu-operator-exporter-only"])
+def test_nvml_under_the_gpu_operator_with_cdi(overlay: str) -> None:
+    pod, env, _ = _nvml_view(overlay)
     assert pod["runtimeClassName"] == "nvidia"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+@pytest.mark.parametrize("overlay", ["kube-prometheus-stack", "podmonitor", "web-config"])
+def test_kube_prometheus_stack_installs_ship_the_dashboards(overlay: str) -> None:
+    dashboards = {
+        name
+        for r in _rendered(overlay)
+        if r["kind"] == "ConfigMap"
+        for name in r.get("data", {})
+        if name.endswith(".json")
+    }
+    shipped = {f"kube-device-exporter-{p.stem}.json" for p in (ROOT / "dashboards").glob("*.json")}
+    assert dashboards == shipped
 
 
 def test_nvml_on_gke_from_the_host_driver() -> None:
@@ -315,6 +330,9 @@ def test_scraping_keeps_target_labels_and_job(overlay: str) -> None:
     resources = _rendered(overlay)
     kinds = {r["kind"] for r in resources}
     monitors = [r for r in resources if r["kind"] in ("ServiceMonitor", "PodMonitor")]
+    if overlay == "gpu-operator-exporter-only":  # needs no Prometheus Operator CRD
+        assert not monitors and not kinds & {"PrometheusRule", "ConfigMap"}
+        return
     if overlay == "otlp":
         assert not monitors and "PrometheusRule" not in kinds
         env = {e["name"] for e in _one(resources, "DaemonSet")["spec"]["template"]["spec"][

@@ -143,7 +143,7 @@ async def test_doctor_waits_one_timeout_for_all_hung_sources_and_fails_an_unclos
         "amdgpu": CloseFails(SourceResult("amdgpu", (card,))),
     }
     monkeypatch.setattr(doctor_command, "build_sources", lambda config: sources)
-    config = parse_config(["--collect-timeout", "0.4"], env={})
+    config = parse_config(["--collect-timeout", "400ms"], env={})
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:

@@ -272,9 +272,21 @@ def test_as_the_image_runs_it_memory_goes_back_after_each_swing_of_a_big_node() 
 def test_the_trimmer_says_when_python_s_own_allocator_keeps_memory(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # in a pod
     for blocks, said in ((12345, True), (0, False)):  # pymalloc counts its blocks, malloc not
         monkeypatch.setattr(sys, "getallocatedblocks", lambda b=blocks: b)
         caplog.clear()
         with caplog.at_level("INFO", logger="exporter.heap"):
             HeapTrimmer(clock=Clock())
         assert ("PYTHONMALLOC=malloc" in caplog.text) is said
+
+
+def test_a_local_run_is_not_told_about_the_allocator_at_info(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kube-device-exporter` from a checkout: no pod, no info line on every start."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(sys, "getallocatedblocks", lambda: 12345)
+    with caplog.at_level("INFO", logger="exporter.heap"):
+        HeapTrimmer(clock=Clock())
+    assert "PYTHONMALLOC" not in caplog.text

@@ -52,6 +52,8 @@ pytestmark = pytest.mark.peer
 
 SCENARIOS = [s for s in ("demo", "mixed", "numa") if s in bundled_names()]
 RATE_INTERVAL = "4s"
+CLUSTER = "lab"
+"""The `cluster` label every target gets here, as from a multi-cluster Prometheus."""
 """What Grafana makes of $__rate_interval at a 1 s scrape interval (4 x scrape interval)."""
 RANGE = "1m"
 RANGE_SECONDS = "60"
@@ -194,7 +196,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         _wait_ready(proc, target, root / "no-kubelet" / "exporter.log")
         exporters["no-kubelet"] = target
         down = f"127.0.0.1:{free_port()}"
-        prometheus = PrometheusServer(root, [*exporters.values(), down], rule_files=[kit.RULES])
+        # Labelled as a multi-cluster Prometheus (Thanos, Mimir) sees them: the dashboards'
+        # $cluster lists it, and a query that forgot it would still pass, so a test checks.
+        prometheus = PrometheusServer(
+            root,
+            [*exporters.values(), down],
+            rule_files=[kit.RULES],
+            scrape_config={
+                "static_configs": [
+                    {"targets": [*exporters.values(), down], "labels": {"cluster": CLUSTER}}
+                ]
+            },
+        )
         prometheus.start()
         try:
             cycles = SPECS["kube_device_exporter.cycles"].prom_name
@@ -813,3 +826,21 @@ def test_pod_panel_says_how_well_each_pod_uses_its_gpu(cluster: Cluster) -> None
         GPM_SHARES["gpm_tensor_s"] * busy, abs=1e-6
     )
     assert not {"batch-a", "batch-b"} & set(_latest(cluster, sm, pod))
+
+
+def test_the_cluster_variable_lists_the_cluster_and_filters_by_it(cluster: Cluster) -> None:
+    """Issue 31, item 14: one Prometheus, several clusters. $cluster lists ours; every panel
+    query with another cluster chosen comes back empty (none ignores the variable)."""
+    for stem in kit.dashboards():
+        assert _variable_values(cluster, stem, concrete=True)["cluster"] == CLUSTER
+    for query in QUERIES:
+        values = {**_variable_values(cluster, query.dashboard, concrete=False), "cluster": "other"}
+        expr = _substitute(query.expr, values)
+        assert not cluster.query(expr, instant=True) or _only_constants(cluster, expr), (
+            f"{query.dashboard}: {query.panel}: shows data of another cluster\n{expr}"
+        )
+
+
+def _only_constants(cluster: Cluster, expr: str) -> bool:
+    """`... or vector(0)`: a count that falls back to 0 has no series labels at all."""
+    return all(not r["metric"] for r in cluster.query(expr, instant=True))

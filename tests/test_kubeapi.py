@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -362,6 +363,15 @@ async def test_owners_forbidden_fall_back_to_the_direct_owner(
 
 
 def test_flags(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"--kubernetes\.kubeconfig: .*kc not found"):
+        parse_config(["--kubernetes.api", "--kubernetes.kubeconfig", str(tmp_path / "kc")],
+                     env={"NODE_NAME": "node-a"})  # fmt: skip
+    (tmp_path / "kc").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
     config = parse_config(
         ["--kubernetes.api", "--kubernetes.pod-labels", "team", "--kubernetes.pod-labels",
          r"app\.kubernetes\.io/.*", "--kubernetes.kubeconfig", str(tmp_path / "kc")],

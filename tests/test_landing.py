@@ -4,6 +4,7 @@ table), refreshed by its script, rows nested under their own parent. Real headle
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -175,3 +176,33 @@ def test_rows_name_the_gpu_index_and_shared_holders_by_replica() -> None:
     assert "batch/job-0/worker (shared, replica 0)" in row[2]
     assert "batch/job-1/worker (shared, replica 1)" in row[2]
     assert f"(shared {GPU}" not in row[2]  # the full ID only in the tooltip
+
+
+def test_a_partitioned_gpu_reads_partitioned_not_free() -> None:
+    """Issue 31, item 15: an MI300X in CPX mode, listed whole by its plugin and busy from its
+    partitions, read "free" while pods held two of its three partitions."""
+    from exporter.model import Allocation, Device, DeviceReading, Holder, JoinedDevice
+
+    card = Device("8f3a1c2e5b7d9e01", "gpu", "amd", "AMD Instinct MI300X", "amdgpu")
+    parts = [
+        Device(f"amdgpu_xcp_{i}", "gpu", "amd", "AMD Instinct MI300X", "amdgpu",
+               parent=card.id, attributes=(("hw.gpu.partition", str(i)),))
+        for i in range(3)
+    ]  # fmt: skip
+    snapshot = Snapshot(
+        timestamp=0.0,
+        node="n",
+        devices=tuple(JoinedDevice(DeviceReading(d, ()), None, 0, True) for d in (card, *parts)),
+        allocations=tuple(
+            Allocation(Holder("ml", f"train-{i}", "main"), "amd.com/gpu", p.id, p.id)
+            for i, p in enumerate(parts[:2])
+        ),
+    )
+    view = DevicesView()
+    view.update(snapshot)
+    rows = {device_id: cells for device_id, _, cells in ROW.findall(view.page.decode())}
+    assert "partitioned: 2 of 3 held" in rows[card.id] and ">free<" not in rows[card.id]
+    assert ">free<" in rows["amdgpu_xcp_2"]  # the partition nobody holds is free itself
+    assert "ml/train-0/main" in rows["amdgpu_xcp_0"]
+    card_json = next(d for d in json.loads(view.body or b"")["devices"] if d["id"] == card.id)
+    assert (card_json["partitions"], card_json["partitions_held"]) == (3, 2)

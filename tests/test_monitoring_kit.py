@@ -311,3 +311,31 @@ def test_old_first_seen_rule_fires_after_a_restart(tmp_path: Path) -> None:
     done = promtool("test", "rules", str(tmp_path / "tests.yaml"))
     assert done.returncode != 0, done.stdout
     assert "KubeDeviceXidHardware" in done.stdout + done.stderr
+
+
+STEMS = sorted(kit.dashboards())
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_query_of_a_dashboard_filters_by_cluster(stem: str) -> None:
+    """Issue 31, item 14: the first variable after the data source is `cluster`, and every
+    variable and panel query is filtered by it (a multi-cluster Prometheus would mix them)."""
+    board = kit.dashboards()[stem]
+    variables = kit.variables(board)
+    assert [v.name for v in variables][:2] == ["datasource", "cluster"]
+    for v in variables[2:]:
+        assert v.kind != "query" or 'cluster=~"$cluster"' in v.query, v.name
+    queries = [q for q in kit.panel_queries() if q.dashboard == stem]
+    assert queries
+    for q in queries:
+        assert 'cluster=~"$cluster"' in q.expr, f"{q.panel}: {q.expr}"
+
+
+def test_docs_state_the_minimum_grafana_version() -> None:
+    """schemaVersion 41 is what Grafana 11.6 and later write (its migration, grafana/grafana
+    #100135 and #100554, came with 11.6); older Grafana may not read the JSON as intended."""
+    versions = {kit.dashboards()[stem]["schemaVersion"] for stem in STEMS}
+    assert versions == {41}
+    text = (ROOT / "docs" / "dashboards.md").read_text()
+    assert "Grafana 11.6 or later" in text and "schemaVersion 41" in text

@@ -330,7 +330,8 @@ def test_podresources_calls_per_cycle_doctor_and_podresources(rig: Rig) -> None:
     for command in ("doctor", "podresources"):
         before_own, before = own_calls(rig.exporter.scrape()), kubelet_calls(rig.node)
         done = subprocess.run(
-            [sys.executable, "-m", "exporter", command, "--kubelet-socket", str(rig.node.socket)],
+            [sys.executable, "-m", "exporter", command, "--kubelet-socket", str(rig.node.socket),
+             *(["-o", "json"] if command == "podresources" else [])],
             capture_output=True, text=True, timeout=60, env=rig.exporter.env, check=False,
         )  # fmt: skip
         after_own, after = own_calls(rig.exporter.scrape()), kubelet_calls(rig.node)

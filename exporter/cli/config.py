@@ -54,3 +54,5 @@ class Config:
     """None: in-cluster configuration (the pod's ServiceAccount)."""
     pod_label_patterns: tuple[str, ...] = ()
     """Regexes; pod label keys matching one in full go onto k8s.pod.workload.info."""
+    notices: tuple[str, ...] = ()
+    """Warnings found while parsing (an unknown `KDE_*` variable), logged once logging is set."""

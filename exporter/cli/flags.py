@@ -20,7 +20,9 @@ from typing import Any, NoReturn
 
 from exporter import __version__
 from exporter.cli.config import DEFAULT_SOCKET, Config, OtlpConfig
+from exporter.cli.envnames import unknown_variables
 from exporter.cli.flagtable import COMMANDS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
+from exporter.cli.otelenv import otel_problem
 from exporter.cli.values import METAVARS, boolean, choice, regex
 from exporter.ids import DEFAULT_RESOURCE_PATTERNS
 from exporter.sources import SourceInfo, registry
@@ -137,6 +139,41 @@ def _validated(parse: Callable[[str], object]) -> Callable[[str], str]:
     return check
 
 
+def attach_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`--collect-interval -5s` -> `--collect-interval=-5s`: argparse takes a value that
+    starts with `-` for a flag and answers "expected one argument"; joined, the value reaches
+    its type, whose error names what is wrong with it."""
+    out: list[str] = []
+    takes_value = {
+        name
+        for action in parser._actions
+        if action.nargs is None and action.option_strings
+        for name in action.option_strings
+    }
+    for token in argv:
+        prev = out[-1] if out else ""
+        if (
+            prev in takes_value
+            and token.startswith("-")
+            and token not in parser._option_string_actions
+        ):
+            out[-1] = f"{prev}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    return parser.parse_args(attach_dash_values(parser, argv))
+
+
+def _check_otel(env: dict[str, str], protocol: str, *, push: bool) -> None:
+    """Only OTLP push reads the OTEL_* variables; cluster-wide ones matter only then."""
+    problem = otel_problem(env, protocol) if push else None
+    if problem:
+        raise UsageError(problem)
+
+
 def split_patterns(text: str) -> list[str]:
     """`nvidia.com/*,amd.com/*` -> both; blanks dropped (the variable's comma form)."""
     return [p.strip() for p in text.split(",") if p.strip()]
@@ -154,9 +191,8 @@ def parse_config(
     """Flags, then `KDE_*` variables, then defaults -> Config. Raises UsageError."""
     env = dict(os.environ) if env is None else env
     sources = registry() if sources is None else sources
-    args = build_parser(sources, prog, description).parse_args(list(argv))
 
-    given = vars(args)
+    given = vars(_parse_args(build_parser(sources, prog, description), argv))
     flag_dests = {row.dest for row in FLAGS}
 
     def pick(flag: str, dest: str, parse: Callable[[str], Any], default: Any) -> Any:
@@ -206,6 +242,7 @@ def parse_config(
         raise UsageError(
             f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
         )
+    _check_otel(env, protocol, push=bool(endpoint))
     interval = get("collect_interval", 10.0)
     if interval < min_collect_interval:
         raise UsageError(
@@ -256,9 +293,19 @@ def parse_config(
         web_config_file=_web_config(get("web_config_file", None)),
         web_max_connections=get("web_max_connections", 512),
         kubernetes_api=kubernetes_api,
-        kubeconfig=get("kubeconfig", None),
+        kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
+        notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )
+
+
+def _known_variables(sources: dict[str, SourceInfo]) -> list[str]:
+    """Every `KDE_*` name a flag reads: the table's and the source registry's."""
+    names = [env_name(row.flag) for row in FLAGS]
+    for info in sources.values():
+        names.append(env_name(f"--collector.{info.name}"))
+        names += [env_name(f"--collector.{info.name}.{o.name}") for o in info.options]
+    return names
 
 
 def _otel_protocol(env: dict[str, str], *, push: bool) -> str:
@@ -288,6 +335,19 @@ def _web_config(path: Path | None) -> Path | None:
         load_web_config(path)
     except WebConfigError as exc:
         raise UsageError(f"--web.config.file {path}: {exc}") from exc
+    return path
+
+
+def _kubeconfig(path: Path | None, used: bool) -> Path | None:
+    """Read now when --kubernetes.api will use it: a malformed file is one line and exit 2,
+    not a watcher that stops at its first request."""
+    if path is not None and used:
+        from exporter.kubeapi.client import NotConfigured, load_config
+
+        try:
+            load_config(path)
+        except NotConfigured as exc:
+            raise UsageError(f"--kubernetes.kubeconfig: {exc}") from exc
     return path
 
 

@@ -263,8 +263,12 @@ GROUP_TITLES = {
 
 
 COMMANDS = (
-    ("podresources [--pod NS/NAME]", "print what the kubelet reports: device IDs, resources"),
+    (
+        "podresources [--pod NS/NAME] [-o table|json] [--devices-only] [--resource GLOB] [-n NS]",
+        "print what the kubelet reports: device IDs, resources",
+    ),
     ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
+    ("help [COMMAND]", "this help, or a command's (as --help)"),
 )
 
 

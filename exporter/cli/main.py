@@ -4,6 +4,7 @@
     kube-device-exporter podresources [--pod NS/NAME] [FLAGS]
                                                    print what the kubelet reports (debugging)
     kube-device-exporter doctor [FLAGS]            why are my metrics missing? (exit 1: yes)
+    kube-device-exporter help [COMMAND]            the --help of the exporter or a command
 
 A bad value exits 2 with one line naming the flag or variable.
 """
@@ -19,6 +20,8 @@ from exporter.cli.flagtable import DOCTOR
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["help"]:  # `help` and `help doctor`, as `git help` and `helm help` read
+        argv = [*argv[1:2], "--help"]
     try:
         if argv[:1] == ["podresources"]:
             from exporter.podresources.inspect import run_inspect

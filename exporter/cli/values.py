@@ -6,13 +6,58 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+DURATION_UNITS = (
+    ("y", 365 * 86400.0),
+    ("w", 7 * 86400.0),
+    ("d", 86400.0),
+    ("h", 3600.0),
+    ("m", 60.0),
+    ("s", 1.0),
+    ("ms", 0.001),
+)
+"""Prometheus's duration units, largest first (prometheus/common model/time.go, `unitMap`:
+a year is 365 days, a week 7)."""
+
+_DURATION_PART = re.compile(r"([0-9]+)([a-z]+)")
+
+
+def prometheus_duration(text: str) -> float:
+    """Prometheus's duration grammar (prometheus/common `model.ParseDuration`, model/time.go
+    at d2417e2): one or more NUMBER UNIT parts, whole numbers only, units among y w d h m s ms
+    each at most once and largest first (`1h30m`, not `30m1h`); `0` is the only number
+    allowed without a unit; no sign, no spaces. -> seconds (>= 0)."""
+    if text == "0":
+        return 0.0
+    rank = {unit: i for i, (unit, _) in enumerate(DURATION_UNITS)}
+    scale = dict(DURATION_UNITS)
+    seconds, last, at = 0.0, -1, 0
+    for part in _DURATION_PART.finditer(text):
+        unit = part[2]
+        if part.start() != at or unit not in rank or rank[unit] <= last:
+            break
+        seconds += int(part[1]) * scale[unit]
+        last, at = rank[unit], part.end()
+    else:
+        if text and at == len(text):
+            return seconds
+    raise ValueError(_duration_problem(text))
+
+
+def _duration_problem(text: str) -> str:
+    """The one line a user reads for a duration Prometheus would not accept either."""
+    example = "like 10s, 1m30s or 500ms (Prometheus's format: units y, w, d, h, m, s, ms)"
+    if re.fullmatch(r"[0-9]+", text.strip()):
+        return f"expected a duration {example}, got {text!r}: add a unit, e.g. {text.strip()}s"
+    if text.strip().startswith("-"):
+        return f"must be greater than zero, got {text!r}"
+    if re.fullmatch(r"[0-9]+\.[0-9]+[a-z]+", text.strip()):
+        return f"expected a duration {example}, got {text!r}: whole numbers only (use ms)"
+    return f"expected a duration {example}, largest unit first, got {text!r}"
+
 
 def duration(text: str) -> float:
-    """`10`, `10s`, `500ms`, `1m` -> seconds (> 0)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
-    if not m:
-        raise ValueError(f"expected a duration like 10s, 500ms or 1m, got {text!r}")
-    value = float(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m[2]]
+    """A positive duration in Prometheus's grammar (`10s`, `1h30m`, `500ms`) -> seconds."""
+    value = prometheus_duration(text)
     if value <= 0:
         raise ValueError(f"must be greater than zero, got {text!r}")
     return value

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import yaml
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
@@ -100,9 +101,20 @@ def load_config(kubeconfig: Path | None) -> Any:
         if kubeconfig is not None:
             return KubeConfig.from_file(kubeconfig).get()
         return KubeConfig.from_service_account().get()
-    except (ConfigError, OSError, ValueError) as exc:
+    except (
+        ConfigError,
+        OSError,
+        ValueError,
+        LookupError,
+        TypeError,
+        AttributeError,
+        yaml.YAMLError,
+    ) as exc:
+        # A malformed kubeconfig fails inside lightkube with whatever its YAML or dict
+        # access raises; one line, the parser's first line of it.
         where = kubeconfig or "in-cluster (no ServiceAccount token mounted?)"
-        raise NotConfigured(f"no Kubernetes API configuration from {where}: {exc}") from exc
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NotConfigured(f"no Kubernetes API configuration from {where}: {what}") from exc
 
 
 def http_client(config: Any, timeout: float) -> httpx.AsyncClient:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -311,6 +312,14 @@ class PodResourcesClient:
         except OSError as exc:
             await self._drop_channel()
             raise PodResourcesError("NO_SOCKET", f"{self.socket_path}: {exc.strerror}") from exc
+        if not stat.S_ISSOCK(st.st_mode):
+            await self._drop_channel()
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "a regular file"
+            if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+                what = "some other kind of file"
+            raise PodResourcesError(
+                "NO_SOCKET", f"kubelet socket {self.socket_path} is not a socket ({what})"
+            )
         if socket_id != self._socket_id:
             await self._drop_channel()
             self._socket_id = socket_id

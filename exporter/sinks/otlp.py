@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
 from exporter.cli.config import Config
+from exporter.cli.otelenv import milliseconds
 from exporter.metrics import SPECS_LIST, Kind
 from exporter.model import Sample, Snapshot
 from exporter.points import points
@@ -136,10 +137,12 @@ class OtlpSink:
         for name in SDK_EXPORT_LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
         self.timeout = export_timeout(os.environ)
-        exporter = build_exporter(self.config.otlp, os.environ, self.stats, self._quiet)
-        interval = None  # the SDK reads OTEL_METRIC_EXPORT_INTERVAL
-        if not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
-            interval = self.config.collect_interval * 1000.0
+        exporter = build_exporter(
+            self.config.otlp, os.environ, self.stats, self._quiet, timeout=self.timeout
+        )
+        # Read here, not by the SDK, so the start line can say it (parse_config checked it).
+        from_env = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+        interval = milliseconds(from_env) if from_env else self.config.collect_interval * 1000.0
         self._reader = _SnapshotReader(exporter, interval, self._begin_collection)
         self._provider = MeterProvider(
             resource=build_resource(self.config.node_name),
@@ -161,7 +164,7 @@ class OtlpSink:
                 description=spec.help,
             )
         self._instruments = instruments  # one swap: the reader's thread is already ticking
-        every = f"{interval / 1000.0:g}s" if interval else "OTEL_METRIC_EXPORT_INTERVAL ms"
+        every = f"{interval / 1000.0:g}s" + (" (OTEL_METRIC_EXPORT_INTERVAL)" if from_env else "")
         log.info(
             "pushing OTLP (%s) to %s every %s, export timeout %gs",
             self.config.otlp.protocol,

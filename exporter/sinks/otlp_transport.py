@@ -268,9 +268,11 @@ def build_exporter(
     env: Mapping[str, str],
     stats: ExportStats,
     quiet: QuietWhileFailing,
+    timeout: float | None = None,
 ) -> CountingExporter:
-    """The SDK exporter for `otlp.protocol`, configured from `env` where the SDK reads it."""
-    timeout = export_timeout(env)
+    """The SDK exporter for `otlp.protocol`, configured from `env` where the SDK reads it;
+    `timeout` (seconds): already read from `env` by the caller (its warning logged once)."""
+    timeout = export_timeout(env) if timeout is None else timeout
     if otlp.protocol == "grpc":
         target = otlp.endpoint
         seen = on_partial_success(stats, target)

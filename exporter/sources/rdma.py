@@ -85,11 +85,13 @@ def parse_pool_config(doc: Any) -> list[PoolSelector]:
     if isinstance(doc, Mapping) and isinstance(doc.get("data"), Mapping):
         doc = json.loads(str(doc["data"].get("config.json", "{}")))
     if not isinstance(doc, Mapping) or not isinstance(doc.get("configList"), list):
-        raise ValueError("no configList")
+        raise ValueError("no configList (a list of pools) at the top")
     pools = []
-    for entry in doc["configList"]:
-        if not isinstance(entry, Mapping) or not entry.get("resourceName"):
-            raise ValueError(f"configList entry without resourceName: {entry!r}")
+    for index, entry in enumerate(doc["configList"]):
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"configList[{index}]: not a mapping")
+        if not entry.get("resourceName"):
+            raise ValueError(f"configList[{index}]: no resourceName")
         selectors = entry.get("selectors") or {}
         # `devices` is the deprecated spelling of selectors.ifNames.
         if_names = selectors.get("ifNames") or entry.get("devices") or []
@@ -109,6 +111,17 @@ def parse_pool_config(doc: Any) -> list[PoolSelector]:
 
 def _lower_set(values: Any) -> frozenset[str]:
     return frozenset(str(v).lower().removeprefix("0x") for v in values or [])
+
+
+def _one_line(exc: Exception) -> str:
+    """A YAML error is several lines (the problem, the context, a caret under the text):
+    keep the problem and where it is."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1} column {mark.column + 1}: {exc.problem}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())
 
 
 class PoolConfig:
@@ -131,7 +144,7 @@ class PoolConfig:
             self.pools = parse_pool_config(yaml.safe_load(self.path.read_text()))
             self._stamp = (st.st_mtime_ns, st.st_size)
         except (OSError, ValueError, yaml.YAMLError) as exc:
-            self._states.failed("pools", f"RDMA pool config {self.path} unusable: {exc}")
+            self._states.failed("pools", f"RDMA pool config {self.path} unusable: {_one_line(exc)}")
             return False
         self._states.ok("pools", f"RDMA pool config {self.path} loaded")
         return True

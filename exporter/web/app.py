@@ -62,6 +62,7 @@ def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict
                 **_values(joined),
             }
         )
+    _mark_partitioned(devices)
     findings = snapshot_findings(snapshot, matcher or ResourceMatcher())
     return {
         "node": snapshot.node,
@@ -88,6 +89,16 @@ def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict
             for f in findings
         ],
     }
+
+
+def _mark_partitioned(devices: list[dict[str, Any]]) -> None:
+    """A GPU shown with its MIG slices or partitions under it: `partitions` (how many) and
+    `partitions_held`. Its own row must not read "free" while pods hold its parts (an MI300X
+    in CPX mode can still be listed whole by the plugin, at 87 % load from its partitions)."""
+    for d in devices:
+        parts = [c for c in devices if c["parent"] == d["id"] and c["depth"] == d["depth"] + 1]
+        d["partitions"] = len(parts) if d["type"] == "gpu" else 0
+        d["partitions_held"] = sum(1 for c in parts if c["holders"]) if d["partitions"] else 0
 
 
 def _tree(devices: Sequence[JoinedDevice]) -> list[tuple[JoinedDevice, int]]:

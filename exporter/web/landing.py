@@ -50,9 +50,10 @@ def _table(devices: list[dict[str, Any]]) -> str:
         "<th>Load</th><th>Memory / traffic</th><th>Power</th></tr></thead>\n"
         f"<tbody>\n{rows}\n</tbody>\n</table>\n"
         '<p class="legend"><span class="free">free</span>: a device plugin offers it to pods '
-        "and none holds it. <span>—</span> in <i>Held by</i>: not offered to pods as a whole "
-        "(its MIG slices, partitions or VFs are, or no resource pattern matches it); "
-        "elsewhere: the device does not report that value.</p>"
+        "and none holds it. <i>partitioned</i>: a GPU split into MIG slices or partitions; "
+        "who holds them is on their rows. <span>—</span> in <i>Held by</i>: not offered to "
+        "pods as a whole (its VFs are, or no resource pattern matches it); elsewhere: the "
+        "device does not report that value.</p>"
     )
 
 
@@ -103,6 +104,12 @@ def _model(d: dict[str, Any]) -> str:
 
 
 def _holders(d: dict[str, Any]) -> str:
+    if not d["holders"] and d.get("partitions"):
+        parts, held = d["partitions"], d["partitions_held"]
+        what = f"split into {parts} part{'s' if parts != 1 else ''} (rows below), {held} held"
+        return (
+            f'<span class="none" title="{escape(what)}">partitioned: {held} of {parts} held</span>'
+        )
     if not d["holders"]:
         if d["allocatable"]:
             return '<span class="free" title="offered to pods, held by none">free</span>'
