@@ -257,6 +257,9 @@ def test_nvml_under_the_gpu_operator_with_cdi() -> None:
     pod, env, _ = _nvml_view("gpu-operator")
     assert pod["runtimeClassName"] == "nvidia"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # Evicted for the operator's driver upgrades as its own clients are
+    # (tests/test_real_cluster_driver_upgrade.py, docs/deploy.md).
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.deploy.client": "true"}
 
 
 def test_nvml_on_gke_from_the_host_driver() -> None:
