@@ -208,8 +208,10 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
     for name, mount in mounts.items():
         assert mount.get("readOnly") is True or "emptyDir" in volumes[name], name
         assert not mount["mountPath"].startswith("/var/log"), "no code reads host logs yet"
-    for name in ("pod-resources", "sys", "proc"):
+    for name in ("sys", "proc"):
         assert volumes[name]["hostPath"]["type"] == "Directory", name
+    # A wrong kubelet root must not keep the pod from starting (docs/deploy.md, section 5).
+    assert volumes["pod-resources"]["hostPath"]["type"] == "DirectoryOrCreate"
     assert mounts["pod-resources"]["mountPath"] == str(DEFAULT_SOCKET.parent)
     root = KUBELET_ROOTS[overlay]
     assert volumes["pod-resources"]["hostPath"]["path"] == f"{root}/pod-resources"
