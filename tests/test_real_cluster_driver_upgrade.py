@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENT = "nvidia.com/gpu.deploy.client"
 PAUSED = "paused-for-driver-upgrade"
 MERGE = "application/strategic-merge-patch+json"
+NAMESPACE = "kde-driver-upgrade"
+"""Its own namespace: the kit's other tests look for events of the kit's DaemonSet."""
 
 
 def _overlay() -> list[dict[str, Any]]:
@@ -47,6 +49,11 @@ def _overlay() -> list[dict[str, Any]]:
         (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
         wanted = ("Namespace", "ServiceAccount", "DaemonSet")
         objects = [o for o in kustomize.build(mine) if o["kind"] in wanted]
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["name"] = NAMESPACE
+        else:
+            obj["metadata"]["namespace"] = NAMESPACE
     return sorted(objects, key=lambda o: wanted.index(o["kind"]))
 
 
@@ -94,6 +101,7 @@ def test_the_gpu_operator_overlay_leaves_for_a_driver_upgrade_and_comes_back(
                  lambda: len(_clients_on(admin, cluster_node.name)) == 1, 30)  # fmt: skip
     finally:
         admin.delete(daemonset)
+        admin.delete(objects[0])
         admin.delete(runtime_class)
         admin.request("PATCH", node_path, {"metadata": {"labels": dict.fromkeys(labels)}},
                       content_type=MERGE)  # fmt: skip
