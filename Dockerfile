@@ -12,7 +12,7 @@
 # Behind a TLS-intercepting proxy, hand pip its CA without baking it in (BuildKit):
 #   docker build --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt .
 
-# python:3.11.11-slim-bookworm, the multi-platform index digest.
+# python:3.11.11-slim-bookworm by digest (docs/deploy.md: how the digest was chosen).
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:081075da77b2b55c23c088251026fb69a7b2bf92471e491ff5fd75c192fd38e5
 
 FROM ${PYTHON_IMAGE} AS build
