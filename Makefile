@@ -7,6 +7,8 @@
 #                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
 #                    files/ are links to dashboards/ and deploy/alerts)
 #   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
+#   make image-test  build the image and run it as the DaemonSet does (Docker; in make test too)
+#   make lock    regenerate requirements/*.lock (pip-compile, hashes) from pyproject.toml
 #   make faults  fault and load runs against real exporter processes (about 4 minutes)
 #   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
 #   make realnode  only the real-kubelet tier (tests/test_real_kubelet*.py; README)
@@ -23,6 +25,9 @@ DEBS := prometheus chromium
 # The real-node tiers' peers (tests/realnode): Debian's containerd and runc, a static
 # busybox for the workload image, gcc for the static pause, the CNI plugins.
 NODE_DEBS := containerd runc busybox-static containernetworking-plugins gcc
+# The image test (tests/test_image.py): Debian's Docker engine, and debootstrap for a
+# stand-in base where no registry is reachable.
+IMAGE_DEBS := docker.io debootstrap
 # Kubernetes binaries for the real-node tiers: unpacked from K8S_SHARED (checked against
 # its SHA256SUMS) into K8S; `make pytest` points KDE_E2E_* at them when they are there.
 K8S_SHARED ?= ../shared/k8s
@@ -31,33 +36,58 @@ K8S := $(VENV)/k8s
 E2E_ENV = KDE_E2E_KUBELET="$${KDE_E2E_KUBELET:-$$(ls $(CURDIR)/$(K8S)/kubelet-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_HYPERKUBE="$${KDE_E2E_HYPERKUBE:-$$(ls $(CURDIR)/$(K8S)/hyperkube-v* 2>/dev/null | head -n1)}" \
 	KDE_E2E_ETCD="$${KDE_E2E_ETCD:-$$(ls $(CURDIR)/$(K8S)/etcd-v* 2>/dev/null | head -n1)}"
+LOCKS := requirements
+LOCKVENV := .venv-lock
+PIP_TOOLS := pip-tools==7.6.2
+# PyPI and nothing else, whatever this machine's pip configuration adds.
+LOCKENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL= PIP_INDEX_URL=https://pypi.org/simple
+COMPILE := $(LOCKVENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links --resolver=backtracking
 FAKENVML := simulator/fakenvml
 DEMO_ADDR ?= 127.0.0.1:9405
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: install demo test lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
+.PHONY: lock image-test install demo test lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
 
 install: $(STAMP) debs fakenvml k8s
 
-# The simulated node is a distribution of its own (simulator/pyproject.toml: `kde-simulate`),
+# Every dependency comes from requirements/*.lock (pinned, with hashes; `make lock` writes
+# them); only the project itself is installed beside them, without resolving anything. The
+# simulated node is a distribution of its own (simulator/pyproject.toml: `kde-simulate`),
 # installed editable beside the product, so the product's wheel carries none of it.
-$(RUNTIME): pyproject.toml simulator/pyproject.toml
+$(RUNTIME): pyproject.toml simulator/pyproject.toml $(LOCKS)/demo.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e . -e ./simulator
+	$(PIP) --require-hashes --no-deps -r $(LOCKS)/demo.lock
+	$(PIP) --no-deps -e . -e ./simulator
 	touch $(RUNTIME)
 
-$(STAMP): $(RUNTIME)
-	$(PIP) -e '.[test]'
+$(STAMP): $(RUNTIME) $(LOCKS)/test.lock
+	$(PIP) --require-hashes --no-deps -r $(LOCKS)/test.lock
 	touch $(STAMP)
+
+# The locks, from PyPI alone (no local pip configuration), by pip-tools' pip-compile:
+# test.lock (package + test extras) first; demo.lock (package + the simulator's simulator.in) and the image's
+# runtime.lock (package only) start from its pins, so the three agree on every version they
+# share (tests/test_lock.py checks). build.lock: what builds the wheel in the image.
+# `make lock UPGRADE=1` moves every pin to the newest release the constraints allow.
+lock:
+	test -x $(LOCKVENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCKVENV) && \
+	  $(LOCKENV) $(LOCKVENV)/bin/pip install -q $(PIP_TOOLS); }
+	$(LOCKENV) $(COMPILE) $(if $(UPGRADE),--upgrade) --extra test -o $(LOCKS)/test.lock pyproject.toml
+	cp $(LOCKS)/test.lock $(LOCKS)/demo.lock
+	$(LOCKENV) $(COMPILE) -o $(LOCKS)/demo.lock pyproject.toml $(LOCKS)/simulator.in
+	cp $(LOCKS)/test.lock $(LOCKS)/runtime.lock
+	$(LOCKENV) $(COMPILE) -o $(LOCKS)/runtime.lock pyproject.toml
+	$(LOCKENV) $(COMPILE) $(if $(UPGRADE),--upgrade) -o $(LOCKS)/build.lock $(LOCKS)/build.in
 
 # Real peers for the suite (Prometheus + promtool, headless Chromium): Debian packages,
 # installed when we are root and they are missing.
 debs:
 	@missing=""; command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	for pkg in $(NODE_DEBS); do \
+	for pkg in $(NODE_DEBS) $(IMAGE_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -115,12 +145,30 @@ test: install lint typecheck pytest
 monitoring: $(STAMP)
 	$(PY) -m monitoring
 
-# Needs a Docker engine (or another builder behind the docker CLI); none runs in CI here.
+# Needs a Docker engine with BuildKit. The labels name this checkout's commit; SOURCE is
+# where it can be fetched (the repository's URL). PIP_CA: a CA bundle for pip behind a
+# TLS-intercepting proxy, handed to the build as a secret (never in a layer). PYTHON_IMAGE:
+# the base from your own mirror (keep the digest: docs/deploy.md, "Build the image").
+SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
+PIP_CA ?= $(wildcard $(PIP_CERT))
+# Debian's docker.io client where there is one: it has BuildKit built in (newer clients
+# want the buildx plugin for it).
+DOCKER ?= $(firstword $(wildcard /usr/bin/docker) docker)
+comma := ,
 image:
-	docker build -t $(IMAGE) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -t $(IMAGE) \
+	  --build-arg VERSION=$(VERSION) \
+	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --build-arg SOURCE=$(SOURCE) \
+	  $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+	  $(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) .
+
+# Only the image test: build, run as the DaemonSet against the simulated node, rebuild.
+image-test: install
+	$(VENV)/bin/pytest -q tests/test_image.py $(PYTEST_ARGS)
 
 push: image
-	docker push $(IMAGE)
+	$(DOCKER) push $(IMAGE)
 
 bench: install
 	$(PY) -m bench
@@ -141,5 +189,5 @@ proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info simulator/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LOCKVENV) build *.egg-info simulator/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) clean; fi

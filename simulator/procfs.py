@@ -143,7 +143,12 @@ class ProcfsPart:
         return ["--path.procfs", str(self.proc), "--path.container-logs", str(self.logs)]
 
     def advance(self, t: float) -> None:
-        wanted: dict[str, tuple[str, str]] = {}  # relative path -> (kind, content)
+        # A real /proc always has PID 1, the host's init (proc(5)); `doctor` reads its `comm`
+        # to tell a hidepid or foreign procfs from the host's.
+        wanted: dict[str, tuple[str, str]] = {
+            "proc/1/comm": ("file", "systemd\n"),
+            "proc/1/cgroup": ("file", _lines(self.layout, "/init.scope")),
+        }
         for pid in self.layout.host_processes:
             wanted[f"proc/{pid}/stat"] = ("file", stat_line(pid, 0.0))
             host_cgroup = _lines(self.layout, "/system.slice/app.service")

@@ -1,7 +1,8 @@
-"""The Dockerfile: hadolint-clean, multi-stage, pinned, non-root, runs the console script,
-and its build stage's work (a wheel of exactly what the context holds) succeeds here.
+"""The Dockerfile: hadolint-clean, multi-stage, base pinned by digest, dependencies from the
+hashed lock, the deployed user, runs the console script, and its build stage's work (a wheel
+of exactly what the context holds) succeeds without Docker.
 
-No Docker engine runs here, so the image itself is not built by this suite."""
+tests/test_image.py builds and runs the image itself where a Docker daemon can run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter.heap import SHIPPED_ENV
 
@@ -43,21 +45,46 @@ def test_hadolint_passes() -> None:
 def test_stages_base_user_and_entrypoint() -> None:
     steps = _instructions()
     args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
+    # By digest (a tag can be pushed again), the tag beside it for people.
     assert re.fullmatch(
-        r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"]
+        r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", args["PYTHON_IMAGE"]
     )
     stages = [i for i, (w, _) in enumerate(steps) if w == "FROM"]
     assert len(stages) == 2, "multi-stage: build, then runtime"
     final = steps[stages[-1] :]
     assert ("ENTRYPOINT", '["kube-device-exporter"]') in final
+    # The deployed user (deploy/base/daemonset.yaml: root without capabilities, for the
+    # kubelet's socket), so the image's default is what was tested.
     (user,) = [a for w, a in final if w == "USER"]
-    assert not user.startswith(("0", "root"))
+    pod = next(
+        d for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text())
+        if d and d["kind"] == "DaemonSet"
+    )["spec"]["template"]["spec"]  # fmt: skip
+    assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
     assert ("EXPOSE", "9405") in final
     runtime_text = " ".join(a for _, a in final)
     for forbidden in ("gcc", "build-essential", "fakenvml", "apt-get", "pip install"):
         assert forbidden not in runtime_text, forbidden
     copies = [a for w, a in final if w == "COPY"]
-    assert copies == ["--from=build /opt/kube-device-exporter /opt/kube-device-exporter"]
+    assert copies == [
+        "--from=build /opt/kube-device-exporter /opt/kube-device-exporter",
+        "LICENSE /usr/share/doc/kube-device-exporter/LICENSE",
+    ]
+
+
+def test_the_build_installs_only_from_the_hashed_locks() -> None:
+    """Every `pip install` of a dependency takes a lock with --require-hashes and --no-deps:
+    nothing is resolved at build time, so a rebuild installs what was tested."""
+    steps = _instructions()
+    build = steps[: [i for i, (w, _) in enumerate(steps) if w == "FROM"][-1]]
+    runs = " ".join(a for w, a in build if w == "RUN")
+    installs = re.findall(r"pip (?:--python \S+ )?install ([^&]+)", runs)
+    assert len(installs) == 3 and all("--no-deps" in i for i in installs), installs
+    for lock in ("requirements/build.lock", "requirements/runtime.lock"):
+        (install,) = [i for i in installs if f"-r {lock}" in i]
+        assert "--require-hashes" in install, install
+        assert (ROOT / lock).is_file()
+    assert "--invalidation-mode unchecked-hash /opt/kube-device-exporter" in runs
 
 
 def test_the_runtime_image_sets_the_environment_the_exporter_is_measured_with() -> None:

@@ -249,7 +249,11 @@ def _kit(tmp_path: Path, overlay: str, *components: str) -> list[dict[str, Any]]
 
 SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
     "toolkit as default runtime": ({}, "kube-prometheus-stack", ()),
-    "GPU Operator with CDI": ({"runtimeClassName": "nvidia"}, "gpu-operator", ()),
+    "GPU Operator with CDI": (
+        {"runtimeClassName": "nvidia", "nodeSelector": {"nvidia.com/gpu.deploy.client": "true"}},
+        "gpu-operator",
+        (),
+    ),
     "GKE": ({"gke": {"enabled": True}}, "gke", ()),
     "k0s": ({"kubeletRootDir": "/var/lib/k0s/kubelet"}, "k0s", ()),
     "TLS": (
