@@ -255,9 +255,16 @@ def parse_config(
         web_config_file=_web_config(get("web_config_file", None)),
         web_max_connections=get("web_max_connections", 512),
         kubernetes_api=kubernetes_api,
+        kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
         kubeconfig=get("kubeconfig", None),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
     )
+
+
+def _dra(dra: bool, api: bool) -> bool:
+    if dra and not api:
+        raise UsageError("--kubernetes.dra reads the API server: it needs --kubernetes.api")
+    return dra
 
 
 def _otel_protocol(env: dict[str, str], *, push: bool) -> str:

@@ -83,6 +83,16 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
     ),
     (
         "kubeapi",
+        "--kubernetes.dra",
+        "kubernetes_dra",
+        boolean,
+        "off",
+        "with --kubernetes.api, also watch this node's ResourceSlices (and DeviceTaintRules) to "
+        "identify DRA devices, export their taints and free capacity; needs the dra RBAC "
+        "(deploy/components/dra)",
+    ),
+    (
+        "kubeapi",
         "--kubernetes.kubeconfig",
         "kubeconfig",
         Path,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from exporter.model import (
     Allocation,
     AllocationKind,
+    ClaimResource,
     Container,
     ContainerDevices,
     ContainerNuma,
@@ -106,10 +107,13 @@ def join(
     *,
     cpu_nodes: Mapping[int, int] | None = None,
     known_resources: Mapping[str, str] | None = None,
+    dra: Mapping[tuple[str, str, str], str] | None = None,
 ) -> JoinResult:
     """`cpu_nodes`: the node's CPU -> NUMA map (exporter/numa.py). `known_resources`:
     hw.id -> the resource earlier answers listed it under (the poller remembers them), so a
-    device that left the allocatable list is still reported under its resource."""
+    device that left the allocatable list is still reported under its resource. `dra`:
+    (driver, pool, device) -> hw.id from the ResourceSlices (exporter/dra.py; "" for a
+    slice device no source has); a DRA device it does not name is looked up by name."""
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
     state = state or PodResourcesState()
@@ -139,7 +143,7 @@ def join(
                             driver=res.driver_name,
                             pool=res.pool_name,
                         )
-                        for device_id in index.claimed(res.driver_name, res.device_name)
+                        for device_id in _claimed(index, dra, res)
                     ]
 
     holders: dict[str, set[Holder]] = defaultdict(set)
@@ -335,6 +339,15 @@ class _Index:
         if self.replicas is None or key not in self.replicas:
             return bool(replica)
         return self.replicas[key] > 1
+
+
+def _claimed(
+    index: _Index, dra: Mapping[tuple[str, str, str], str] | None, res: ClaimResource
+) -> list[str]:
+    key = (res.driver_name, res.pool_name, res.device_name)
+    if dra is not None and key in dra:
+        return [dra[key]]
+    return index.claimed(res.driver_name, res.device_name)
 
 
 def _device_plugin(holder: Holder, devs: ContainerDevices, index: _Index) -> list[Allocation]:

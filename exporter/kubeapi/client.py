@@ -192,6 +192,44 @@ class KubeApi:
         finally:
             await response.aclose()
 
+    async def list_objects(
+        self, resource: str, path: str, params: dict[str, str]
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a list (whole objects, page by page): the DRA slices and rules."""
+        items: list[dict[str, Any]] = []
+        params = {**params, "limit": str(LIST_PAGE)}
+        while True:
+            body = await self._get("list", resource, path, params, "application/json")
+            items += list(body.get("items") or ())
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = str(meta["continue"])
+
+    async def watch_objects(
+        self, resource: str, path: str, params: dict[str, str], timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+        """(type, resourceVersion, object) of a watch of whole objects; ApiError on ERROR."""
+        params = {**params, "watch": "true", "allowWatchBookmarks": "true",
+                  "timeoutSeconds": str(timeout_seconds)}  # fmt: skip
+        timeout = httpx.Timeout(self.http.timeout.connect, read=None)
+        request = self.http.build_request("GET", path, params=params, timeout=timeout)
+        response = await self._send("watch", resource, request)
+        try:
+            if response.status_code != 200:
+                raise _error(response, await response.aread())
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message", "")))
+                version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                yield str(event.get("type", "")), version, obj
+        finally:
+            await response.aclose()
+
     async def controller_of(self, namespace: str, kind: str, name: str) -> OwnerRef | None:
         """The controlling owner of a ReplicaSet or Job (None: it has none)."""
         api_version, resource = OWNER_RESOURCES[kind]

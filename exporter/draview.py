@@ -1,0 +1,124 @@
+"""The poller's view of DRA: slice identities for the join, and the DRA series.
+
+With `--kubernetes.api` a `SliceWatcher` keeps this node's ResourceSlices (and the
+cluster's DeviceTaintRules, where served) current in the background; this object only
+reads its cache. Without it, a claimed DRA device is joined by its name alone (today's
+`gpu.nvidia.com/gpu-<index>` form from the NVML source), and whatever that cannot join
+is counted (`kube_device_exporter_dra_unidentified_devices`) and named once in the log,
+never missed silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from exporter.dra import DeviceKey, Identity, device_kind, device_taints, free_devices, identify
+from exporter.dra import unidentified as unidentified_of
+from exporter.model import Allocation, Device, Sample
+
+if TYPE_CHECKING:  # the API client loads only with --kubernetes.api
+    from exporter.kubeapi.slicewatch import SliceWatcher
+
+log = logging.getLogger("exporter.dra")
+
+
+class DraView:
+    def __init__(self, slices: SliceWatcher | None = None) -> None:
+        self.slices = slices
+        self._identity: tuple[object, Identity] | None = None
+        self._allocations: tuple[Allocation, ...] = ()
+        self._unidentified: tuple[DeviceKey, ...] = ()
+
+    def identity(self, devices: Sequence[Device]) -> Mapping[DeviceKey, str] | None:
+        """(driver, pool, device) -> hw.id for the join ("" for a slice device no source
+        has); None without slices (the join then looks DRA devices up by name)."""
+        if self.slices is None or not self.slices.synced.is_set():
+            return None
+        generation, slices, _ = self.slices.current()
+        key = (generation, tuple(devices))
+        if self._identity is None or self._identity[0] != key:
+            self._identity = (key, identify(slices, devices))
+        found = self._identity[1]
+        return {**dict.fromkeys(found.unmatched, ""), **found.devices}
+
+    def observe(self, allocations: Sequence[Allocation]) -> None:
+        """After the join: what containers hold, and which DRA devices stayed unjoined
+        (named in the log once each time that set changes)."""
+        self._allocations = tuple(allocations)
+        missing = unidentified_of(allocations)
+        if missing != self._unidentified and missing:
+            how = (
+                "no device of their ResourceSlice attributes (uuid, PCI bus ID) is seen here"
+                if self.slices is not None
+                else "without --kubernetes.api only NVIDIA's gpu-N names can be joined"
+            )
+            log.warning(
+                "DRA devices not identified (%s): %s; their allocations carry no hw_id",
+                how,
+                ", ".join("/".join(k) for k in missing),
+            )
+        elif self._unidentified and not missing:
+            log.info("every DRA device held is identified again")
+        self._unidentified = missing
+
+    def self_samples(self) -> tuple[Sample, ...]:
+        out = [Sample("kube_device_exporter.dra.unidentified", float(len(self._unidentified)))]
+        if self.slices is None:
+            return tuple(out)
+        out.append(Sample("kube_device_exporter.dra.slices.up", float(self.slices.up)))
+        if self._identity is None:
+            return tuple(out)
+        identity = self._identity[1]
+        _, slices, rules = self.slices.current()
+        for device in identity.slices:
+            out.append(
+                Sample(
+                    "hw.dra.device.info",
+                    1.0,
+                    (
+                        *_names(device.key),
+                        ("hw.id", identity.devices.get(device.key, "")),
+                        ("hw.dra.kind", device_kind(device)),
+                    ),
+                )
+            )
+        for device, taint, source in device_taints(identity.slices, rules):
+            out.append(
+                Sample(
+                    "hw.dra.device.taint",
+                    1.0,
+                    (
+                        *_names(device.key),
+                        ("hw.id", identity.devices.get(device.key, "")),
+                        ("hw.dra.taint.key", taint.key),
+                        ("hw.dra.taint.value", taint.value),
+                        ("hw.dra.taint.effect", taint.effect),
+                        ("hw.dra.taint.source", source),
+                    ),
+                )
+            )
+        for (driver, pool, kind), count in free_devices(slices, self._allocations, rules).items():
+            out.append(
+                Sample(
+                    "hw.dra.free",
+                    float(count),
+                    (
+                        ("hw.allocation.resource", driver),
+                        ("hw.allocation.pool", pool),
+                        ("hw.dra.kind", kind),
+                    ),
+                )
+            )
+        return tuple(out)
+
+
+def _names(key: DeviceKey) -> tuple[tuple[str, str], ...]:
+    """The labels `hw_allocation_info` names a DRA device with, so the two join."""
+    driver, pool, device = key
+    return (
+        ("hw.allocation.resource", driver),
+        ("hw.allocation.pool", pool),
+        ("hw.allocation.device_id", device),
+    )
