@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from exporter.dra import DeviceKey, Identity, device_kind, device_taints, free_devices, identify
 from exporter.dra import unidentified as unidentified_of
-from exporter.model import Allocation, Device, Sample
+from exporter.model import Allocation, AllocationKind, Device, Sample
 
 if TYPE_CHECKING:  # the API client loads only with --kubernetes.api
     from exporter.kubeapi.slicewatch import SliceWatcher
@@ -47,6 +47,12 @@ class DraView:
         """After the join: what containers hold, and which DRA devices stayed unjoined
         (named in the log once each time that set changes)."""
         self._allocations = tuple(allocations)
+        if self.slices is not None:
+            self.slices.health.want(
+                (a.holder.namespace, a.holder.pod)
+                for a in allocations
+                if a.kind is AllocationKind.DRA
+            )
         missing = unidentified_of(allocations)
         if missing != self._unidentified and missing:
             how = (
@@ -99,6 +105,23 @@ class DraView:
                     ),
                 )
             )
+        for h in self.slices.health.current():
+            key = _resource_key(h.resource_id)
+            out.append(
+                Sample(
+                    "hw.dra.allocation.health",
+                    1.0,
+                    (
+                        ("k8s.namespace.name", h.namespace),
+                        ("k8s.pod.name", h.pod),
+                        ("k8s.container.name", h.container),
+                        ("hw.allocation.claim", h.claim),
+                        *_names(key),
+                        ("hw.id", identity.devices.get(key, "")),
+                        ("hw.dra.health", h.health),
+                    ),
+                )
+            )
         for (driver, pool, kind), count in free_devices(slices, self._allocations, rules).items():
             out.append(
                 Sample(
@@ -122,3 +145,12 @@ def _names(key: DeviceKey) -> tuple[tuple[str, str], ...]:
         ("hw.allocation.pool", pool),
         ("hw.allocation.device_id", device),
     )
+
+
+def _resource_key(resource_id: str) -> DeviceKey:
+    """`driver/pool/device` as the kubelet writes a resourceID; a CDI ID (the kubelet's
+    choice when the driver gave one) names no pool: it stays whole as the device."""
+    parts = resource_id.split("/", 2)
+    if len(parts) == 3 and "=" not in resource_id:
+        return (parts[0], parts[1], parts[2])
+    return ("", "", resource_id)

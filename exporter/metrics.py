@@ -191,6 +191,8 @@ ATTRIBUTES: dict[str, str] = {
     "hw.allocation.pool": "DRA pool name.",
     "hw.dra.kind": "What a DRA device is, from its ResourceSlice: the driver's `type` attribute "
     "(`gpu`, `mig`, `vfio`...) and its profile (`mig/1g.10gb`), or `device`.",
+    "hw.dra.health": "Device health the kubelet reports for a claim "
+    "(`allocatedResourcesStatus`): `Healthy`, `Unhealthy` or `Unknown`.",
     "hw.dra.taint.key": "Device taint key (ResourceSlice or DeviceTaintRule).",
     "hw.dra.taint.value": "Device taint value (may be empty).",
     "hw.dra.taint.effect": "Device taint effect: `NoSchedule`, `NoExecute` or `None`.",
@@ -489,6 +491,26 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
             "hw.dra.taint.value",
             "hw.dra.taint.effect",
             "hw.dra.taint.source",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.health",
+        G,
+        "",
+        "One series per claimed DRA device of a container, with the health the kubelet "
+        "reports for it in the pod's `allocatedResourcesStatus` (KEP-4680); always 1 "
+        "(`--kubernetes.dra`, read every 60 s).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.container.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.dra.health",
         ),
     ),
     MetricSpec(

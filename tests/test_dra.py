@@ -63,7 +63,7 @@ def attr(**values: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def rslice(name: str, driver: str, devices: list[dict[str, Any]], pool: str = NODE,
+def rslice(name: str, driver: str, devices: list[dict[str, Any]], *, pool: str = NODE,
            generation: int = 1, counters: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """A resource.k8s.io/v1 ResourceSlice object."""
     spec: dict[str, Any] = {"driver": driver, "nodeName": NODE, "devices": devices,
@@ -244,7 +244,9 @@ def test_kinds() -> None:
 def test_without_the_api_an_unidentified_device_is_counted_and_named_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    st = state(("a", "gpu.amd.com", NODE, "gpu-2-130", ""), ("b", "gpu.nvidia.com", NODE, "gpu-0", ""))
+    st = state(
+        ("a", "gpu.amd.com", NODE, "gpu-2-130", ""), ("b", "gpu.nvidia.com", NODE, "gpu-0", "")
+    )
     result = join([SourceResult("all", tuple(DeviceReading(d) for d in DEVICES))], st)
     assert unidentified(result.allocations) == (("gpu.amd.com", NODE, "gpu-2-130"),)
     view = DraView()

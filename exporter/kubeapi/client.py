@@ -192,6 +192,10 @@ class KubeApi:
         finally:
             await response.aclose()
 
+    async def get_object(self, resource: str, path: str) -> dict[str, Any]:
+        """One whole object (a pod's status for its claims' health)."""
+        return await self._get("get", resource, path, {}, "application/json")
+
     async def list_objects(
         self, resource: str, path: str, params: dict[str, str]
     ) -> tuple[list[dict[str, Any]], str]:

@@ -29,6 +29,7 @@ from typing import Any
 import httpx2 as httpx
 
 from exporter.backoff import Backoff
+from exporter.kubeapi.claimhealth import ClaimHealthReader
 from exporter.kubeapi.client import ApiError, KubeApi, NotConfigured, describe
 from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.log import StateLog
@@ -75,6 +76,8 @@ class SliceWatcher:
         self.synced = asyncio.Event()
         self._states = StateLog(log)
         self._current: tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]] = (0, (), ())
+        self.health = ClaimHealthReader(connect)
+        """allocatedResourcesStatus of the pods holding DRA claims (claimhealth.py)."""
 
     def current(self) -> tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]]:
         """What the cache holds now; no request. One immutable tuple, replaced on the event
@@ -86,13 +89,17 @@ class SliceWatcher:
         self._current = (self.generation, tuple(self.slices.values()), self.rules)
 
     async def run(self, stop: asyncio.Event) -> None:
-        rules = asyncio.create_task(self._rules_forever(stop))
+        others = [
+            asyncio.create_task(self._rules_forever(stop)),
+            asyncio.create_task(self.health.run(stop)),
+        ]
         try:
             await self._watch_forever(stop)
         finally:
-            rules.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rules
+            for task in others:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # --- slices ---------------------------------------------------------------------
 
@@ -122,8 +129,14 @@ class SliceWatcher:
                 )
                 wait = retry.failure()
                 await _sleep(stop, (self.denied_backoff if denied else wait) * self._jitter())
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TimeoutError,
-                    NotConfigured) as exc:  # fmt: skip
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
                 self.up = False
                 self._states.failed(
                     f"slices/{type(exc).__name__}",
@@ -218,8 +231,14 @@ class SliceWatcher:
                     message = f"cannot list DeviceTaintRules ({exc})"
                     self._states.failed(f"rules/{exc.code}", message)
                     wait = self.denied_backoff if exc.code in (401, 403) else wait
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TimeoutError,
-                    NotConfigured) as exc:  # fmt: skip
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
                 self._states.failed(
                     f"rules/{type(exc).__name__}", f"DeviceTaintRules unavailable ({describe(exc)})"
                 )

@@ -21,6 +21,7 @@ PART_MODULES = {
     "nvidia": "exporter.simulate.nvml",
     "sysfs": "exporter.simulate.sysfs",
     "procfs": "exporter.simulate.procfs",
+    "dra": "exporter.simulate.dra",
 }
 """Scenario section -> module with `make_part(scenario, workdir) -> NodePart`; the procfs
 part also runs when any container has `pids:`."""
