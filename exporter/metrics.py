@@ -463,7 +463,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "hw.dra.device.info",
         G,
         "",
-        "One series per device of this node's ResourceSlices (`--kubernetes.api`); always 1. "
+        "One series per device of this node's ResourceSlices (`--kubernetes.dra`); always 1. "
         "`hw_id` is the source device its published attributes (uuid, PCI bus ID) name, empty "
         "when none does. Labelled as `hw_allocation_info` names DRA devices.",
         scope=_A,
@@ -480,7 +480,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "",
         "One series per taint on a DRA device (the slice's own, and DeviceTaintRules where the "
-        "cluster serves them); always 1 (`--kubernetes.api`).",
+        "cluster serves them); always 1 (`--kubernetes.dra`).",
         scope=_A,
         attributes=(
             "hw.id",
@@ -519,7 +519,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{device}",
         "DRA devices of this node's ResourceSlices a new claim could still get: held by no "
         "container (or shareable), not tainted NoSchedule/NoExecute, and their partition's "
-        "shared counters not used up by held devices (`--kubernetes.api`).",
+        "shared counters not used up by held devices (`--kubernetes.dra`).",
         scope=_A,
         attributes=("hw.allocation.resource", "hw.allocation.pool", "hw.dra.kind"),
     ),
@@ -738,7 +738,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.dra.slices.up",
         G,
         "",
-        "1 while the watch of this node's ResourceSlices is established (`--kubernetes.api`).",
+        "1 while the watch of this node's ResourceSlices is established (`--kubernetes.dra`).",
         scope=_E,
     ),
     MetricSpec(
