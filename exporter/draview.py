@@ -3,7 +3,7 @@
 With `--kubernetes.api` a `SliceWatcher` keeps this node's ResourceSlices (and the
 cluster's DeviceTaintRules, where served) current in the background; this object only
 reads its cache. Without it, a claimed DRA device is joined by its name alone (today's
-`gpu.nvidia.com/gpu-<index>` form from the NVML source), and whatever that cannot join
+`gpu.nvidia.com/gpu-<minor>` form from the NVML source), and whatever that cannot join
 is counted (`kube_device_exporter_dra_unidentified_devices`) and named once in the log,
 never missed silently.
 """
@@ -58,7 +58,8 @@ class DraView:
             how = (
                 "no device of their ResourceSlice attributes (uuid, PCI bus ID) is seen here"
                 if self.slices is not None
-                else "without --kubernetes.api only NVIDIA's gpu-N names can be joined"
+                else "without --kubernetes.dra (ResourceSlices) only NVIDIA's gpu-<minor> names "
+                "can be joined"
             )
             log.warning(
                 "DRA devices not identified (%s): %s; their allocations carry no hw_id",

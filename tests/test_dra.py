@@ -44,7 +44,7 @@ NV0 = Device(GPU0, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "nvml",
              aliases=_aliases(GPU0, "nvidia0", "00000000:07:00.0", "gpu.nvidia.com/gpu-0"))  # fmt: skip
 # GPU 1: index 1 but minor 3 (NVIDIA's DRA driver names devices gpu-<minor>)
 NV1 = Device(GPU1, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "nvml",
-             aliases=_aliases(GPU1, "nvidia3", "00000000:0f:00.0", "gpu.nvidia.com/gpu-1"))  # fmt: skip
+             aliases=_aliases(GPU1, "nvidia3", "00000000:0f:00.0", "gpu.nvidia.com/gpu-3"))  # fmt: skip
 NVMIG = Device(MIG, "gpu", "nvidia", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "nvml", parent=GPU1,
                aliases=_aliases(MIG, f"MIG-{GPU1}/7/0", "nvidia3/gi7"))  # fmt: skip
 AMD = Device("8f3a1c2e5b7d9e02", "gpu", "amd", "AMD Instinct MI300X OAM", "amdgpu",
@@ -158,8 +158,8 @@ def test_claims_join_through_the_slices_where_names_alone_go_wrong() -> None:
                ("c", "gpu.amd.com", NODE, "gpu-2-130", ""),
                ("d", "gpu.intel.com", NODE, "0000-4d-00-0-0x56c0", ""))  # fmt: skip
     assert joined(st, identity_map()) == {"a": GPU1, "b": MIG, "c": AMD.id, "d": INTEL.id}
-    # Without slices: gpu-3 is not a name any source gives; nothing else joins either.
-    assert joined(st, None) == {"a": "", "b": "", "c": "", "d": ""}
+    # Without slices: the NVML source's gpu-<minor> name joins the whole GPU, nothing else.
+    assert joined(st, None) == {"a": GPU1, "b": "", "c": "", "d": ""}
 
 
 def test_a_device_the_slices_do_not_know_falls_back_to_its_name() -> None:
@@ -168,10 +168,10 @@ def test_a_device_the_slices_do_not_know_falls_back_to_its_name() -> None:
 
 
 def test_unmatched_slice_device_is_not_guessed() -> None:
-    # gpu-1 is also the NVML source's index-based alias of GPU 1: the slice says that
-    # name is something no source sees, and its word wins over the guess.
-    st = state(("a", "gpu.nvidia.com", NODE, "gpu-1", ""))
-    assert joined(st, {("gpu.nvidia.com", NODE, "gpu-1"): ""}) == {"a": ""}
+    # gpu-3 is also the NVML source's name-based alias of GPU 1: the slice says that name
+    # is something no source sees (another UUID), and its word wins over the guess.
+    st = state(("a", "gpu.nvidia.com", NODE, "gpu-3", ""))
+    assert joined(st, {("gpu.nvidia.com", NODE, "gpu-3"): ""}) == {"a": ""}
 
 
 def test_share_id_holders_share_the_device() -> None:
@@ -255,7 +255,7 @@ def test_without_the_api_an_unidentified_device_is_counted_and_named_once(
             view.observe(result.allocations)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
-    assert "gpu.amd.com/node-a/gpu-2-130" in lines[0] and "--kubernetes.api" in lines[0]
+    assert "gpu.amd.com/node-a/gpu-2-130" in lines[0] and "--kubernetes.dra" in lines[0]
     assert [(s.metric, s.value) for s in view.self_samples()] == [
         ("kube_device_exporter.dra.unidentified", 1.0)
     ]
