@@ -90,8 +90,15 @@ def nvidia_slice() -> dict[str, Any]:
         {"name": "gpu-3-mig-19-1-1", "attributes": attr(type="mig", uuid="MIG-not-configured",
                                                         profile="1g.10gb", pcieBusID="0000:0f:00.0"),
          "consumesCounters": [{"counterSet": "gpu-3", "counters": {"memory": {"value": "10Gi"}}}]},
-    ], counters=[{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}},
-                 {"name": "gpu-3", "counters": {"memory": {"value": "80Gi"}}}])  # fmt: skip
+    ])  # fmt: skip
+
+
+def nvidia_counters() -> dict[str, Any]:
+    """The pool's shared counters, in a slice of their own: the real 1.36 API server refuses a
+    slice with both `sharedCounters` and `devices` (422)."""
+    return rslice("node-a-gpu.nvidia.com-c", "gpu.nvidia.com", [], counters=[
+        {"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}},
+        {"name": "gpu-3", "counters": {"memory": {"value": "80Gi"}}}])  # fmt: skip
 
 
 def amd_slice() -> dict[str, Any]:
@@ -115,7 +122,7 @@ def intel_slice() -> dict[str, Any]:
 
 
 def slices() -> list[Any]:
-    return [parse_slice(s) for s in (nvidia_slice(), amd_slice(), intel_slice())]
+    return [parse_slice(s) for s in (nvidia_counters(), nvidia_slice(), amd_slice(), intel_slice())]
 
 
 def state(*claims: tuple[str, str, str, str, str]) -> PodResourcesState:

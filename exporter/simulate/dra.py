@@ -93,6 +93,12 @@ class DraPart:
         out = []
         for i, spec in enumerate(self.doc.get("slices") or ()):
             spec = json.loads(json.dumps(spec))
+            if spec.get("sharedCounters") and spec.get("devices"):
+                # What the real 1.36 API server answers (422) to such a slice.
+                raise ScenarioError(
+                    f"{self.scenario.name}: dra.slices[{i}]: only one of `sharedCounters` or "
+                    "`devices` is allowed in a ResourceSlice (Kubernetes 1.36)"
+                )
             spec["nodeName"] = self.scenario.node
             pool = spec.setdefault(
                 "pool", {"name": self.scenario.node, "generation": 1, "resourceSliceCount": 1}

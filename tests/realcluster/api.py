@@ -28,6 +28,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "DaemonSet": ("apps/v1", "daemonsets", True),
     "Job": ("batch/v1", "jobs", True),
     "CronJob": ("batch/v1", "cronjobs", True),
+    "ResourceSlice": ("resource.k8s.io/v1", "resourceslices", False),
 }
 """kind -> (apiVersion, resource, namespaced)."""
 

@@ -134,9 +134,9 @@ def token(api: Api, namespace: str, account: str, seconds: int = 3600) -> str:
     return str(answer["status"]["token"])
 
 
-def install_kit(admin: Api) -> str:
+def install_kit(admin: Api, *, dra: bool = False) -> str:
     """Apply the kit's Namespace, ServiceAccount and RBAC; a token of its ServiceAccount."""
-    objects = identity(kit_objects())
+    objects = identity(kit_objects(dra=dra))
     for obj in objects:
         admin.apply(obj)
     (account,) = [o["metadata"] for o in objects if o["kind"] == "ServiceAccount"]
