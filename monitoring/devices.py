@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
+from monitoring.dra_panels import panels as dra_panels
 from monitoring.grafana import (
     PanelBuilder,
     Q,
@@ -43,6 +44,7 @@ def build() -> dash.Dashboard:
             ("Clocks and throttling", _clocks()),
             ("Activity", _activity()),
             ("MIG layout", _mig()),
+            ("DRA devices", dra_panels()),
             ("Network and RDMA links", _network()),
         ),
     )

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from exporter.simulate.scenario import load_scenario
+from tests import kit
 from tests.peers import PrometheusServer, scraped_simulation
 
 RULES = Path(__file__).parent.parent / "deploy" / "alerts" / "kube-device-exporter.rules.yaml"
@@ -122,3 +123,21 @@ def test_taints_reach_free_devices_and_their_alert(prom: PrometheusServer) -> No
     assert _by(result, *labels) == expected
     free = prom.query('hw_dra_free{hw_allocation_resource="gpu.nvidia.com", hw_dra_kind="gpu"}')
     assert float(free[0]["value"][1]) == 0.0  # gpu-2 tainted: no whole GPU left
+
+
+@pytest.mark.peer
+def test_the_dashboards_dra_panels_show_the_node(prom: PrometheusServer) -> None:
+    """The devices dashboard's DRA row, its queries as generated, with the node picked."""
+    queries = {q.panel: q.expr for q in kit.panel_queries() if q.dashboard == "devices"}
+    free = queries["Free DRA devices by driver, pool and kind"].replace("$node", "dra-node-1")
+    assert _by(prom.query(free), "hw_allocation_resource", "hw_dra_kind") == {
+        ("gpu.nvidia.com", "gpu"): 0.0,  # after the taint
+        ("gpu.nvidia.com", "mig/1g.10gb"): 1.0,
+        ("gpu.amd.com", "amdgpu"): 0.0,
+        ("gpu.intel.com", "device"): 0.0,
+    }
+    tainted = queries["Tainted DRA devices"].replace("$node", "dra-node-1")
+    assert _by(prom.query(tainted), "hw_allocation_device_id", "hw_dra_taint_source") == {
+        ("gpu-1-128", "maintenance-amd"): 1.0,
+        ("gpu-2", "slice"): 1.0,
+    }
