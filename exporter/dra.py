@@ -29,14 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.draclaims import DeviceKey
 from exporter.join import normalize_device_id, pci_address
 from exporter.model import Allocation, AllocationKind, Device
 
 if TYPE_CHECKING:  # the API client (exporter.kubeapi) loads only with --kubernetes.api
     from exporter.kubeapi.slices import Slice, SliceDevice, Taint, TaintRule
 
-DeviceKey = tuple[str, str, str]
-"""(driver, pool, device name), as PodResources and the slices name a DRA device."""
 
 ID_ATTRIBUTES: tuple[tuple[str, bool], ...] = (
     ("uuid", False),  # NVIDIA: GPU and MIG UUIDs, the hw.id of the NVML source
@@ -47,6 +46,12 @@ ID_ATTRIBUTES: tuple[tuple[str, bool], ...] = (
 )
 """(attribute, is a PCI address), in the order they are tried; a short name is in the
 driver's own domain."""
+
+NUMA_ATTRIBUTES = ("resource.kubernetes.io/numaNode", "numaNode", "numa")
+"""Where a device's NUMA node is published: the standard attribute (KEP-6072), AMD's
+`numaNode` (ROCm/k8s-gpu-dra-driver deviceinfo.go), NVIDIA's `numa` on VFIO devices
+(k8s-dra-driver-gpu deviceinfo.go). NVIDIA's GPU and MIG devices publish only
+`resource.kubernetes.io/pcieRoot`, which names a root complex, not a node: no NUMA here."""
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 """A device tainted so is not allocated to a claim that does not tolerate it."""
@@ -108,6 +113,19 @@ def _one(candidates: Sequence[Device]) -> str | None:
         return next(iter(ids))
     roots = {d.id for d in candidates if not d.parent}
     return next(iter(roots)) if len(roots) == 1 else None
+
+
+def numa_nodes(slice_devices: Iterable[SliceDevice]) -> dict[DeviceKey, int]:
+    """(driver, pool, device) -> the NUMA node the device's slice publishes (a negative
+    value, "no NUMA" in sysfs terms, is left out)."""
+    out = {}
+    for device in slice_devices:
+        for name in NUMA_ATTRIBUTES:
+            raw = device.attribute(name)
+            if raw is not None and raw.lstrip("-").isdigit() and int(raw) >= 0:
+                out[device.key] = int(raw)
+                break
+    return out
 
 
 def unidentified(allocations: Iterable[Allocation]) -> tuple[DeviceKey, ...]:

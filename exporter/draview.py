@@ -14,8 +14,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from exporter.dra import DeviceKey, Identity, device_kind, device_taints, free_devices, identify
+from exporter.dra import (
+    Identity,
+    device_kind,
+    device_taints,
+    free_devices,
+    identify,
+    numa_nodes,
+)
 from exporter.dra import unidentified as unidentified_of
+from exporter.draclaims import DeviceKey
 from exporter.model import Allocation, AllocationKind, Device, Sample
 
 if TYPE_CHECKING:  # the API client loads only with --kubernetes.api
@@ -42,6 +50,12 @@ class DraView:
             self._identity = (key, identify(slices, devices))
         found = self._identity[1]
         return {**dict.fromkeys(found.unmatched, ""), **found.devices}
+
+    def numa(self) -> Mapping[DeviceKey, int] | None:
+        """(driver, pool, device) -> NUMA node, from the slices of the last `identity()`."""
+        if self._identity is None or self.slices is None:
+            return None
+        return numa_nodes(self._identity[1].slices)
 
     def observe(self, allocations: Sequence[Allocation]) -> None:
         """After the join: what containers hold, and which DRA devices stayed unjoined

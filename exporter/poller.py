@@ -215,7 +215,8 @@ class Poller:
         readings = [r for result in results for r in result.readings]
         devices = tuple(r.device for r in readings)
         dra = self.dra.identity(devices) if self.dra is not None else None
-        key = (state, devices, tuple(sorted(cpu_nodes.items())), dra)
+        dra_numa = self.dra.numa() if self.dra is not None else None
+        key = (state, devices, tuple(sorted(cpu_nodes.items())), dra, dra_numa)
         cached = self._join_cache
         if cached is not None and cached[0] == key:
             last = cached[1]
@@ -231,6 +232,7 @@ class Poller:
             cpu_nodes=cpu_nodes,
             known_resources=self._resources,
             dra=dra,
+            dra_numa=dra_numa,
         )
         self._join_cache = (key, joined)
         return joined

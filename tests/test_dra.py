@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from exporter.dra import device_kind, device_taints, free_devices, identify, unidentified
+from exporter.dra import (
+    device_kind,
+    device_taints,
+    free_devices,
+    identify,
+    numa_nodes,
+    unidentified,
+)
 from exporter.draview import DraView
 from exporter.join import join, normalize_device_id
 from exporter.kubeapi.slices import parse_slice, parse_taint_rule, quantity
@@ -266,3 +273,23 @@ def test_without_the_api_an_unidentified_device_is_counted_and_named_once(
     assert [(s.metric, s.value) for s in view.self_samples()] == [
         ("kube_device_exporter.dra.unidentified", 1.0)
     ]
+
+
+def test_numa_placement_of_a_dra_claim_from_its_slice() -> None:
+    """AMD publishes `numaNode` (ROCm/k8s-gpu-dra-driver deviceinfo.go): a container holding
+    that GPU with exclusive CPUs on node 0 is placed on node 1 for its device, misaligned.
+    NVIDIA's GPU devices publish no NUMA node (only pcieRoot): not placed."""
+    found = identify(slices(), DEVICES)
+    numa = numa_nodes(found.slices)
+    assert numa == {("gpu.amd.com", NODE, "gpu-2-130"): 1}
+    claim = DynamicResource("rocm", "ml", (ClaimResource("gpu.amd.com", NODE, "gpu-2-130"),))
+    nv = DynamicResource("nv", "ml", (ClaimResource("gpu.nvidia.com", NODE, "gpu-0"),))
+    pods = (
+        Pod("rocm", "ml", (Container("main", cpu_ids=(0, 1), dynamic_resources=(claim,)),)),
+        Pod("nv", "ml", (Container("main", cpu_ids=(0, 1), dynamic_resources=(nv,)),)),
+    )
+    result = join([SourceResult("all", tuple(DeviceReading(d) for d in DEVICES))],
+                  PodResourcesState(pods=pods), cpu_nodes={0: 0, 1: 0}, dra_numa=numa)  # fmt: skip
+    (placed,) = result.containers
+    assert (placed.holder.pod, placed.devices, placed.cpus, placed.aligned) == (
+        "rocm", (("gpu.amd.com", 1),), (0,), False)  # fmt: skip
