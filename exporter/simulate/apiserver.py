@@ -93,6 +93,8 @@ class ApiServer:
         """(version, resource, event type, object)."""
         self.oldest = 0
         self.requests: list[tuple[str, str]] = []
+        self.forbidden: set[str] = set()
+        """Resources every request of which is answered 403 (RBAC without the rule)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
@@ -138,6 +140,29 @@ class ApiServer:
     def delete(self, resource: str, obj: dict[str, Any]) -> None:
         self._call(lambda: self._change(resource, obj, deleted=True))
 
+    def change_unseen(self, resource: str, obj: dict[str, Any], *, deleted: bool = False) -> None:
+        """Change an object, then compact the history and end every watch before any watcher
+        hears of it: a watcher resuming from its version gets 410 Gone and must list again
+        to notice (the watch cache's window passed, pkg/storage/cacher)."""
+
+        async def gone() -> None:
+            await self._change(resource, obj, deleted=deleted, notify=False)
+            self.oldest = self.version + 1
+            self.history.clear()
+            self._closing += 1
+            await self._notify()
+
+        self._call(gone)
+
+    def close_watches(self) -> None:
+        """End every open watch, as an API server restart or a proxy does."""
+
+        async def close() -> None:
+            self._closing += 1
+            await self._notify()
+
+        self._call(close)
+
     def _call(self, fn: Callable[[], Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout=10)
 
@@ -160,7 +185,9 @@ class ApiServer:
         assert self._runner is not None
         await self._runner.cleanup()
 
-    async def _change(self, resource: str, obj: dict[str, Any], *, deleted: bool) -> None:
+    async def _change(
+        self, resource: str, obj: dict[str, Any], *, deleted: bool, notify: bool = True
+    ) -> None:
         self.version += 1
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self.version)
@@ -175,7 +202,8 @@ class ApiServer:
         if len(self.history) > self.keep:
             self.oldest = self.history[0][0] + 1
             del self.history[0]
-        await self._notify()
+        if notify:
+            await self._notify()
 
     async def _notify(self) -> None:
         assert self._changed is not None
@@ -194,6 +222,9 @@ class ApiServer:
             denied = self._denied(request)
             if denied is not None:
                 return denied
+            if resource in self.forbidden:
+                message = f"{resource} is forbidden: cannot {'watch' if watch else 'list'} it"
+                return web.json_response(_status(403, "Forbidden", message), status=403)
             if resource == "devicetaintrules" and not self.serve_taint_rules:
                 return web.json_response(
                     _status(404, "NotFound", "the server could not find the requested resource"),
