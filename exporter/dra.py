@@ -47,11 +47,13 @@ ID_ATTRIBUTES: tuple[tuple[str, bool], ...] = (
 """(attribute, is a PCI address), in the order they are tried; a short name is in the
 driver's own domain."""
 
-NUMA_ATTRIBUTES = ("resource.kubernetes.io/numaNode", "numaNode", "numa")
-"""Where a device's NUMA node is published: the standard attribute (KEP-6072), AMD's
-`numaNode` (ROCm/k8s-gpu-dra-driver deviceinfo.go), NVIDIA's `numa` on VFIO devices
-(k8s-dra-driver-gpu deviceinfo.go). NVIDIA's GPU and MIG devices publish only
-`resource.kubernetes.io/pcieRoot`, which names a root complex, not a node: no NUMA here."""
+NUMA_SUFFIX = "/numaNode"
+"""Where a device's NUMA node is published: any attribute named `<domain>/numaNode` with an int
+value, the kubelet's own rule for DRA topology hints (pkg/kubelet/cm/dra, the hint provider's
+`topologyNUMAAttributeSuffix`): the standard `resource.kubernetes.io/numaNode` (KEP-6072) and
+AMD's `numaNode` (ROCm/k8s-gpu-dra-driver deviceinfo.go, in its driver's domain). NVIDIA's
+VFIO devices say `numa` (k8s-dra-driver-gpu deviceinfo.go), taken too; its GPU and MIG
+devices publish only `resource.kubernetes.io/pcieRoot`, a root complex, not a node."""
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 """A device tainted so is not allocated to a claim that does not tolerate it."""
@@ -117,14 +119,13 @@ def _one(candidates: Sequence[Device]) -> str | None:
 
 def numa_nodes(slice_devices: Iterable[SliceDevice]) -> dict[DeviceKey, int]:
     """(driver, pool, device) -> the NUMA node the device's slice publishes (a negative
-    value, "no NUMA" in sysfs terms, is left out)."""
+    value, "no NUMA" in sysfs terms, is left out, as the kubelet does)."""
     out = {}
     for device in slice_devices:
-        for name in NUMA_ATTRIBUTES:
-            raw = device.attribute(name)
-            if raw is not None and raw.lstrip("-").isdigit() and int(raw) >= 0:
-                out[device.key] = int(raw)
-                break
+        named = [v for k, v in device.attributes if k.endswith(NUMA_SUFFIX)]
+        raw = named[0] if named else device.attribute("numa")
+        if raw is not None and raw.lstrip("-").isdigit() and int(raw) >= 0:
+            out[device.key] = int(raw)
     return out
 
 
