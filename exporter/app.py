@@ -120,7 +120,7 @@ class Exporter:
             from exporter.kubeapi import build_watchers  # the API client loads only when used
 
             self.kubeapi, self.slices = build_watchers(config)
-        self.dra = DraView(self.slices)
+        self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
         self_metrics.append(self.dra)
         self.poller = Poller(
             node=config.node_name,

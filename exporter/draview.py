@@ -27,14 +27,18 @@ from exporter.draclaims import DeviceKey
 from exporter.model import Allocation, AllocationKind, Device, Sample
 
 if TYPE_CHECKING:  # the API client loads only with --kubernetes.api
+    from exporter.kubeapi.claimhealth import ClaimHealth
     from exporter.kubeapi.slicewatch import SliceWatcher
+    from exporter.kubeapi.watcher import PodWatcher
 
 log = logging.getLogger("exporter.dra")
 
 
 class DraView:
-    def __init__(self, slices: SliceWatcher | None = None) -> None:
+    def __init__(self, slices: SliceWatcher | None = None, pods: PodWatcher | None = None) -> None:
         self.slices = slices
+        self.pods = pods
+        """The pod watch, reading whole pods with --kubernetes.dra: their claims' health."""
         self._identity: tuple[object, Identity] | None = None
         self._allocations: tuple[Allocation, ...] = ()
         self._unidentified: tuple[DeviceKey, ...] = ()
@@ -61,12 +65,6 @@ class DraView:
         """After the join: what containers hold, and which DRA devices stayed unjoined
         (named in the log once each time that set changes)."""
         self._allocations = tuple(allocations)
-        if self.slices is not None:
-            self.slices.health.want(
-                (a.holder.namespace, a.holder.pod)
-                for a in allocations
-                if a.kind is AllocationKind.DRA
-            )
         missing = unidentified_of(allocations)
         if missing != self._unidentified and missing:
             how = (
@@ -83,6 +81,23 @@ class DraView:
         elif self._unidentified and not missing:
             log.info("every DRA device held is identified again")
         self._unidentified = missing
+
+    def _health(self) -> list[tuple[str, str, ClaimHealth]]:
+        """(namespace, pod, entry) of the pods holding DRA claims now, from the pod watch."""
+        if self.pods is None:
+            return []
+        holding = {
+            (a.holder.namespace, a.holder.pod)
+            for a in self._allocations
+            if a.kind is AllocationKind.DRA
+        }
+        pods = list(self.pods.pods.values())  # a copy: the watch runs on the event loop
+        return [
+            (p.namespace, p.name, h)
+            for p in sorted(pods, key=lambda p: (p.namespace, p.name))
+            if (p.namespace, p.name) in holding
+            for h in p.health
+        ]
 
     def self_samples(self) -> tuple[Sample, ...]:
         out = [Sample("kube_device_exporter.dra.unidentified", float(len(self._unidentified)))]
@@ -120,15 +135,15 @@ class DraView:
                     ),
                 )
             )
-        for h in self.slices.health.current():
+        for namespace, pod, h in self._health():
             key = _resource_key(h.resource_id)
             out.append(
                 Sample(
                     "hw.dra.allocation.health",
                     1.0,
                     (
-                        ("k8s.namespace.name", h.namespace),
-                        ("k8s.pod.name", h.pod),
+                        ("k8s.namespace.name", namespace),
+                        ("k8s.pod.name", pod),
                         ("k8s.container.name", h.container),
                         ("hw.allocation.claim", h.claim),
                         *_names(key),

@@ -499,7 +499,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "",
         "One series per claimed DRA device of a container, with the health the kubelet "
         "reports for it in the pod's `allocatedResourcesStatus` (KEP-4680); always 1 "
-        "(`--kubernetes.dra`, read every 60 s).",
+        "(`--kubernetes.dra`: from the pod watch, which then reads whole pods).",
         scope=_A,
         attributes=(
             "k8s.namespace.name",

@@ -49,17 +49,15 @@ DRA_RULES = {
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
     ("resource.k8s.io", "devicetaintrules", "list"),
-    ("", "pods", "get"),
 }
 """docs/dra.md: the dra component's rules, on top of DOCUMENTED."""
 DRA_CALL_OF = {
     ("resource.k8s.io", "resourceslices", "list"): "list ResourceSlices",
     ("resource.k8s.io", "resourceslices", "watch"): "watch ResourceSlices",
     ("resource.k8s.io", "devicetaintrules", "list"): "list DeviceTaintRules",
-    ("", "pods", "get"): "get pod",
 }
-"""The request of exporter/kubeapi (slicewatch.py, claimhealth.py) that each DRA rule lets
-through."""
+"""The request of exporter/kubeapi/slicewatch.py that each DRA rule lets through (the claims'
+health comes from the pod watch, with the kubernetes-api component's rules)."""
 SOURCES = ["kit", "chart", "kit-dra", "chart-dra"]
 
 
@@ -92,10 +90,6 @@ class Setup:
         chart_dra_sa = _one(self.chart_dra, "ServiceAccount")["metadata"]["name"]
         self.chart_dra_api = self.admin.as_token(rbac.token(self.admin, CHART_DRA_NS, chart_dra_sa))
         self._owners()
-        # A pod to read (the claim health reader's GET); no node runs it here.
-        self.admin.apply({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": "probe", "namespace": WORK_NS},
-                          "spec": {"containers": [{"name": "c", "image": "busybox"}]}})  # fmt: skip
 
     def api_of(self, source: str) -> Api:
         return {"kit": self.kit_api, "chart": self.chart_api, "kit-dra": self.kit_dra_api,
@@ -174,7 +168,7 @@ async def _calls(kubeconfig: Path, replicaset: str, job: str, *, dra: bool) -> d
 
 
 async def _dra_calls(api: KubeApi, attempt: Any) -> None:
-    """The requests of exporter/kubeapi/slicewatch.py and claimhealth.py, as they make them."""
+    """The requests of exporter/kubeapi/slicewatch.py, as it makes them."""
     selector = {"fieldSelector": f"spec.nodeName={NODE}"}
 
     async def watch_slices() -> None:
@@ -194,9 +188,6 @@ async def _dra_calls(api: KubeApi, attempt: Any) -> None:
                   lambda: api.list_objects("resourceslices", SLICES_PATH, selector))  # fmt: skip
     await attempt("watch ResourceSlices", watch_slices)
     await attempt("list DeviceTaintRules", list_rules)
-    await attempt(
-        "get pod", lambda: api.get_object("pods", f"/api/v1/namespaces/{WORK_NS}/pods/probe")
-    )
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -220,7 +211,7 @@ def test_docs_state_the_rules_the_test_expects() -> None:
 
 def test_docs_state_the_dra_rules() -> None:
     text = " ".join((ROOT / "docs" / "dra.md").read_text().split())
-    assert "`list`, `watch` on `resource.k8s.io/resourceslices`, `list` on `resource.k8s.io/devicetaintrules`, `get` on pods. Nothing written." in text  # fmt: skip
+    assert "`list`, `watch` on `resource.k8s.io/resourceslices`, `list` on `resource.k8s.io/devicetaintrules`. Nothing written." in text  # fmt: skip
 
 
 def _expected(source: str) -> set[tuple[str, str, str]]:
@@ -268,7 +259,7 @@ def test_access_reviews_allow_what_it_needs_and_nothing_near_it(setup: Setup, so
     granted = {(v, r, g) for g, r, v in _expected(source)}
     allowed = [r for r in refused if r not in granted and rbac.allowed(api, *r)]
     assert [r for r in refused if r in granted] == (
-        [("get", "pods", ""), ("list", "resourceslices", "resource.k8s.io")]
+        [("list", "resourceslices", "resource.k8s.io")]
         if source.endswith("-dra") else []
     )  # fmt: skip
     assert allowed == []

@@ -19,6 +19,7 @@ import pytest
 from exporter.kubeapi import client as kubeclient
 from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.slicewatch import SliceWatcher
+from exporter.kubeapi.watcher import PodWatcher
 from exporter.simulate.apiserver import ApiServer
 
 NODE = "node-a"
@@ -146,30 +147,74 @@ async def test_forbidden_is_said_once_and_rules_not_served_once(
     assert "ResourceSlices readable again" in lines
 
 
-async def test_rules_where_served_and_claim_health_of_the_pods_asked_for(
+async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
     tmp_path: Path,
 ) -> None:
     server = ApiServer(serve_taint_rules=True).start()
     try:
-        server.put("devicetaintrules", {"apiVersion": "resource.k8s.io/v1beta2",
-                                        "kind": "DeviceTaintRule", "metadata": {"name": "drain"},
-                                        "spec": {"deviceSelector": {"driver": "gpu.example.com"},
-                                                 "taint": {"key": "drain", "effect": "NoExecute"}}})  # fmt: skip
-        status = [{"name": "main", "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
-            {"resourceID": "gpu.example.com/node-a/s0-dev0", "health": "Unhealthy",
-             "message": "XID 79"}]}]}]  # fmt: skip
-        server.put("pods", {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "train", "namespace": "ml", "uid": "u1"},
-                            "spec": {"nodeName": NODE}, "status": {"containerStatuses": status}})  # fmt: skip
+        server.put(
+            "devicetaintrules",
+            {
+                "apiVersion": "resource.k8s.io/v1beta2",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": "drain"},
+                "spec": {
+                    "deviceSelector": {"driver": "gpu.example.com"},
+                    "taint": {"key": "drain", "effect": "NoExecute"},
+                },
+            },
+        )
+        train = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "u1"},
+            "spec": {"nodeName": NODE},
+            "status": {"containerStatuses": [{"name": "main"}]},
+        }
+        server.put("pods", train)
         w = watcher(server, tmp_path)
-        async with running(w):
-            await until(lambda: [r.name for r in w.current()[2]] == ["drain"])
-            w.health.want([("ml", "train"), ("ml", "gone")])
-            await until(w.health.current)
-            (health,) = w.health.current()
-            assert (health.pod, health.container, health.claim, health.resource_id,
-                    health.health, health.message) == (
-                "train", "main", "gpu", "gpu.example.com/node-a/s0-dev0", "Unhealthy", "XID 79")  # fmt: skip
-            assert server.requests.count(("get", "pods")) == 2  # train, and gone (404)
+        kubeconfig = server.kubeconfig(tmp_path / "pods.kubeconfig")
+        pods = PodWatcher(
+            lambda: KubeApi(http_client(load_config(kubeconfig), 5.0), full_pods=True),
+            NODE,
+            backoff=(0.05, 0.2),
+        )
+        stop = asyncio.Event()
+        pod_task = asyncio.create_task(pods.run(stop))
+        try:
+            async with running(w):
+                await until(lambda: [r.name for r in w.current()[2]] == ["drain"])
+                await until(lambda: "u1" in pods.pods)
+                assert pods.pods["u1"].health == ()
+                # The kubelet writes the driver's Unhealthy report: the watch event brings it.
+                train["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+                    {
+                        "name": "claim:gpu",
+                        "resources": [
+                            {
+                                "resourceID": "gpu.example.com/node-a/s0-dev0",
+                                "health": "Unhealthy",
+                                "message": "XID 79",
+                            }
+                        ],
+                    }
+                ]
+                server.put("pods", train)
+                await until(lambda: pods.pods["u1"].health)
+                (health,) = pods.pods["u1"].health
+                assert (
+                    health.container,
+                    health.claim,
+                    health.resource_id,
+                    health.health,
+                    health.message,
+                ) == ("main", "gpu", "gpu.example.com/node-a/s0-dev0", "Unhealthy", "XID 79")
+                assert server.requests.count(("list", "pods")) == 1
+                assert ("get", "pods") not in server.requests
+        finally:
+            stop.set()
+            pod_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pod_task
     finally:
         server.stop()

@@ -22,7 +22,7 @@ its end is bounded by timeoutSeconds plus a grace period)."""
 
 def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
     """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client."""
-    connect = shared_connect(config)
+    connect = shared_connect(config, full_pods=config.kubernetes_dra)
     pods = PodWatcher(connect, config.node_name, LabelFilter(config.pod_label_patterns))
     slices = SliceWatcher(connect, config.node_name) if config.kubernetes_dra else None
     return pods, slices
@@ -32,14 +32,18 @@ def build_watcher(config: Config) -> PodWatcher:
     return build_watchers(config)[0]
 
 
-def shared_connect(config: Config) -> Callable[[], KubeApi]:
-    """One client for the pod and slice watches: one connection pool, one request count."""
+def shared_connect(config: Config, *, full_pods: bool = False) -> Callable[[], KubeApi]:
+    """One client for the pod and slice watches: one connection pool, one request count.
+    `full_pods`: the pod watch reads whole pods (their DRA claims' health, claimhealth.py)."""
     made: list[KubeApi] = []
 
     def connect() -> KubeApi:
         if not made:
             made.append(
-                KubeApi(http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS))
+                KubeApi(
+                    http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS),
+                    full_pods=full_pods,
+                )
             )
         return made[0]
 

@@ -29,6 +29,8 @@ from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
+from exporter.kubeapi.claimhealth import ClaimHealth, parse_pod_health
+
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 LIST_PAGE = 500
@@ -64,6 +66,8 @@ class PodMeta:
     labels: tuple[tuple[str, str], ...] = ()
     owner: OwnerRef | None = None
     """The controlling owner reference (`controller: true`), if any."""
+    health: tuple[ClaimHealth, ...] = ()
+    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`full_pods`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,7 @@ def pod_meta(obj: dict[str, Any]) -> PodMeta:
         uid=str(meta["uid"]),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         owner=controller_of(meta),
+        health=parse_pod_health(obj),
     )
 
 
@@ -148,9 +153,12 @@ def _error(response: httpx.Response, body: bytes) -> ApiError:
 class KubeApi:
     """Pods of one node and owner metadata; `requests` counts (verb, resource, code)."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, *, full_pods: bool = False) -> None:
         self.http = http
         self.requests: Counter[tuple[str, str, str]] = Counter()
+        self.full_pods = full_pods
+        """List and watch whole pods, not their metadata: their status carries the DRA
+        claims' health (`--kubernetes.dra`, claimhealth.py)."""
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -160,7 +168,8 @@ class KubeApi:
         pods: list[PodMeta] = []
         params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(LIST_PAGE)}
         while True:
-            body = await self._get("list", "pods", "/api/v1/pods", params, ACCEPT_LIST)
+            accept = "application/json" if self.full_pods else ACCEPT_LIST
+            body = await self._get("list", "pods", "/api/v1/pods", params, accept)
             pods += [pod_meta(item) for item in body.get("items") or ()]
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
@@ -179,8 +188,9 @@ class KubeApi:
             "timeoutSeconds": str(timeout_seconds),
         }
         timeout = httpx.Timeout(self.http.timeout.connect, read=None)
+        accept = "application/json" if self.full_pods else ACCEPT_OBJECT
         request = self.http.build_request(
-            "GET", "/api/v1/pods", params=params, headers={"Accept": ACCEPT_OBJECT}, timeout=timeout
+            "GET", "/api/v1/pods", params=params, headers={"Accept": accept}, timeout=timeout
         )
         response = await self._send("watch", "pods", request)
         try:
@@ -191,10 +201,6 @@ class KubeApi:
                     yield _watch_event(json.loads(line))
         finally:
             await response.aclose()
-
-    async def get_object(self, resource: str, path: str) -> dict[str, Any]:
-        """One whole object (a pod's status for its claims' health)."""
-        return await self._get("get", resource, path, {}, "application/json")
 
     async def list_objects(
         self, resource: str, path: str, params: dict[str, str]

@@ -5,7 +5,7 @@ Beside the pod watch (`--kubernetes.api`), the same Reflector protocol (watcher.
 then watch from the list's resourceVersion with bookmarks; a watch the server ends resumes
 from the newest version; `410 Gone` re-lists; other failures back off (1 s to 60 s, 5 min
 after 401/403) and are logged once per state change, the cache kept meanwhile. Read only:
-get, list and watch on `resourceslices` (and list on `devicetaintrules`), nothing else.
+list and watch on `resourceslices` (and list on `devicetaintrules`), nothing else.
 
 ResourceSlices are cluster-scoped; `spec.nodeName` is one of their selectable fields
 (pkg/registry/resource/resourceslice/strategy.go `toSelectableFields`), so the server
@@ -29,7 +29,6 @@ from typing import Any
 import httpx2 as httpx
 
 from exporter.backoff import Backoff
-from exporter.kubeapi.claimhealth import ClaimHealthReader
 from exporter.kubeapi.client import ApiError, KubeApi, NotConfigured, describe
 from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.log import StateLog
@@ -76,8 +75,6 @@ class SliceWatcher:
         self.synced = asyncio.Event()
         self._states = StateLog(log)
         self._current: tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]] = (0, (), ())
-        self.health = ClaimHealthReader(connect)
-        """allocatedResourcesStatus of the pods holding DRA claims (claimhealth.py)."""
 
     def current(self) -> tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]]:
         """What the cache holds now; no request. One immutable tuple, replaced on the event
@@ -89,10 +86,7 @@ class SliceWatcher:
         self._current = (self.generation, tuple(self.slices.values()), self.rules)
 
     async def run(self, stop: asyncio.Event) -> None:
-        others = [
-            asyncio.create_task(self._rules_forever(stop)),
-            asyncio.create_task(self.health.run(stop)),
-        ]
+        others = [asyncio.create_task(self._rules_forever(stop))]
         try:
             await self._watch_forever(stop)
         finally:
