@@ -1,11 +1,11 @@
 """The poller's view of DRA: slice identities for the join, and the DRA series.
 
-With `--kubernetes.api` a `SliceWatcher` keeps this node's ResourceSlices (and the
-cluster's DeviceTaintRules, where served) current in the background; this object only
-reads its cache. Without it, a claimed DRA device is joined by its name alone (today's
-`gpu.nvidia.com/gpu-<minor>` form from the NVML source), and whatever that cannot join
-is counted (`kube_device_exporter_dra_unidentified_devices`) and named once in the log,
-never missed silently.
+With `--kubernetes.dra` a `SliceWatcher` keeps this node's ResourceSlices (and the
+cluster's DeviceTaintRules, where served) current in the background, and the pod watch
+carries the pods' claim health; this object only reads their caches. Without it, a claimed
+DRA device is joined by its name alone (the NVML source's `gpu.nvidia.com/gpu-<minor>`),
+and whatever that cannot join is counted (`kube_device_exporter_dra_unidentified`) and
+named once in the log, never missed silently.
 """
 
 from __future__ import annotations
