@@ -164,7 +164,7 @@ async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
                 },
             },
         )
-        train = {
+        train: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "train", "namespace": "ml", "uid": "u1"},
@@ -185,7 +185,7 @@ async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
             async with running(w):
                 await until(lambda: [r.name for r in w.current()[2]] == ["drain"])
                 await until(lambda: "u1" in pods.pods)
-                assert pods.pods["u1"].health == ()
+                assert not pods.pods["u1"].health
                 # The kubelet writes the driver's Unhealthy report: the watch event brings it.
                 train["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
                     {
