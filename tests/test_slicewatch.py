@@ -117,6 +117,16 @@ async def test_a_watch_the_server_ends_resumes_without_a_list(
         assert server.requests.count(("list", "resourceslices")) == 1
 
 
+async def test_watches_cut_at_once_back_off(server: ApiServer, tmp_path: Path) -> None:
+    server.max_watch_seconds = 0  # a proxy that ends every watch at once, with no event
+    w = watcher(server, tmp_path)
+    async with running(w):
+        await until(lambda: w.up)
+        await asyncio.sleep(1.0)
+    # Back-off 0.05 s doubling to 0.2 s: a handful of watches a second, not a loop.
+    assert 3 <= server.requests.count(("watch", "resourceslices")) <= 12
+
+
 async def test_410_gone_lists_again_and_drops_what_was_deleted_meanwhile(
     server: ApiServer, tmp_path: Path
 ) -> None:

@@ -93,6 +93,9 @@ class ApiServer:
         """(version, resource, event type, object)."""
         self.oldest = 0
         self.requests: list[tuple[str, str]] = []
+        self.max_watch_seconds = 1800.0
+        """The server's own cap on a watch (--min-request-timeout); 0 is a proxy cutting
+        every watch at once."""
         self.forbidden: set[str] = set()
         """Resources every request of which is answered 403 (RBAC without the rule)."""
         with socket.socket() as s:
@@ -281,7 +284,7 @@ class ApiServer:
         assert self._changed is not None
         closing = self._closing
         since = int(request.query.get("resourceVersion") or self.version)
-        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        timeout = min(float(request.query.get("timeoutSeconds") or 1800), self.max_watch_seconds)
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
