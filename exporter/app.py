@@ -9,14 +9,16 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
+from typing import Any
 
 from aiohttp import web
 
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
 from exporter.cli.config import Config
+from exporter.draview import DraView
 from exporter.heap import HeapTrimmer
 from exporter.ids import ResourceMatcher
 from exporter.model import SourceResult
@@ -113,10 +115,13 @@ class Exporter:
             allocatable_interval=ALLOCATABLE_EVERY,
         )
         self.kubeapi = None
+        self.slices = None
         if config.kubernetes_api:
-            from exporter.kubeapi import build_watcher  # the API client loads only when used
+            from exporter.kubeapi import build_watchers  # the API client loads only when used
 
-            self.kubeapi = build_watcher(config)
+            self.kubeapi, self.slices = build_watchers(config)
+        self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
+        self_metrics.append(self.dra)
         self.poller = Poller(
             node=config.node_name,
             sources=build_sources(config) if sources is None else sources,
@@ -135,6 +140,7 @@ class Exporter:
                 config.procfs, config.container_logs, timeout=config.collect_timeout
             ),
             process_series=config.process_series,
+            dra=self.dra,
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None
@@ -162,7 +168,10 @@ class Exporter:
         if self.otlp is not None:
             self.otlp.start()
         if self.kubeapi is not None:
-            self._kubeapi_task = asyncio.create_task(self.kubeapi.run(self._stop))
+            watches = [self.kubeapi.run(self._stop)]
+            if self.slices is not None:
+                watches.append(self.slices.run(self._stop))
+            self._kubeapi_task = asyncio.create_task(_together(*watches))
             self._kubeapi_task.add_done_callback(_log_watcher_end)
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
@@ -334,3 +343,8 @@ def exit_now_if_stuck(code: int) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+async def _together(*watches: Coroutine[Any, Any, None]) -> None:
+    """The API watches as one task (cancelled together at shutdown)."""
+    await asyncio.gather(*watches)

@@ -12,10 +12,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from exporter.draclaims import dra_ids, dra_placements
 from exporter.ids import ResourceMatcher, normalize_device_id
 from exporter.model import (
     Allocation,
     AllocationKind,
+    ClaimResource,
     Container,
     ContainerDevices,
     ContainerNuma,
@@ -51,10 +53,13 @@ def join(
     *,
     cpu_nodes: Mapping[int, int] | None = None,
     known_resources: Mapping[str, str] | None = None,
+    dra: Mapping[tuple[str, str, str], str] | None = None,
+    dra_numa: Mapping[tuple[str, str, str], int] | None = None,
 ) -> JoinResult:
     """`cpu_nodes`: the node's CPU -> NUMA map (exporter/numa.py). `known_resources`:
     hw.id -> the resource earlier answers listed it under (the poller remembers them), so a
-    device that left the allocatable list is still reported under its resource."""
+    device that left the allocatable list is still reported under its resource. `dra`/`dra_numa`:
+    hw.id/NUMA node per DRA device from the ResourceSlices (exporter/dra.py)."""
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
     state = state or PodResourcesState()
@@ -84,7 +89,7 @@ def join(
                             driver=res.driver_name,
                             pool=res.pool_name,
                         )
-                        for device_id in index.claimed(res.driver_name, res.device_name)
+                        for device_id in dra_ids(dra, res) or index.claimed(res)
                     ]
 
     holders: dict[str, set[Holder]] = defaultdict(set)
@@ -124,15 +129,16 @@ def join(
                 1 for raw in devs.device_ids if not index.resolve(devs.resource_name, raw)
             )
             unseen[devs.resource_name] = unseen.get(devs.resource_name, 0) + missing
+    cpus = cpu_nodes or {}
     placements = tuple(
         numa
         for pod in state.pods
         for container in pod.containers
-        if (numa := container_numa(pod.namespace, pod.name, container, matcher, cpu_nodes or {}))
+        if (numa := container_numa(pod.namespace, pod.name, container, matcher, cpus, dra=dra_numa))
     )
     return JoinResult(
         tuple(joined),
-        tuple(_dedupe(allocations)),
+        tuple(dict.fromkeys(allocations)),  # each once, in order
         allocatable,
         tuple(sorted(unseen.items())),
         placements,
@@ -204,6 +210,8 @@ def container_numa(
     container: Container,
     matcher: ResourceMatcher,
     cpu_nodes: Mapping[int, int],
+    *,
+    dra: Mapping[tuple[str, str, str], int] | None = None,
 ) -> ContainerNuma | None:
     """Where a container's devices, exclusive CPUs and pinned memory sit; None for a
     container holding no device of a matched resource.
@@ -218,9 +226,10 @@ def container_numa(
     left to compare, or an exclusive CPU missing from the CPU map, it is not judged (None).
     """
     held = [d for d in container.devices if matcher(d.resource_name) and d.device_ids]
-    if not held:
+    claimed = dra_placements(container, dra or {})
+    if not held and not claimed:
         return None
-    devices = sorted({(devs.resource_name, node) for devs in held for node in devs.numa_nodes})
+    devices = sorted({(d.resource_name, node) for d in held for node in d.numa_nodes} | claimed)
     cpus = sorted({cpu_nodes[c] for c in container.cpu_ids if c in cpu_nodes})
     unplaced = any(c not in cpu_nodes for c in container.cpu_ids)
     memory = sorted({(m.memory_type, n) for m in container.memory for n in m.numa_nodes})
@@ -269,9 +278,9 @@ class _Index:
         found = self.aliases.get(normalize_device_id(raw)[0])
         return list(found) if found else list(self.pools.get(resource_name, []))
 
-    def claimed(self, driver: str, device_name: str) -> list[str]:
-        key = normalize_device_id(device_name)[0]
-        return list(self.aliases.get(key) or self.aliases.get(f"{driver}/{key}") or [""])
+    def claimed(self, res: ClaimResource) -> list[str]:
+        key = normalize_device_id(res.device_name)[0]
+        return list(self.aliases.get(key) or self.aliases.get(f"{res.driver_name}/{key}") or [""])
 
     def replicated(self, key: str, replica: str) -> bool:
         """Is this a replica of a device handed out several times? With the kubelet's
@@ -331,13 +340,3 @@ def _merged_container(a: Container, b: Container) -> Container:
         memory=tuple(dict.fromkeys(a.memory + b.memory)),
         dynamic_resources=tuple(dict.fromkeys(a.dynamic_resources + b.dynamic_resources)),
     )
-
-
-def _dedupe(allocations: list[Allocation]) -> list[Allocation]:
-    seen: set[Allocation] = set()
-    out = []
-    for a in allocations:
-        if a not in seen:
-            seen.add(a)
-            out.append(a)
-    return out

@@ -190,6 +190,15 @@ ATTRIBUTES: dict[str, str] = {
     "hw.allocation.shared": "`true` when the device is shared between containers.",
     "hw.allocation.claim": "DRA ResourceClaim name.",
     "hw.allocation.pool": "DRA pool name.",
+    "hw.dra.kind": "What a DRA device is, from its ResourceSlice: the driver's `type` attribute "
+    "(`gpu`, `mig`, `vfio`...) and its profile (`mig/1g.10gb`), or `device`.",
+    "hw.dra.health": "Device health the kubelet reports for a claim "
+    "(`allocatedResourcesStatus`): `Healthy`, `Unhealthy` or `Unknown`.",
+    "hw.dra.taint.key": "Device taint key (ResourceSlice or DeviceTaintRule).",
+    "hw.dra.taint.value": "Device taint value (may be empty).",
+    "hw.dra.taint.effect": "Device taint effect: `NoSchedule`, `NoExecute` or `None`.",
+    "hw.dra.taint.source": "`slice` for a taint the driver put in its ResourceSlice, else the "
+    "DeviceTaintRule's name.",
     "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated; one node on "
     "`hw_container_numa_node`.",
     "hw.numa.resource": "What sits on the NUMA node: an extended resource (`nvidia.com/gpu`), "
@@ -521,6 +530,70 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
+        "hw.dra.device.info",
+        G,
+        "",
+        "One series per device of this node's ResourceSlices (`--kubernetes.dra`); always 1. "
+        "`hw_id` is the source device its published attributes (uuid, PCI bus ID) name, empty "
+        "when none does. Labelled as `hw_allocation_info` names DRA devices.",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.kind",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.device.taint",
+        G,
+        "",
+        "One series per taint on a DRA device (the slice's own, and DeviceTaintRules where the "
+        "cluster serves them); always 1 (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.taint.key",
+            "hw.dra.taint.value",
+            "hw.dra.taint.effect",
+            "hw.dra.taint.source",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.health",
+        G,
+        "",
+        "One series per claimed DRA device of a container, with the health the kubelet "
+        "reports for it in the pod's `allocatedResourcesStatus` (KEP-4680); always 1 "
+        "(`--kubernetes.dra`: from the pod watch, which then reads whole pods).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.container.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.dra.health",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.free",
+        U,
+        "{device}",
+        "DRA devices of this node's ResourceSlices a new claim could still get: held by no "
+        "container (or shareable), not tainted NoSchedule/NoExecute, and their partition's "
+        "shared counters not used up by held devices (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=("hw.allocation.resource", "hw.allocation.pool", "hw.dra.kind"),
+    ),
+    MetricSpec(
         "hw.allocatable.devices",
         U,
         "{device}",
@@ -721,6 +794,21 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "{pod}",
         "Pods of this node in the Kubernetes API cache (`--kubernetes.api`).",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.dra.unidentified",
+        G,
+        "{device}",
+        "DRA devices containers hold that no source device could be joined to (their "
+        "`hw_allocation_info` has an empty `hw_id`); each set is named once in the log.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.dra.slices.up",
+        G,
+        "",
+        "1 while the watch of this node's ResourceSlices is established (`--kubernetes.dra`).",
         scope=_E,
     ),
     MetricSpec(

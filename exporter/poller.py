@@ -20,6 +20,7 @@ from typing import Protocol
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import container_usage
 from exporter.checks import allocatable_totals, source_findings, unseen_finding
+from exporter.draview import DraView
 from exporter.ids import ResourceMatcher
 from exporter.join import JoinResult, join
 from exporter.log import StateLog
@@ -96,6 +97,7 @@ class Poller:
         pods: PodsView | None = None,
         resolver: ProcessResolver | None = None,
         process_series: bool = False,
+        dra: DraView | None = None,
     ) -> None:
         self.node = node
         self.pods = pods
@@ -120,6 +122,8 @@ class Poller:
         self.resolver = resolver
         self.process_series = process_series
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
+        self.dra = dra
+        """ResourceSlice identities for the join; told the allocations after it."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
         self._cycles = 0
@@ -157,6 +161,8 @@ class Poller:
         worker thread, so the event loop keeps serving while a big node is worked through."""
         healths = [health for _, health in results]
         joined = self._join([r for r, _ in results if r is not None], state, cpu_nodes)
+        if self.dra is not None:
+            self.dra.observe(joined.allocations)
         self._resources.update(
             (d.reading.device.id, d.resource) for d in joined.devices if d.resource
         )
@@ -224,17 +230,26 @@ class Poller:
         """The join, redone only when the pods, the set of devices or the CPU map changed;
         otherwise last cycle's assignment is kept and only the readings are new."""
         readings = [r for result in results for r in result.readings]
-        key = (state, tuple(r.device for r in readings), tuple(sorted(cpu_nodes.items())))
+        devices = tuple(r.device for r in readings)
+        dra = self.dra.identity(devices) if self.dra is not None else None
+        dra_numa = self.dra.numa() if self.dra is not None else None
+        key = (state, devices, tuple(sorted(cpu_nodes.items())), dra, dra_numa)
         cached = self._join_cache
         if cached is not None and cached[0] == key:
             last = cached[1]
-            devices = tuple(
+            joined_devices = tuple(
                 JoinedDevice(r, j.holder, j.holders, j.allocatable, j.resource)
                 for r, j in zip(readings, last.devices, strict=True)
             )
-            return replace(last, devices=devices)
+            return replace(last, devices=joined_devices)
         joined = join(
-            results, state, self.matcher, cpu_nodes=cpu_nodes, known_resources=self._resources
+            results,
+            state,
+            self.matcher,
+            cpu_nodes=cpu_nodes,
+            known_resources=self._resources,
+            dra=dra,
+            dra_numa=dra_numa,
         )
         self._join_cache = (key, joined)
         return joined

@@ -831,6 +831,12 @@ def _rollout_alerts() -> list[Alert]:
     ]
 
 
+def _dra_alerts() -> list[Alert]:
+    from monitoring.dra_alerts import alerts  # it builds on this module's Alert and Case
+
+    return alerts()
+
+
 GROUPS: dict[str, list[Alert]] = {
     "kube-device-exporter.devices": [
         *_xid_alerts(),
@@ -840,6 +846,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_idle_alerts(),
         *_kubelet_view_alerts(),
         *_unrequested_alerts(),
+        *_dra_alerts(),
     ],
     "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts()],
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring import profiling
+from monitoring.dra_panels import panels as dra_panels
 from monitoring.grafana import (
     PanelBuilder,
     Q,
@@ -50,6 +51,7 @@ def build() -> dash.Dashboard:
             ("Activity", _activity()),
             ("Profiling (NVIDIA GPM)", profiling.device_row(NVIDIA)),
             ("MIG layout", _mig()),
+            ("DRA devices", dra_panels()),
             ("Network and RDMA links", _network()),
         ),
     )

@@ -162,6 +162,52 @@ RUNBOOKS: dict[str, Runbook] = {
             "for good.",
         ),
     ),
+    "KubeDeviceDraPodOnTaintedDevice": Runbook(
+        "A DRA device carries a NoSchedule or NoExecute taint (its driver's, in the "
+        "ResourceSlice, or a DeviceTaintRule) while a container still holds it (docs/dra.md). "
+        "NoExecute evicts pods that do not tolerate it within about a second on Kubernetes "
+        "1.36; a pod still there tolerates it, or the eviction failed.",
+        (
+            "The taint's key and value say why (NVIDIA and Intel drivers taint unhealthy "
+            "devices; `hw_dra_device_taint` shows who set it: `slice` or the rule's name).",
+            "`kubectl get resourceclaim -n NS` and the pod's events "
+            "(`DeviceTaintManagerEviction`) show whether an eviction was tried.",
+            "Move the workload (delete the pod) or, if the device is fine, remove the taint.",
+        ),
+    ),
+    "KubeDeviceDraAllocationUnhealthy": Runbook(
+        "The kubelet reports a claimed DRA device Unhealthy in the pod's "
+        "`allocatedResourcesStatus` (KEP-4680): the DRA driver's health stream said so. The "
+        "pod keeps running and stays Ready; nothing restarts it (docs/dra.md).",
+        (
+            "`kubectl get pod -n NS POD -o jsonpath='{.status.containerStatuses[*]."
+            "allocatedResourcesStatus}'` shows the driver's message.",
+            "Compare with the hardware series of the same `hw_id` (XIDs, ECC, `hw_status`).",
+            "Restart the workload elsewhere; have the device checked or reset.",
+        ),
+    ),
+    "KubeDeviceDraTaintedButHealthy": Runbook(
+        "A DRA device has been tainted NoSchedule/NoExecute for 30 minutes while the exporter "
+        "reads its hardware as ok: capacity held back, perhaps by a taint nobody removed.",
+        (
+            "Find the taint's source (`hw_dra_taint_source`: `slice` is the driver's; "
+            "otherwise the DeviceTaintRule's name: `kubectl get devicetaintrule NAME`).",
+            "If the reason is gone, delete the rule; a driver's own taint clears when its "
+            "health check passes again (restart the driver's kubelet plugin if it does not).",
+        ),
+    ),
+    "KubeDeviceDraFailedNotTainted": Runbook(
+        "The exporter reads a device as failed, yet its DRA driver offers it in a "
+        "ResourceSlice without a NoSchedule/NoExecute taint: the scheduler can hand it to new "
+        "claims.",
+        (
+            "Taint it: a DeviceTaintRule selecting driver, pool and device with effect "
+            "NoSchedule (or NoExecute to move its pods), where the cluster serves "
+            "resource.k8s.io/v1beta2 DeviceTaintRules.",
+            "Check why the driver did not: its health checks, its version (NVIDIA's taints "
+            "unhealthy GPUs).",
+        ),
+    ),
     "KubeDeviceUsedWithoutRequest": Runbook(
         "A container runs processes on a device the kubelet did not allocate to it "
         "(docs/attribution.md): usually an image or pod that sets `NVIDIA_VISIBLE_DEVICES=all`"

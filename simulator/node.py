@@ -23,6 +23,7 @@ PART_MODULES = {
     "nvidia": "simulator.nvml",
     "sysfs": "simulator.sysfs",
     "procfs": "simulator.procfs",
+    "dra": "simulator.dra",
 }
 """Scenario section -> module with `make_part(scenario, workdir) -> NodePart`; the procfs
 part also runs when any container has `pids:`."""

@@ -31,7 +31,7 @@ from simulator.scenario_model import (
     Unhealthy,
 )
 
-DEVICE_SECTIONS = ("nvidia", "sysfs", "procfs")
+DEVICE_SECTIONS = ("nvidia", "sysfs", "procfs", "dra")
 """Top-level sections owned by the simulated node parts (`procfs`: the host's /proc and
 the kubelet's /var/log/containers, simulator/procfs.py)."""
 

@@ -208,7 +208,9 @@ class ScrapedSimulation:
 
 
 @contextlib.contextmanager
-def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[ScrapedSimulation]:
+def scraped_simulation(
+    tmp: Path, scenario: Path, *extra: str, rule_files: Sequence[Path] = ()
+) -> Iterator[ScrapedSimulation]:
     """`kde-simulate SCENARIO` in a process session of its own, collecting every 1 s, scraped
     every 1 s by a real Prometheus (`prometheus.started`: the exporter's start, monotonic).
     On exit: SIGTERM, the exporter's log tail printed."""
@@ -220,7 +222,7 @@ def scraped_simulation(tmp: Path, scenario: Path, *extra: str) -> Iterator[Scrap
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     started = time.monotonic()
-    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s")
+    prom = PrometheusServer(tmp, [f"127.0.0.1:{port}"], scrape_interval="1s", rule_files=rule_files)
     prom.start()
     run = ScrapedSimulation(prom)
     try:

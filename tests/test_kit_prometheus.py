@@ -86,6 +86,10 @@ def awaiting() -> dict[str, str]:
         for name in ("duration", "field_errors"):
             spec = SPECS[f"kube_device_exporter.source.{name}"]
             out[spec.prom_name] = "no source is merged yet"
+    if "dra" not in SCENARIOS:
+        for name in ("hw.dra.free", "hw.dra.device.taint"):
+            out.setdefault(SPECS[name].prom_name, "only the `dra` scenario (its own loopback API "
+                           "server) has DRA slices: tests/test_dra_simulated.py runs these panels")  # fmt: skip
     if "mixed" not in SCENARIOS:
         for name in MIXED_ONLY:
             out.setdefault(SPECS[name].prom_name, "the `mixed` scenario is not merged yet")

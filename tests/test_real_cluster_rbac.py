@@ -1,8 +1,9 @@
 """The kit's RBAC under the real authorizer (Kubernetes 1.36, `--authorization-mode=Node,RBAC`).
 
 The ServiceAccount, ClusterRole and ClusterRoleBinding are applied exactly as the kit renders
-them (kustomize: deploy/base + components/kubernetes-api) and as the Helm chart renders them
-(`kubernetesApi.enabled`); the exporter's identity is a token from the TokenRequest API. The
+them (kustomize: deploy/base + components/kubernetes-api, and + components/dra) and as the Helm
+chart renders them (`kubernetesApi.enabled`, and `.dra`); the exporter's identity is a token
+from the TokenRequest API. The
 authorizer's own answers (SelfSubjectRulesReview, SelfSubjectAccessReview) must match what
 docs/kubernetes-api.md documents, nothing more; and each rule is needed: without it, the one
 request of exporter/kubeapi that uses it is refused.
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from exporter.kubeapi.client import ApiError, KubeApi, http_client, load_config
+from exporter.kubeapi.slicewatch import RULES_PATH, SLICES_PATH
 from tests.realcluster import rbac
 from tests.realcluster.api import Api
 from tests.realcluster.controlplane import NODE, ControlPlane
@@ -26,6 +28,7 @@ from tests.realcluster.daemons import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 KIT_NS = "kube-device-exporter"
 CHART_NS = "kde-chart"
+CHART_DRA_NS = "kde-chart-dra"
 WORK_NS = "kde-rbac"
 DOCUMENTED = {
     ("", "pods", "list"),
@@ -42,6 +45,20 @@ CALL_OF = {
     ("batch", "jobs", "get"): "get Job",
 }
 """The request of exporter/kubeapi/client.py that each rule lets through."""
+DRA_RULES = {
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
+    ("resource.k8s.io", "devicetaintrules", "list"),
+}
+"""docs/dra.md: the dra component's rules, on top of DOCUMENTED."""
+DRA_CALL_OF = {
+    ("resource.k8s.io", "resourceslices", "list"): "list ResourceSlices",
+    ("resource.k8s.io", "resourceslices", "watch"): "watch ResourceSlices",
+    ("resource.k8s.io", "devicetaintrules", "list"): "list DeviceTaintRules",
+}
+"""The request of exporter/kubeapi/slicewatch.py that each DRA rule lets through (the claims'
+health comes from the pod watch, with the kubernetes-api component's rules)."""
+SOURCES = ["kit", "chart", "kit-dra", "chart-dra"]
 
 
 class Setup:
@@ -51,11 +68,14 @@ class Setup:
         self.tmp = tmp
         self.kit = rbac.kit_objects()
         self.chart = rbac.chart_objects(CHART_NS, CHART_NS)
-        for obj in rbac.identity(self.kit):
+        self.kit_dra = rbac.kit_objects(dra=True)
+        self.chart_dra = rbac.chart_objects(CHART_DRA_NS, CHART_DRA_NS, dra=True)
+        for obj in rbac.identity(self.kit) + rbac.identity(self.kit_dra):
             self.admin.apply(obj)
-        self.admin.apply(_namespace(CHART_NS))  # helm install --create-namespace
-        for obj in rbac.identity(self.chart):
-            self.admin.apply(obj)
+        for namespace, objects in ((CHART_NS, self.chart), (CHART_DRA_NS, self.chart_dra)):
+            self.admin.apply(_namespace(namespace))  # helm install --create-namespace
+            for obj in rbac.identity(objects):
+                self.admin.apply(obj)
         self.admin.apply(_namespace(WORK_NS))
         self.admin.apply({"apiVersion": "v1", "kind": "ServiceAccount",
                           "metadata": {"name": "baseline", "namespace": WORK_NS}})  # fmt: skip
@@ -63,7 +83,21 @@ class Setup:
         chart_sa = _one(self.chart, "ServiceAccount")["metadata"]["name"]
         self.chart_api = self.admin.as_token(rbac.token(self.admin, CHART_NS, chart_sa))
         self.baseline = self.admin.as_token(rbac.token(self.admin, WORK_NS, "baseline"))
+        kit_dra_sa = _one(self.kit_dra, "ServiceAccount")["metadata"]
+        self.kit_dra_api = self.admin.as_token(
+            rbac.token(self.admin, kit_dra_sa["namespace"], kit_dra_sa["name"])
+        )
+        chart_dra_sa = _one(self.chart_dra, "ServiceAccount")["metadata"]["name"]
+        self.chart_dra_api = self.admin.as_token(rbac.token(self.admin, CHART_DRA_NS, chart_dra_sa))
         self._owners()
+
+    def api_of(self, source: str) -> Api:
+        return {"kit": self.kit_api, "chart": self.chart_api, "kit-dra": self.kit_dra_api,
+                "chart-dra": self.chart_dra_api}[source]  # fmt: skip
+
+    def objects_of(self, source: str) -> list[dict[str, Any]]:
+        return {"kit": self.kit, "chart": self.chart, "kit-dra": self.kit_dra,
+                "chart-dra": self.chart_dra}[source]  # fmt: skip
 
     def _owners(self) -> None:
         """A Deployment (its ReplicaSet made by the real controller) and a Job of a CronJob."""
@@ -98,13 +132,13 @@ class Setup:
         assert api.token is not None
         return self.plane.token_kubeconfig(self.tmp / f"{name}.kubeconfig", api.token)
 
-    def exporter_calls(self, kubeconfig: Path) -> dict[str, str]:
+    def exporter_calls(self, kubeconfig: Path, *, dra: bool = False) -> dict[str, str]:
         """Each request the exporter's client makes, as "ok" or the HTTP code refusing it."""
         return asyncio.run(_calls(kubeconfig, self.replicaset["metadata"]["name"],
-                                  self.job["metadata"]["name"]))  # fmt: skip
+                                  self.job["metadata"]["name"], dra=dra))  # fmt: skip
 
 
-async def _calls(kubeconfig: Path, replicaset: str, job: str) -> dict[str, str]:
+async def _calls(kubeconfig: Path, replicaset: str, job: str, *, dra: bool) -> dict[str, str]:
     api = KubeApi(http_client(load_config(kubeconfig), 5.0))
     out: dict[str, str] = {}
 
@@ -126,9 +160,34 @@ async def _calls(kubeconfig: Path, replicaset: str, job: str) -> dict[str, str]:
             "get ReplicaSet", lambda: api.controller_of(WORK_NS, "ReplicaSet", replicaset)
         )
         await attempt("get Job", lambda: api.controller_of(WORK_NS, "Job", job))
+        if dra:
+            await _dra_calls(api, attempt)
     finally:
         await api.close()
     return out
+
+
+async def _dra_calls(api: KubeApi, attempt: Any) -> None:
+    """The requests of exporter/kubeapi/slicewatch.py, as it makes them."""
+    selector = {"fieldSelector": f"spec.nodeName={NODE}"}
+
+    async def watch_slices() -> None:
+        async for _ in api.watch_objects("resourceslices", SLICES_PATH, selector, 1):
+            break
+
+    async def list_rules() -> None:
+        try:
+            await api.list_objects("devicetaintrules", RULES_PATH, {})
+        except ApiError as exc:
+            # Not served without --runtime-config=resource.k8s.io/v1beta2=true (control-plane.md
+            # DRA item 8): a 404 comes only after the authorizer let the request through.
+            if exc.code != 404:
+                raise
+
+    await attempt("list ResourceSlices",
+                  lambda: api.list_objects("resourceslices", SLICES_PATH, selector))  # fmt: skip
+    await attempt("watch ResourceSlices", watch_slices)
+    await attempt("list DeviceTaintRules", list_rules)
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -150,26 +209,34 @@ def test_docs_state_the_rules_the_test_expects() -> None:
     assert "`list`, `watch` on pods, `get` on `apps/replicasets` and `batch/jobs`. No `get` on pods and nothing written." in " ".join(text.split())  # fmt: skip
 
 
-@pytest.mark.parametrize("source", ["kit", "chart"])
+def test_docs_state_the_dra_rules() -> None:
+    text = " ".join((ROOT / "docs" / "dra.md").read_text().split())
+    assert "`list`, `watch` on `resource.k8s.io/resourceslices`, `list` on `resource.k8s.io/devicetaintrules`. Nothing written." in text  # fmt: skip
+
+
+def _expected(source: str) -> set[tuple[str, str, str]]:
+    return DOCUMENTED | (DRA_RULES if source.endswith("-dra") else set())
+
+
+@pytest.mark.parametrize("source", SOURCES)
 def test_rules_review_is_exactly_the_documented_rules(setup: Setup, source: str) -> None:
-    api = setup.kit_api if source == "kit" else setup.chart_api
+    api = setup.api_of(source)
     base_rules, base_urls, _ = rbac.granted(setup.baseline, WORK_NS)
     for namespace in (WORK_NS, "kube-system", KIT_NS):
         rules, urls, incomplete = rbac.granted(api, namespace)
         assert not incomplete
         # Beyond what every authenticated identity may do (system:basic-user, discovery):
-        assert rules - base_rules == DOCUMENTED, namespace
+        assert rules - base_rules == _expected(source), namespace
         assert urls == base_urls, namespace
     # The ServiceAccount itself mounts no token unless the pod asks (the DaemonSet does).
-    sa = _one(setup.kit if source == "kit" else setup.chart, "ServiceAccount")
+    sa = _one(setup.objects_of(source), "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
 
 
-@pytest.mark.parametrize("source", ["kit", "chart"])
+@pytest.mark.parametrize("source", SOURCES)
 def test_access_reviews_allow_what_it_needs_and_nothing_near_it(setup: Setup, source: str) -> None:
-    api = setup.kit_api if source == "kit" else setup.chart_api
-    for verb, resource, group in [("list", "pods", ""), ("watch", "pods", ""),
-                                  ("get", "replicasets", "apps"), ("get", "jobs", "batch")]:  # fmt: skip
+    api = setup.api_of(source)
+    for group, resource, verb in sorted(_expected(source)):
         assert rbac.allowed(api, verb, resource, group), (verb, resource)  # every namespace
         assert rbac.allowed(api, verb, resource, group, namespace=WORK_NS)
     refused = [
@@ -183,34 +250,51 @@ def test_access_reviews_allow_what_it_needs_and_nothing_near_it(setup: Setup, so
         ("create", "serviceaccounts/token", ""), ("list", "resourceclaims", "resource.k8s.io"),
         ("list", "resourceslices", "resource.k8s.io"), ("create", "tokenreviews",
                                                          "authentication.k8s.io"),
+        ("get", "resourceslices", "resource.k8s.io"), ("create", "resourceslices", "resource.k8s.io"),
+        ("update", "resourceslices", "resource.k8s.io"), ("delete", "resourceslices", "resource.k8s.io"),
+        ("watch", "devicetaintrules", "resource.k8s.io"), ("create", "devicetaintrules", "resource.k8s.io"),
+        ("get", "resourceclaims", "resource.k8s.io"), ("update", "resourceclaims/status", "resource.k8s.io"),
+        ("list", "deviceclasses", "resource.k8s.io"), ("update", "pods/status", ""),
     ]  # fmt: skip
-    allowed = [r for r in refused if rbac.allowed(api, *r)]
+    granted = {(v, r, g) for g, r, v in _expected(source)}
+    allowed = [r for r in refused if r not in granted and rbac.allowed(api, *r)]
+    assert [r for r in refused if r in granted] == (
+        [("list", "resourceslices", "resource.k8s.io")]
+        if source.endswith("-dra") else []
+    )  # fmt: skip
     assert allowed == []
 
 
 def test_the_exporters_requests_pass_under_the_kit(setup: Setup) -> None:
-    for source, api in (("kit", setup.kit_api), ("chart", setup.chart_api)):
-        assert setup.exporter_calls(setup.kubeconfig(api, source)) == dict.fromkeys(
-            CALL_OF.values(), "ok"
-        ), source
+    every = list(CALL_OF.values()) + list(DRA_CALL_OF.values())
+    for source in SOURCES:
+        dra = source.endswith("-dra")
+        calls = setup.exporter_calls(setup.kubeconfig(setup.api_of(source), source), dra=True)
+        expected = dict.fromkeys(every, "ok")
+        if not dra:  # without the component, each DRA request is refused
+            expected |= dict.fromkeys(DRA_CALL_OF.values(), "403")
+        assert calls == expected, source
     # ...and the identity with no binding is refused each of them.
-    assert setup.exporter_calls(setup.kubeconfig(setup.baseline, "baseline")) == dict.fromkeys(
-        CALL_OF.values(), "403"
-    )
+    baseline = setup.exporter_calls(setup.kubeconfig(setup.baseline, "baseline"), dra=True)
+    assert baseline == dict.fromkeys(every, "403")
 
 
 def test_kit_and_chart_grant_the_same_rules() -> None:
-    kit = rbac.rule_triples(_one(rbac.kit_objects(), "ClusterRole")["rules"])
-    chart = rbac.rule_triples(_one(rbac.chart_objects(CHART_NS, CHART_NS), "ClusterRole")["rules"])
+    kit = rbac.cluster_rules(rbac.kit_objects())
+    chart = rbac.cluster_rules(rbac.chart_objects(CHART_NS, CHART_NS))
     assert kit == chart == DOCUMENTED
+    kit_dra = rbac.cluster_rules(rbac.kit_objects(dra=True))
+    chart_dra = rbac.cluster_rules(rbac.chart_objects(CHART_DRA_NS, CHART_DRA_NS, dra=True))
+    assert kit_dra == chart_dra == DOCUMENTED | DRA_RULES
 
 
 def test_every_rule_is_needed(setup: Setup) -> None:
-    """Each (group, resource, verb) the kit grants, taken away alone: exactly the one request
-    of the exporter that uses it is refused (403), every other still passes."""
-    kit_rules = _one(setup.kit, "ClusterRole")["rules"]
-    triples = sorted(rbac.rule_triples(kit_rules))
-    assert set(triples) == set(CALL_OF), "a rule the exporter's requests do not use"
+    """Each (group, resource, verb) the kit grants (with the dra component), taken away alone:
+    exactly the one request of the exporter that uses it is refused (403), every other still
+    passes."""
+    triples = sorted(rbac.cluster_rules(setup.kit_dra))
+    call_of = CALL_OF | DRA_CALL_OF
+    assert set(triples) == set(call_of), "a rule the exporter's requests do not use"
     for index, (group, resource, verb) in enumerate(triples):
         name = f"kde-minus-{index}"
         rest = sorted(set(triples) - {(group, resource, verb)})
@@ -229,6 +313,6 @@ def test_every_rule_is_needed(setup: Setup) -> None:
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": WORK_NS}],
         })  # fmt: skip
         api = setup.admin.as_token(rbac.token(setup.admin, WORK_NS, name))
-        calls = setup.exporter_calls(setup.kubeconfig(api, name))
-        expected = dict.fromkeys(CALL_OF.values(), "ok") | {CALL_OF[(group, resource, verb)]: "403"}
+        calls = setup.exporter_calls(setup.kubeconfig(api, name), dra=True)
+        expected = dict.fromkeys(call_of.values(), "ok") | {call_of[(group, resource, verb)]: "403"}
         assert calls == expected, (group, resource, verb)

@@ -293,10 +293,17 @@ def parse_config(
         web_config_file=_web_config(get("web_config_file", None)),
         web_max_connections=get("web_max_connections", 512),
         kubernetes_api=kubernetes_api,
+        kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
         kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
         notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )
+
+
+def _dra(dra: bool, api: bool) -> bool:
+    if dra and not api:
+        raise UsageError("--kubernetes.dra reads the API server: it needs --kubernetes.api")
+    return dra
 
 
 def _known_variables(sources: dict[str, SourceInfo]) -> list[str]:

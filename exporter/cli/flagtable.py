@@ -108,6 +108,16 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "kubeapi",
+        "--kubernetes.dra",
+        "kubernetes_dra",
+        boolean,
+        "off",
+        "with --kubernetes.api, also watch this node's ResourceSlices (and DeviceTaintRules) to "
+        "identify DRA devices, export their taints and free capacity; needs the dra RBAC "
+        "(deploy/components/dra)",
+    ),
+    Flag(
+        "kubeapi",
         "--kubernetes.kubeconfig",
         "kubeconfig",
         Path,

@@ -7,8 +7,11 @@ attributes of `k8s.pod.workload.info`. The poller only reads the watcher's cache
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from exporter.cli.config import Config
 from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.slicewatch import SliceWatcher
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 
@@ -17,8 +20,31 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 its end is bounded by timeoutSeconds plus a grace period)."""
 
 
-def build_watcher(config: Config) -> PodWatcher:
-    def connect() -> KubeApi:
-        return KubeApi(http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS))
+def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
+    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client."""
+    connect = shared_connect(config, full_pods=config.kubernetes_dra)
+    pods = PodWatcher(connect, config.node_name, LabelFilter(config.pod_label_patterns))
+    slices = SliceWatcher(connect, config.node_name) if config.kubernetes_dra else None
+    return pods, slices
 
-    return PodWatcher(connect, config.node_name, LabelFilter(config.pod_label_patterns))
+
+def build_watcher(config: Config) -> PodWatcher:
+    return build_watchers(config)[0]
+
+
+def shared_connect(config: Config, *, full_pods: bool = False) -> Callable[[], KubeApi]:
+    """One client for the pod and slice watches: one connection pool, one request count.
+    `full_pods`: the pod watch reads whole pods (their DRA claims' health, claimhealth.py)."""
+    made: list[KubeApi] = []
+
+    def connect() -> KubeApi:
+        if not made:
+            made.append(
+                KubeApi(
+                    http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS),
+                    full_pods=full_pods,
+                )
+            )
+        return made[0]
+
+    return connect

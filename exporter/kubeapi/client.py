@@ -30,6 +30,8 @@ from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
+from exporter.kubeapi.claimhealth import ClaimHealth, parse_pod_health
+
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 LIST_PAGE = 500
@@ -65,6 +67,8 @@ class PodMeta:
     labels: tuple[tuple[str, str], ...] = ()
     owner: OwnerRef | None = None
     """The controlling owner reference (`controller: true`), if any."""
+    health: tuple[ClaimHealth, ...] = ()
+    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`full_pods`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ def pod_meta(obj: dict[str, Any]) -> PodMeta:
         uid=str(meta["uid"]),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         owner=controller_of(meta),
+        health=parse_pod_health(obj),
     )
 
 
@@ -160,9 +165,12 @@ def _error(response: httpx.Response, body: bytes) -> ApiError:
 class KubeApi:
     """Pods of one node and owner metadata; `requests` counts (verb, resource, code)."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, *, full_pods: bool = False) -> None:
         self.http = http
         self.requests: Counter[tuple[str, str, str]] = Counter()
+        self.full_pods = full_pods
+        """List and watch whole pods, not their metadata: their status carries the DRA
+        claims' health (`--kubernetes.dra`, claimhealth.py)."""
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -172,7 +180,8 @@ class KubeApi:
         pods: list[PodMeta] = []
         params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(LIST_PAGE)}
         while True:
-            body = await self._get("list", "pods", "/api/v1/pods", params, ACCEPT_LIST)
+            accept = "application/json" if self.full_pods else ACCEPT_LIST
+            body = await self._get("list", "pods", "/api/v1/pods", params, accept)
             pods += [pod_meta(item) for item in body.get("items") or ()]
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
@@ -191,8 +200,9 @@ class KubeApi:
             "timeoutSeconds": str(timeout_seconds),
         }
         timeout = httpx.Timeout(self.http.timeout.connect, read=None)
+        accept = "application/json" if self.full_pods else ACCEPT_OBJECT
         request = self.http.build_request(
-            "GET", "/api/v1/pods", params=params, headers={"Accept": ACCEPT_OBJECT}, timeout=timeout
+            "GET", "/api/v1/pods", params=params, headers={"Accept": accept}, timeout=timeout
         )
         response = await self._send("watch", "pods", request)
         try:
@@ -201,6 +211,44 @@ class KubeApi:
             async for line in response.aiter_lines():
                 if line.strip():
                     yield _watch_event(json.loads(line))
+        finally:
+            await response.aclose()
+
+    async def list_objects(
+        self, resource: str, path: str, params: dict[str, str]
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a list (whole objects, page by page): the DRA slices and rules."""
+        items: list[dict[str, Any]] = []
+        params = {**params, "limit": str(LIST_PAGE)}
+        while True:
+            body = await self._get("list", resource, path, params, "application/json")
+            items += list(body.get("items") or ())
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = str(meta["continue"])
+
+    async def watch_objects(
+        self, resource: str, path: str, params: dict[str, str], timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+        """(type, resourceVersion, object) of a watch of whole objects; ApiError on ERROR."""
+        params = {**params, "watch": "true", "allowWatchBookmarks": "true",
+                  "timeoutSeconds": str(timeout_seconds)}  # fmt: skip
+        timeout = httpx.Timeout(self.http.timeout.connect, read=None)
+        request = self.http.build_request("GET", path, params=params, timeout=timeout)
+        response = await self._send("watch", resource, request)
+        try:
+            if response.status_code != 200:
+                raise _error(response, await response.aread())
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message", "")))
+                version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                yield str(event.get("type", "")), version, obj
         finally:
             await response.aclose()
 

@@ -29,6 +29,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Job": ("batch/v1", "jobs", True),
     "CronJob": ("batch/v1", "cronjobs", True),
     "RuntimeClass": ("node.k8s.io/v1", "runtimeclasses", False),
+    "ResourceSlice": ("resource.k8s.io/v1", "resourceslices", False),
 }
 """kind -> (apiVersion, resource, namespaced)."""
 

@@ -28,30 +28,43 @@ IDENTITY_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBind
 Triple = tuple[str, str, str]
 
 
-def kit_objects() -> list[dict[str, Any]]:
-    """deploy/base + components/kubernetes-api, as `kubectl kustomize` renders them."""
+DRA_KIT_NS = "kde-dra-kit"
+
+
+def kit_objects(*, dra: bool = False) -> list[dict[str, Any]]:
+    """deploy/base + components/kubernetes-api (+ components/dra), as `kubectl kustomize`
+    renders them. With DRA, in a namespace of its own and with a name prefix (kustomize's
+    own transformers, as a user's overlay would), so both identities live in one cluster."""
     with tempfile.TemporaryDirectory(prefix="kde-kit-") as tmp:
         mine = Path(tmp)
-        doc = {
+        components = ["kubernetes-api", *(["dra"] if dra else [])]
+        doc: dict[str, Any] = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": [os.path.relpath(DEPLOY / "base", mine)],
-            "components": [os.path.relpath(DEPLOY / "components" / "kubernetes-api", mine)],
+            "components": [os.path.relpath(DEPLOY / "components" / c, mine) for c in components],
         }
+        if dra:
+            doc |= {"namespace": DRA_KIT_NS, "namePrefix": "dra-"}
         (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
         return kustomize.build(mine)
 
 
-def chart_objects(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The chart with `kubernetesApi.enabled: true`, as `helm template` renders it."""
+def chart_objects(release: str, namespace: str, *, dra: bool = False) -> list[dict[str, Any]]:
+    """The chart with `kubernetesApi.enabled: true` (and `.dra`), as `helm template` renders it."""
     with helm.Chart.load(CHART) as chart:
-        out = chart.render({"kubernetesApi": {"enabled": True}}, name=release,
+        out = chart.render({"kubernetesApi": {"enabled": True, "dra": dra}}, name=release,
                            namespace=namespace, is_install=True)  # fmt: skip
     docs: list[dict[str, Any]] = []
     for path, text in sorted(out.items()):
         if path.endswith(".yaml"):
             docs += [d for d in yaml.safe_load_all(text) if d]
     return docs
+
+
+def cluster_rules(objects: list[dict[str, Any]]) -> set[Triple]:
+    """Every rule of every ClusterRole among `objects`."""
+    return {t for o in objects if o["kind"] == "ClusterRole" for t in rule_triples(o["rules"])}
 
 
 def identity(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,9 +134,9 @@ def token(api: Api, namespace: str, account: str, seconds: int = 3600) -> str:
     return str(answer["status"]["token"])
 
 
-def install_kit(admin: Api) -> str:
+def install_kit(admin: Api, *, dra: bool = False) -> str:
     """Apply the kit's Namespace, ServiceAccount and RBAC; a token of its ServiceAccount."""
-    objects = identity(kit_objects())
+    objects = identity(kit_objects(dra=dra))
     for obj in objects:
         admin.apply(obj)
     (account,) = [o["metadata"] for o in objects if o["kind"] == "ServiceAccount"]

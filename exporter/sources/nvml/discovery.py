@@ -109,7 +109,9 @@ class Discovery:
             model=name,
             source=SOURCE,
             attributes=(*common, ("hw.serial_number", text(serial or ""))),
-            aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{index}"),
+            # NVIDIA's DRA driver names a GPU gpu-<minor> (k8s-dra-driver-gpu
+            # cmd/gpu-kubelet-plugin/deviceinfo.go CanonicalName), not by NVML index.
+            aliases=_aliases(uuid, gke, bus_id, f"gpu.nvidia.com/gpu-{minor}" if gke else ""),
         )
         gpu = Gpu(handle, index, device, mig)
         gpm_supported = self.gpm_supported(gpu)

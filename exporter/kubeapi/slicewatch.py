@@ -1,0 +1,255 @@
+"""This node's ResourceSlices, kept current by one list and a watch; DeviceTaintRules, listed.
+
+Beside the pod watch (`--kubernetes.api`), the same Reflector protocol (watcher.py): list
+`/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>` page by page,
+then watch from the list's resourceVersion with bookmarks; a watch the server ends resumes
+from the newest version; `410 Gone` re-lists; other failures back off (1 s to 60 s, 5 min
+after 401/403) and are logged once per state change, the cache kept meanwhile. Read only:
+list and watch on `resourceslices` (and list on `devicetaintrules`), nothing else.
+
+ResourceSlices are cluster-scoped; `spec.nodeName` is one of their selectable fields
+(pkg/registry/resource/resourceslice/strategy.go `toSelectableFields`), so the server
+sends this node's slices only. Slices of network-attached devices (`allNodes`,
+`nodeSelector`) name no node and are never this node's to watch.
+
+DeviceTaintRules are `resource.k8s.io/v1beta2` in 1.36 and not served by default
+(control-plane.md, DRA item 8): they are listed every `rule_interval`; a 404 means the
+cluster does not serve them and is asked again after 5 minutes, logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx2 as httpx
+
+from exporter.backoff import Backoff
+from exporter.kubeapi.client import ApiError, KubeApi, NotConfigured, describe
+from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
+from exporter.log import StateLog
+
+log = logging.getLogger("exporter.kubeapi.slices")
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+RULES_PATH = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+WATCH_TIMEOUT_SECONDS = (300, 600)
+WATCH_GRACE_SECONDS = 60.0
+RULE_INTERVAL_SECONDS = 60.0
+RULES_ABSENT_SECONDS = 300.0
+DENIED_BACKOFF_SECONDS = 300.0
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends sooner with no event backs off (client-go's "very short watch")."""
+
+
+class SliceWatcher:
+    def __init__(
+        self,
+        connect: Callable[[], KubeApi],
+        node: str,
+        *,
+        watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
+        backoff: tuple[float, float] = (1.0, 60.0),
+        denied_backoff: float = DENIED_BACKOFF_SECONDS,
+        rule_interval: float = RULE_INTERVAL_SECONDS,
+        rules_absent: float = RULES_ABSENT_SECONDS,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._connect = connect
+        self.node = node
+        self.watch_timeout = watch_timeout
+        self.backoff = backoff
+        self.denied_backoff = denied_backoff
+        self.rule_interval = rule_interval
+        self.rules_absent = rules_absent
+        self._rng = rng or random.Random()
+        self.slices: dict[str, Slice] = {}
+        self.rules: tuple[TaintRule, ...] = ()
+        self.rules_served: bool | None = None
+        """None until the first answer; False when the cluster does not serve the kind."""
+        self.generation = 0
+        """Moves on every change of `slices` or `rules` (the join's cache key)."""
+        self.up = False
+        self.synced = asyncio.Event()
+        self._states = StateLog(log)
+        self._current: tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]] = (0, (), ())
+
+    def current(self) -> tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]]:
+        """What the cache holds now; no request. One immutable tuple, replaced on the event
+        loop at each change, so the poller's worker thread reads it whole."""
+        return self._current
+
+    def _publish(self) -> None:
+        self.generation += 1
+        self._current = (self.generation, tuple(self.slices.values()), self.rules)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        others = [asyncio.create_task(self._rules_forever(stop))]
+        try:
+            await self._watch_forever(stop)
+        finally:
+            for task in others:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # --- slices ---------------------------------------------------------------------
+
+    async def _watch_forever(self, stop: asyncio.Event) -> None:
+        version = ""
+        retry = Backoff(*self.backoff)
+        while not stop.is_set():
+            try:
+                api = self._connect()
+                if not version:
+                    version = await self._list(api)
+                started = time.monotonic()
+                version, events = await self._watch(api, version, stop)
+                if events or time.monotonic() - started >= SHORT_WATCH_SECONDS:
+                    retry.success()
+                else:  # cut at once with nothing said (a proxy): no loop of requests
+                    await _sleep(stop, retry.failure() * self._jitter())
+            except ApiError as exc:
+                self.up = False
+                if exc.code == 410:
+                    log.info("ResourceSlice watch expired (410 Gone); listing again")
+                    version = ""
+                    await _sleep(stop, retry.failure() * self._rng.uniform(0.0, 0.2))
+                    continue
+                denied = exc.code in (401, 403)
+                self._states.failed(
+                    f"slices/{exc.code}",
+                    f"cannot watch ResourceSlices ({exc})"
+                    + ("; check the ServiceAccount's RBAC (the dra component)" if denied else "")
+                    + "; DRA devices are joined by name only until it answers",
+                )
+                wait = retry.failure()
+                await _sleep(stop, (self.denied_backoff if denied else wait) * self._jitter())
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
+                self.up = False
+                self._states.failed(
+                    f"slices/{type(exc).__name__}",
+                    f"ResourceSlices unavailable ({describe(exc)}); DRA devices are joined by "
+                    "name only until they are",
+                )
+                await _sleep(stop, retry.failure() * self._jitter())
+
+    def _jitter(self) -> float:
+        return self._rng.uniform(0.8, 1.0)
+
+    def _params(self) -> dict[str, str]:
+        return {"fieldSelector": f"spec.nodeName={self.node}"}
+
+    async def _list(self, api: KubeApi) -> str:
+        items, version = await api.list_objects("resourceslices", SLICES_PATH, self._params())
+        slices = {}
+        for obj in items:
+            parsed = self._parse(obj)
+            if parsed is not None:
+                slices[parsed.name] = parsed
+        self.slices = slices
+        self._changed()
+        return version
+
+    async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> tuple[str, int]:
+        """Apply events until the server ends the watch: the version to resume from, and how
+        many events came."""
+        timeout = self._rng.randint(*self.watch_timeout)
+        events = 0
+        params = {**self._params(), "resourceVersion": version}
+        async with asyncio.timeout(timeout + WATCH_GRACE_SECONDS):
+            async for kind, new_version, obj in api.watch_objects(
+                "resourceslices", SLICES_PATH, params, timeout
+            ):
+                if stop.is_set():
+                    break
+                events += 1
+                version = new_version or version
+                if kind == "BOOKMARK":
+                    continue
+                name = str((obj.get("metadata") or {}).get("name", ""))
+                if kind == "DELETED":
+                    self.slices.pop(name, None)
+                else:
+                    parsed = self._parse(obj)
+                    if parsed is None:
+                        continue
+                    self.slices[parsed.name] = parsed
+                self._changed()
+        return version, events
+
+    def _parse(self, obj: dict[str, Any]) -> Slice | None:
+        try:
+            return parse_slice(obj)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            name = (obj.get("metadata") or {}).get("name", "?")
+            self._states.failed(f"parse/{name}", f"ResourceSlice {name} not understood: {exc!r}")
+            return None
+
+    def _changed(self) -> None:
+        self._publish()
+        if not self.up:
+            self._states.ok_all("slices/", "ResourceSlices readable again")
+            if not self.synced.is_set():
+                log.info("watching the %d ResourceSlices of node %s", len(self.slices), self.node)
+        self.up = True
+        self.synced.set()
+
+    # --- taint rules ------------------------------------------------------------------
+
+    async def _rules_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            wait = self.rule_interval
+            try:
+                items, _ = await self._connect().list_objects("devicetaintrules", RULES_PATH, {})
+                rules = tuple(sorted((parse_taint_rule(o) for o in items), key=lambda r: r.name))
+                self.rules_served = True
+                self._states.ok_all("rules/", "DeviceTaintRules readable again")
+                if rules != self.rules:
+                    self.rules = rules
+                    self._publish()
+            except ApiError as exc:
+                if exc.code == 404:
+                    if self.rules_served is not False:
+                        log.info(
+                            "DeviceTaintRules are not served by this cluster (resource.k8s.io/"
+                            "v1beta2 off); only the slices' own taints are exported"
+                        )
+                    self.rules_served = False
+                    wait = self.rules_absent
+                    if self.rules:  # the kind was turned off: its rules are gone with it
+                        self.rules = ()
+                        self._publish()
+                else:  # the last rules read are kept
+                    message = f"cannot list DeviceTaintRules ({exc})"
+                    self._states.failed(f"rules/{exc.code}", message)
+                    wait = self.denied_backoff if exc.code in (401, 403) else wait
+            except (
+                httpx.HTTPError,
+                OSError,
+                ValueError,
+                KeyError,
+                TimeoutError,
+                NotConfigured,
+            ) as exc:
+                self._states.failed(
+                    f"rules/{type(exc).__name__}", f"DeviceTaintRules unavailable ({describe(exc)})"
+                )
+            await _sleep(stop, wait * self._jitter())
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

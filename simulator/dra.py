@@ -1,0 +1,183 @@
+"""The `dra:` section: the node's ResourceSlices, device taints, DeviceTaintRules and claim
+health, served by a loopback API server (apiserver.py) with the scenario's pods.
+
+```yaml
+dra:
+  taint_rules_served: true      # DeviceTaintRule is v1beta2, off by default in 1.36
+  slices:                       # resource.k8s.io/v1 ResourceSlice specs (nodeName is added)
+    - {driver: gpu.nvidia.com, pool: {name: node-1, generation: 1, resourceSliceCount: 1},
+       devices: [...], sharedCounters: [...]}
+  taints:                       # a taint the driver puts on one device of its slice
+    - {device: gpu.nvidia.com/node-1/gpu-0, key: ..., value: ..., effect: NoExecute, start: 10}
+  taint_rules:                  # resource.k8s.io/v1beta2 DeviceTaintRules
+    - {name: ..., selector: {driver: ..., device: ...}, taint: {key:, effect:}, start: 0}
+  health:                       # what the kubelet puts in allocatedResourcesStatus
+    - {pod: NS/NAME, device: DRIVER/POOL/DEVICE, health: Unhealthy, message: ..., start: 5}
+```
+
+Every container holding a claim gets `allocatedResourcesStatus` entries named
+`claim:<claim>` with one resource per claimed device (`resourceID` is `driver/pool/device`,
+control-plane.md DRA item 5); a device no `health:` entry covers reads `Unknown`, what the
+1.36 kubelet reports before a driver's health stream says anything (and after it stops,
+control-plane.md DRA item 6).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from simulator.apiserver import ApiServer
+from simulator.scenario import Scenario, ScenarioError
+from simulator.scenario_model import TimedPod
+
+
+def _active(entry: dict[str, Any], t: float) -> bool:
+    start = float(entry.get("start", 0) or 0)
+    end = entry.get("end")
+    return start <= t and (end is None or t < float(end))
+
+
+class DraPart:
+    def __init__(self, scenario: Scenario, workdir: Path) -> None:
+        doc = scenario.sections.get("dra") or {}
+        if not isinstance(doc, dict):
+            raise ScenarioError(f"{scenario.name}: dra: must be a mapping")
+        self.scenario = scenario
+        self.doc = doc
+        self.api = ApiServer(serve_taint_rules=bool(doc.get("taint_rules_served", False)))
+        self.api.start()
+        self.kubeconfig = self.api.kubeconfig(workdir / "dra-kubeconfig")
+        self._sent: dict[str, dict[str, str]] = {
+            r: {} for r in ("pods", "resourceslices", "devicetaintrules")
+        }
+        self.advance(0.0)
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def exporter_args(self) -> list[str]:
+        return [
+            "--kubernetes.api",
+            "--kubernetes.dra",
+            "--kubernetes.kubeconfig",
+            str(self.kubeconfig),
+        ]
+
+    def close(self) -> None:
+        self.api.stop()
+
+    def advance(self, t: float) -> None:
+        self._sync("resourceslices", self._slices(t))
+        self._sync("devicetaintrules", self._rules(t))
+        self._sync("pods", [self._pod(p, t) for p in self.scenario.listed_at(t)])
+
+    def _sync(self, resource: str, objects: list[dict[str, Any]]) -> None:
+        """Put what changed, delete what is gone: watchers see only real changes."""
+        sent = self._sent[resource]
+        now = {}
+        for obj in objects:
+            key = f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
+            text = json.dumps(obj, sort_keys=True)
+            now[key] = text
+            if sent.get(key) != text:
+                self.api.put(resource, obj)
+        for key, text in sent.items():
+            if key not in now:
+                self.api.delete(resource, json.loads(text))
+        self._sent[resource] = now
+
+    def _slices(self, t: float) -> list[dict[str, Any]]:
+        taints = [x for x in self.doc.get("taints") or () if _active(x, t)]
+        out = []
+        for i, spec in enumerate(self.doc.get("slices") or ()):
+            spec = json.loads(json.dumps(spec))
+            if spec.get("sharedCounters") and spec.get("devices"):
+                # What the real 1.36 API server answers (422) to such a slice.
+                raise ScenarioError(
+                    f"{self.scenario.name}: dra.slices[{i}]: only one of `sharedCounters` or "
+                    "`devices` is allowed in a ResourceSlice (Kubernetes 1.36)"
+                )
+            spec["nodeName"] = self.scenario.node
+            pool = spec.setdefault(
+                "pool", {"name": self.scenario.node, "generation": 1, "resourceSliceCount": 1}
+            )
+            for device in spec.get("devices") or ():
+                key = f"{spec['driver']}/{pool['name']}/{device['name']}"
+                added = [
+                    {k: x[k] for k in ("key", "value", "effect") if k in x}
+                    | {"timeAdded": "2026-01-01T00:00:00Z"}
+                    for x in taints
+                    if x.get("device") == key
+                ]
+                if added:
+                    device["taints"] = [*(device.get("taints") or ()), *added]
+            name = f"{self.scenario.node}-{spec['driver']}-{i}"
+            out.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": name, "uid": f"uid-slice-{i}"},
+                    "spec": spec,
+                }
+            )
+        return out
+
+    def _rules(self, t: float) -> list[dict[str, Any]]:
+        return [
+            {
+                "apiVersion": "resource.k8s.io/v1beta2",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": r["name"], "uid": f"uid-rule-{r['name']}"},
+                "spec": {"deviceSelector": r.get("selector") or {}, "taint": r["taint"]},
+            }
+            for r in self.doc.get("taint_rules") or ()
+            if _active(r, t)
+        ]
+
+    def _pod(self, timed: TimedPod, t: float) -> dict[str, Any]:
+        pod = timed.pod
+        health = [h for h in self.doc.get("health") or () if _active(h, t)]
+        statuses = []
+        for c in pod.containers:
+            status: dict[str, Any] = {"name": c.name, "ready": True, "restartCount": 0}
+            entries = []
+            for claim in c.dynamic_resources:
+                resources = []
+                for r in claim.claim_resources:
+                    rid = f"{r.driver_name}/{r.pool_name}/{r.device_name}"
+                    said = [
+                        h
+                        for h in health
+                        if h.get("pod") == f"{pod.namespace}/{pod.name}" and h.get("device") == rid
+                    ]
+                    res = {"resourceID": rid, "health": "Unknown"}
+                    if said:
+                        res["health"] = str(said[-1].get("health", "Unknown"))
+                        if said[-1].get("message"):
+                            res["message"] = str(said[-1]["message"])
+                    resources.append(res)
+                entries.append({"name": f"claim:{claim.claim_name}", "resources": resources})
+            if entries:
+                status["allocatedResourcesStatus"] = entries
+            statuses.append(status)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": f"uid-{pod.namespace}-{pod.name}",
+                "labels": {},
+            },
+            "spec": {
+                "nodeName": self.scenario.node,
+                "containers": [{"name": c.name, "image": "sim"} for c in pod.containers],
+            },
+            "status": {"phase": "Running", "containerStatuses": statuses},
+        }
+
+
+def make_part(scenario: Scenario, workdir: Path) -> DraPart:
+    return DraPart(scenario, workdir)
