@@ -5,6 +5,7 @@ flag away, and the flags, the chart and the kit say so."""
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from exporter.budget import Budgeted
 from exporter.cli.flags import env_name, parse_config
 from exporter.metrics import CORE, DEFAULT_GROUPS, GROUP_NAMES, GROUPS, SPECS
 from exporter.model import Snapshot
+from monitoring.groups import groups_read
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.support import metrics_text
 from tests.test_golden_scenarios import scenario_snapshot
@@ -137,3 +139,31 @@ def test_the_chart_and_the_kit_expose_every_group() -> None:
     for group in GROUP_NAMES:
         if group != CORE:
             assert f'{{name: {env_name(f"--metrics.group.{group}")}, value: "true"}}' in kit
+
+
+def test_every_alert_reads_only_the_default_set() -> None:
+    """The alerts keep working without a group flag: no expression needs an opt-in group."""
+    from monitoring.alerts import GROUPS as ALERT_GROUPS
+
+    for alert in (a for alerts in ALERT_GROUPS.values() for a in alerts):
+        needed, _ = groups_read([alert.expr])
+        assert needed == set(), (alert.name, needed)
+
+
+def test_panels_that_need_a_group_say_so_on_their_face() -> None:
+    assert groups_read(['rate(hw.gpu.io{hw.id="x"}[5m])']) == ({"interconnect"}, set())
+    assert groups_read(['hw.errors{error.type="nvlink_crc"}']) == ({"interconnect"}, set())
+    assert groups_read(['hw.errors{error.type="ecc_uncorrected"}']) == (set(), set())
+    assert groups_read(["hw.errors"]) == (set(), {"interconnect", "memory"})
+    assert groups_read(['hw.gpu.clock.throttled{hw.gpu.clock.throttle_reason=~".*thermal.*"}']) == (
+        set(),
+        set(),
+    )
+    titles: dict[str, str] = {}
+    for path in (REPO / "dashboards").glob("*.json"):
+        for panel in json.loads(path.read_text()).get("panels", []):
+            titles[panel["title"]] = panel.get("description", "")
+    assert "Needs `--metrics.group.clocks`" in titles["Clocks (opt-in: clocks)"]
+    assert "NVLink throughput (opt-in: interconnect)" in titles
+    assert "More series with `--metrics.group.clocks`" in titles["Power and limit"]
+    assert not any("opt-in" in t for t in titles if t.startswith("Utilization"))
