@@ -291,6 +291,11 @@ def fleet_section(fleets: list[Fleet]) -> list[str]:
             f"{f.heap_bytes_per_node / MIB:,.1f} MiB |\n"
         )
     out += [
+        "\nHeap per head series is the busy Prometheus's heap over the idle one's, divided by\n"
+        "the series: after a short run a fixed part remains in it, which weighs more where\n"
+        "there are fewer series (the dcgm rows), so those rows overstate it; compare the\n"
+        "series. The default groups carry a third fewer series per `dense` node than every\n"
+        "group (metric groups: docs/metrics.md).\n",
         "\nExtrapolated (series per node and heap per series as measured):\n\n",
         "| exporters with | nodes | scrape interval | head series | samples/s | "
         "Prometheus heap |\n",
