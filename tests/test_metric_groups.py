@@ -167,3 +167,18 @@ def test_panels_that_need_a_group_say_so_on_their_face() -> None:
     assert "NVLink throughput (opt-in: interconnect)" in titles
     assert "More series with `--metrics.group.clocks`" in titles["Power and limit"]
     assert not any("opt-in" in t for t in titles if t.startswith("Utilization"))
+
+
+def test_the_chart_and_the_kit_turn_groups_on(tmp_path: Path) -> None:
+    """What the chart's `metricGroups` and the kit's component render, read back by the
+    exporter's own flag parser."""
+    from tests.test_helm_chart import _kit, _one, render
+
+    rendered = render({"metricGroups": {"clocks": True, "memory": True}})
+    [container] = _one(rendered, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    groups = parse_config(container.get("args", []), env={}).metric_groups
+    assert groups == {CORE, "clocks", "memory"}
+    kit = _kit(tmp_path, "kube-prometheus-stack", "metric-groups")
+    [container] = _one(kit, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert parse_config([], env=env).metric_groups == set(GROUP_NAMES)
