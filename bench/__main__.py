@@ -10,6 +10,7 @@ side in the same run, interleaved, so machine load hits them alike.
     python -m bench gpm [--cycles N]            GPM (profiling) cost per cycle, its cadence
     python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
     python -m bench scrape [--baseline DIR]      scrape latency at Prometheus's cadences
+    python -m bench fleet [--nodes N]            the fleet alone, per schema and group set
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import aiohttp
 
 from bench import churn, cost, fleet, generate, gpm, labels, nvml_calls, podresources, scrape
 from bench.procs import ExporterProcess, NodeProcess
-from bench.report import Results, write
+from bench.report import Results, fleet_section, write
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("demo", "dense", "mixed")
@@ -123,7 +124,7 @@ def run_all(args: argparse.Namespace) -> Results:
         print(f"churn: {results.churn}", flush=True)
         if args.fleet_nodes:
             results.fleet = asyncio.run(
-                fleet.measure(
+                fleet.measure_sets(
                     work / "fleet",
                     nodes=args.fleet_nodes,
                     interval=5.0,
@@ -138,6 +139,27 @@ def run_all(args: argparse.Namespace) -> Results:
     return results
 
 
+def _fleet_only(argv: list[str]) -> int:
+    """Measure the fleet alone and rewrite only its Prometheus part of the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench fleet")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kde-fleet-") as tmp:
+        fleets = asyncio.run(
+            fleet.measure_sets(Path(tmp), nodes=args.nodes, interval=5.0, duration=args.duration)
+        )
+    for f in fleets:
+        print(f"fleet: {f}", flush=True)
+    text = args.out.read_text()
+    head, rest = text.split("## The fleet\n\n", 1)
+    tail = rest[rest.index("OTLP/HTTP (gzip)") :]
+    args.out.write_text(head + "## The fleet\n\n" + "".join(fleet_section(fleets)) + tail)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["nvml-calls"]:
         return nvml_calls.main(argv[1:])
@@ -150,6 +172,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["static"]:
         scrape.serve_static(Path(argv[1]), argv[2], int(argv[3]))
         return 0
+    if argv[:1] == ["fleet"]:
+        return _fleet_only(argv[1:])
     if argv[:1] == ["churn"]:
         churn.main(int(argv[1]), int(argv[2]))
         return 0

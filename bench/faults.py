@@ -339,7 +339,8 @@ class NodeTarget:
     def _spawn(self) -> subprocess.Popen[bytes]:
         args = [*self.node.exporter_args(), "--collect-interval", "1s",
                 "--web.listen-address", f"127.0.0.1:{self.port}",
-                "--otlp.endpoint", self.receiver.endpoint]  # fmt: skip
+                "--otlp.endpoint", self.receiver.endpoint,
+                "--metrics.group.interconnect"]  # fmt: skip  # PCIe replays (sysfs_u64_glitch)
         log = (self.workdir / "exporter.log").open("w")
         return subprocess.Popen(
             [sys.executable, "-m", "exporter", *args],

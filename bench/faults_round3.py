@@ -1,6 +1,7 @@
 """Issue 25's faults against real exporter processes: stuck host reads, a web config emptied
 or removed, a password flood, user-name timing, a planted sysfs link, a pod listed three
-times, SIGHUP. `python -m bench.faults` runs them after its own; alone:
+times, SIGHUP, a node of 100,000 device IDs and a List over the size cap (bench/bignode.py).
+`python -m bench.faults` runs them after its own; alone:
 
     python -m bench.faults_round3 [--tree DIR]
 
@@ -548,6 +549,9 @@ async def run(tree: Path, long: bool = False) -> list[Row]:
         rows.append(await sysfs_link(tree, work))
         rows.append(await sighup(tree, work))
         rows.append(await duplicate_pods())
+        from bench.bignode import fault_rows  # imports this module's harness
+
+        rows += await fault_rows(tree, work)
     return rows
 
 

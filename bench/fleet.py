@@ -14,6 +14,7 @@ import aiohttp
 import yaml
 
 from bench.procs import ExporterProcess, NodeProcess, Process, free_port
+from exporter.metrics import CORE, GROUPS
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,19 @@ class Fleet:
     samples_per_s: float
     heap_bytes_per_series: float
     series_per_node: float
+    label: str = "native schema, default groups"
+    heap_bytes_per_node: float = 0.0
+    """The busy Prometheus's heap over the idle one's, per node."""
+
+
+EVERY_GROUP = tuple(f"--metrics.group.{g.name}" for g in GROUPS if g.name != CORE)
+SETS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("native schema, default groups", ()),
+    ("native schema, every group", EVERY_GROUP),
+    ("dcgm schema, default groups", ("--metrics.schema", "dcgm")),
+    ("dcgm schema, every group", ("--metrics.schema", "dcgm", *EVERY_GROUP)),
+)
+"""What a fleet's Prometheus is measured with: the schemas and the group sets."""
 
 
 def _metric(text: str, name: str) -> float:
@@ -63,7 +77,32 @@ class _Prometheus:
         raise TimeoutError("prometheus did not answer")
 
 
-async def measure(workdir: Path, *, nodes: int, interval: float, duration: float) -> Fleet:
+async def measure_sets(
+    workdir: Path, *, nodes: int, interval: float, duration: float
+) -> list[Fleet]:
+    """`measure` for every schema and group set of `SETS`, one after the other."""
+    return [
+        await measure(
+            workdir / f"set{i}",
+            nodes=nodes,
+            interval=interval,
+            duration=duration,
+            label=label,
+            extra=extra,
+        )
+        for i, (label, extra) in enumerate(SETS)
+    ]
+
+
+async def measure(
+    workdir: Path,
+    *,
+    nodes: int,
+    interval: float,
+    duration: float,
+    label: str = SETS[0][0],
+    extra: tuple[str, ...] = (),
+) -> Fleet:
     started: list[NodeProcess] = []
     exporters: list[ExporterProcess] = []
     servers: list[_Prometheus] = []
@@ -71,7 +110,7 @@ async def measure(workdir: Path, *, nodes: int, interval: float, duration: float
         async with aiohttp.ClientSession() as http:
             for i in range(nodes):
                 started.append(NodeProcess.start("dense", workdir / f"node{i}"))
-                exporters.append(ExporterProcess(started[-1], "5s"))
+                exporters.append(ExporterProcess(started[-1], "5s", *extra))
             for e in exporters:
                 await e.wait_ready(http)
             targets = [f"127.0.0.1:{e.port}" for e in exporters]
@@ -105,6 +144,8 @@ async def measure(workdir: Path, *, nodes: int, interval: float, duration: float
         samples_per_s=(_metric(last, appended) - _metric(first, appended)) / elapsed,
         heap_bytes_per_series=(_metric(last, heap) - _metric(quiet, heap)) / max(series, 1),
         series_per_node=series / nodes,
+        label=label,
+        heap_bytes_per_node=(_metric(last, heap) - _metric(quiet, heap)) / nodes,
     )
 
 

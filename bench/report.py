@@ -28,7 +28,7 @@ class Results:
     latency: list[Latency] = field(default_factory=list)
     placements: list[Placement] = field(default_factory=list)
     churn: dict[str, float] = field(default_factory=dict)
-    fleet: Fleet | None = None
+    fleet: list[Fleet] | None = None
     otlp: list[OtlpVolume] = field(default_factory=list)
     nvml_calls: str = ""
     gpm: str = ""
@@ -246,10 +246,11 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
         "each\nswing. glibc's malloc costs "
         f"{cpu * 100:.0f} % more CPU per churn cycle here (on `dense`, see the allocator\n"
         "row of the breakdown above); the image pays it so that memory goes back.\n\n",
-        "**Supported node size**, against the kit's 256Mi limit (deploy/base/daemonset.yaml):\n"
-        "up to 64 GPUs with 1,600 pods (the generated row above) and up to 1,000 pods holding\n"
-        "8 GPUs each, at a 1 s interval, all under 100 MiB; a 64-GPU node at 1 s costs a few\n"
-        "percent of a core, so collect such nodes every 5-10 s.\n\n",
+        "**Supported node size**: up to 64 GPUs with 1,600 pods (the generated row above) and "
+        "up\nto 1,000 pods holding 8 GPUs each, at a 1 s interval, all under 100 MiB; a 64-GPU "
+        "node at\n1 s costs a few percent of a core, so collect such nodes every 5-10 s. The "
+        "kit's 384Mi\nlimit is sized for the largest node accepted at all (an 8 MiB `List`, "
+        "10,000 series:\n272 MiB; [reliability.md](reliability.md#a-huge-node)).\n\n",
     ]
 
 
@@ -274,31 +275,52 @@ def _placements(r: Results) -> list[str]:
     return out
 
 
-def _fleet(r: Results) -> list[str]:
-    out = ["## The fleet\n\n"]
-    f = r.fleet
-    if f is not None:
-        out += [
-            f"One real Prometheus scraped {f.nodes} simulated `dense` nodes every "
-            f"{f.scrape_interval_s:g} s, side by side with an idle one (no targets); the\n"
-            "difference is what the nodes cost it.\n\n",
-            "| head series | per node | samples/s ingested | heap per head series |\n",
-            "|---|---|---|---|\n",
-            f"| {f.head_series:,.0f} | {f.series_per_node:,.0f} | {f.samples_per_s:,.0f} | "
-            f"{f.heap_bytes_per_series:,.0f} B |\n\n",
-            "Extrapolated (series per node and heap per series as measured):\n\n",
-            "| nodes | scrape interval | head series | samples/s | Prometheus heap |\n",
-            "|---|---|---|---|---|\n",
-        ]
+def fleet_section(fleets: list[Fleet]) -> list[str]:
+    """The Prometheus part of "The fleet": per schema and group set, and extrapolated."""
+    f = fleets[0]
+    out = [
+        f"One real Prometheus scraped {f.nodes} simulated `dense` nodes every "
+        f"{f.scrape_interval_s:g} s, side by side with an idle one (no targets); the\n"
+        "difference is what the nodes cost it. One run per schema and metric-group set\n"
+        "(`bench/fleet.py` SETS, `python -m bench fleet` rewrites this part alone):\n\n",
+        "| exporters with | head series | per node | samples/s ingested | heap per head series "
+        "| heap per node |\n",
+        "|---|---|---|---|---|---|\n",
+    ]
+    for f in fleets:
+        out.append(
+            f"| {f.label} | {f.head_series:,.0f} | {f.series_per_node:,.0f} | "
+            f"{f.samples_per_s:,.0f} | {f.heap_bytes_per_series:,.0f} B | "
+            f"{f.heap_bytes_per_node / MIB:,.1f} MiB |\n"
+        )
+    out += [
+        "\nHeap per head series is the busy Prometheus's heap over the idle one's, divided by\n"
+        "the series: after a short run a fixed part remains in it, which weighs more where\n"
+        "there are fewer series (the dcgm rows), so those rows overstate it; compare the\n"
+        "series. The default groups carry a third fewer series per `dense` node than every\n"
+        "group (metric groups: docs/metrics.md).\n",
+        "\nExtrapolated (series per node and heap per series as measured):\n\n",
+        "| exporters with | nodes | scrape interval | head series | samples/s | "
+        "Prometheus heap |\n",
+        "|---|---|---|---|---|---|\n",
+    ]
+    for f in fleets:
         for nodes in FLEET_NODES:
             for interval in FLEET_INTERVALS:
                 series = nodes * f.series_per_node
                 heap = series * f.heap_bytes_per_series / 2**30
                 out.append(
-                    f"| {nodes:,} | {interval} s | {series / 1e6:.1f} M | "
+                    f"| {f.label} | {nodes:,} | {interval} s | {series / 1e6:.2f} M | "
                     f"{series / interval:,.0f} | {heap:.1f} GiB |\n"
                 )
-        out.append("\n")
+    out.append("\n")
+    return out
+
+
+def _fleet(r: Results) -> list[str]:
+    out = ["## The fleet\n\n"]
+    if r.fleet:
+        out += fleet_section(r.fleet)
     if r.otlp:
         out += [
             "OTLP/HTTP (gzip) from one `dense` node exporting every 10 s, cumulative and delta\n"

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
+from exporter.budget import Budgeted
 from exporter.cli.config import Config
 from exporter.draview import DraView
 from exporter.heap import HeapTrimmer
@@ -97,7 +98,7 @@ class Exporter:
         self.config = config
         self.prometheus = PrometheusSink(schema=config.metrics_schema)
         self.view = DevicesView(ResourceMatcher(config.resource_patterns))
-        sinks: list[SnapshotSink] = [self.prometheus, self.view]
+        sinks: list[SnapshotSink] = [self.prometheus, self.view]  # behind the budget, below
         self.web_limits = ServerLimits(max_connections=config.web_max_connections)
         self.web_stats = ServerStats(self.web_limits.quiet_after)
         self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
@@ -126,7 +127,9 @@ class Exporter:
             node=config.node_name,
             sources=build_sources(config) if sources is None else sources,
             client=self.client,
-            sinks=sinks,
+            sinks=[
+                Budgeted(sinks, groups=config.metric_groups, max_series=config.metrics_max_series)
+            ],
             after_cycle=[HeapTrimmer()],  # after a shrink, the heap's free pages go back
             after_publish=[self.prometheus.build_due],
             self_metrics=self_metrics,

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.ids import ResourceMatcher
-from exporter.join import join
+from exporter.join import JoinResult, join
+from exporter.log import StateLog
 from exporter.model import (
     ContainerDevices,
     DeviceReading,
@@ -347,3 +348,25 @@ def snapshot_findings(snapshot: Snapshot, matcher: ResourceMatcher) -> list[Find
             snapshot.allocatable, {r: n for r, n in snapshot.unseen if n}, sources, matcher
         ),
     ]
+
+
+def warn_unseen(
+    states: StateLog,
+    joined: JoinResult,
+    healths: Sequence[SourceHealth],
+    matcher: ResourceMatcher,
+) -> None:
+    """The poller's side of the unseen finding: one warning per resource when the kubelet
+    can allocate devices no source sees (the likely cause and the fix, as `doctor` says it);
+    one info when they are seen again."""
+    problems = {resource: count for resource, count in joined.unseen if count}
+    for resource, count in joined.unseen:
+        if count == 0:
+            states.ok(f"unseen/{resource}", f"every allocatable {resource} device is seen again")
+    if not problems:
+        return
+    totals = allocatable_totals(joined.allocatable, matcher)
+    sources = source_findings(healths, (d.reading for d in joined.devices))
+    for resource, count in problems.items():
+        finding = unseen_finding(resource, count, totals[resource], sources)
+        states.failed(f"unseen/{resource}", finding.sentence())

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+Attributes = tuple[tuple[str, str], ...]
+
 
 class Kind(StrEnum):
     GAUGE = "gauge"
@@ -43,6 +45,58 @@ class Scope(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class MetricGroup:
+    """A set of series that is on or off as one (`--metrics.group.NAME`), as node_exporter's
+    collectors and dcgm-exporter's counter files are: the default answers the first
+    questions at about dcgm-exporter's default series per GPU; the rest is one flag away."""
+
+    name: str
+    help: str
+    default: bool = False
+
+
+CORE = "core"
+
+GROUPS: tuple[MetricGroup, ...] = (
+    MetricGroup(
+        CORE,
+        "identity, status, utilization, memory used and size, power and energy, GPU "
+        "temperature, uncorrected ECC and XID errors, row-remap state, the throttle reasons "
+        "the alerts read, who holds what, per-container use, the exporter's own health",
+        default=True,
+    ),
+    MetricGroup(
+        "clocks",
+        "clock frequencies, the throttle reasons no alert reads (gpu_idle, "
+        "applications_clocks_setting, sync_boost, display_clock_setting), the power limit",
+    ),
+    MetricGroup(
+        "interconnect",
+        "PCIe and NVLink traffic, PCIe replays and NVLink errors",
+    ),
+    MetricGroup(
+        "memory",
+        "memory detail: free and reserved, AMD CPU-visible and GTT, remapped rows by "
+        "cause, corrected and deferred ECC errors, memory temperature",
+    ),
+    MetricGroup("media", "encoder and decoder utilization"),
+    MetricGroup(
+        "profiling",
+        "NVIDIA GPM profiling metrics (SM and tensor activity, Hopper and later)",
+    ),
+)
+"""Every group; `core` cannot be turned off."""
+
+GROUP_NAMES = tuple(g.name for g in GROUPS)
+DEFAULT_MAX_SERIES = 10_000
+"""`--metrics.max-series`: a 64-GPU node with 1,600 pods makes 8,224 series
+(docs/performance.md) with every group on, fewer with the default groups; the memory at
+the budget and the List size cap is what the DaemonSet's limit is sized for
+(docs/reliability.md)."""
+DEFAULT_GROUPS = frozenset(g.name for g in GROUPS if g.default)
+
+
+@dataclass(frozen=True, slots=True)
 class MetricSpec:
     name: str
     kind: Kind
@@ -51,6 +105,18 @@ class MetricSpec:
     scope: Scope = Scope.DEVICE
     attributes: tuple[str, ...] = ()
     """Metric-specific attribute keys (device and holder attributes come on top)."""
+    group: str = CORE
+    """The metric group its series belong to (`GROUPS`)."""
+    value_groups: tuple[tuple[str, str, str], ...] = ()
+    """(attribute, value, group): series carrying that attribute value belong to that group
+    instead (`hw.errors` with `error.type="nvlink_crc"` is `interconnect`)."""
+
+    def group_of(self, attributes: Attributes) -> str:
+        """The group of this metric's series with `attributes`."""
+        for key, value, group in self.value_groups:
+            if (key, value) in attributes:
+                return group
+        return self.group
 
     @property
     def prom_name(self) -> str:
@@ -214,6 +280,7 @@ ATTRIBUTES: dict[str, str] = {
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
     "sink": "Sink name (`otlp`).",
+    "group": "Metric group (`--metrics.group.NAME`; docs/metrics.md).",
     "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
     "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
     "`malformed`, `unauthorized`, `rate_limited` (a password check refused without bcrypt: "
@@ -246,6 +313,14 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
 reason, and the dcgm schema joins those series back into dcgm-exporter's mask. Both read
 this table, so neither needs the other."""
 
+QUIET_THROTTLE_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sync_boost",
+    "display_clock_setting",
+)
+"""The reasons no alert reads: in the `clocks` group; the other five are in `core`."""
+
 
 # --- the table ------------------------------------------------------------------------
 
@@ -272,6 +347,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Fraction of time the GPU (or MIG slice) spent on a task over the last sample period.",
         attributes=("hw.gpu.task",),
+        value_groups=(("hw.gpu.task", "encoder", "media"), ("hw.gpu.task", "decoder", "media")),
     ),
     MetricSpec(
         "hw.gpu.memory.bandwidth.utilization",
@@ -286,6 +362,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Fraction of time any compute or graphics work was active, averaged over the GPM "
         "interval (NVIDIA GPM GRAPHICS_UTIL; GPM: Hopper and later, whole GPUs and MIG slices).",
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.sm.activity",
@@ -293,6 +370,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Fraction of streaming multiprocessors busy, averaged over the GPM interval (NVIDIA "
         "GPM SM_UTIL).",
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.sm.occupancy",
@@ -300,6 +378,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Warps resident on the SMs as a fraction of the theoretical maximum, averaged over "
         "the GPM interval (NVIDIA GPM SM_OCCUPANCY).",
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.tensor.activity",
@@ -307,6 +386,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "Fraction of time any tensor pipe was active, averaged over the GPM interval (NVIDIA "
         "GPM ANY_TENSOR_UTIL).",
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.pipe.activity",
@@ -315,6 +395,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Fraction of time the SMs did non-tensor math of a precision, averaged over the GPM "
         "interval (NVIDIA GPM FP64_UTIL, FP32_UTIL, FP16_UTIL).",
         attributes=("hw.gpu.pipe",),
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.dram.activity",
@@ -322,6 +403,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1",
         "DRAM bandwidth used as a fraction of the theoretical maximum, averaged over the GPM "
         "interval (NVIDIA GPM DRAM_BW_UTIL).",
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.pcie.throughput",
@@ -329,6 +411,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "By/s",
         "PCIe traffic, averaged over the GPM interval (NVIDIA GPM PCIE_TX/RX_PER_SEC).",
         attributes=("network.io.direction",),
+        group="profiling",
     ),
     MetricSpec(
         "hw.gpu.nvlink.throughput",
@@ -337,19 +420,35 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "NVLink traffic over all links, averaged over the GPM interval (NVIDIA GPM "
         "NVLINK_TOTAL_TX/RX_PER_SEC: transmit is its write, receive its read bandwidth).",
         attributes=("network.io.direction",),
+        group="profiling",
     ),
     MetricSpec("hw.gpu.memory.usage", U, "By", "Device memory in use (NVIDIA FB, AMD VRAM)."),
     MetricSpec("hw.gpu.memory.limit", U, "By", "Device memory size."),
-    MetricSpec("hw.gpu.memory.free", U, "By", "Device memory free."),
-    MetricSpec("hw.gpu.memory.reserved", U, "By", "Device memory reserved by the driver."),
-    MetricSpec("hw.gpu.memory.visible.usage", U, "By", "CPU-visible VRAM in use (AMD)."),
-    MetricSpec("hw.gpu.memory.visible.limit", U, "By", "CPU-visible VRAM size (AMD)."),
+    MetricSpec("hw.gpu.memory.free", U, "By", "Device memory free.", group="memory"),
     MetricSpec(
-        "hw.gpu.memory.gtt.usage", U, "By", "GTT (system memory mapped for the GPU) in use."
+        "hw.gpu.memory.reserved", U, "By", "Device memory reserved by the driver.", group="memory"
     ),
-    MetricSpec("hw.gpu.memory.gtt.limit", U, "By", "GTT size."),
     MetricSpec(
-        "hw.gpu.clock", G, "Hz", "Current clock frequency.", attributes=("hw.gpu.clock.type",)
+        "hw.gpu.memory.visible.usage", U, "By", "CPU-visible VRAM in use (AMD).", group="memory"
+    ),
+    MetricSpec(
+        "hw.gpu.memory.visible.limit", U, "By", "CPU-visible VRAM size (AMD).", group="memory"
+    ),
+    MetricSpec(
+        "hw.gpu.memory.gtt.usage",
+        U,
+        "By",
+        "GTT (system memory mapped for the GPU) in use.",
+        group="memory",
+    ),
+    MetricSpec("hw.gpu.memory.gtt.limit", U, "By", "GTT size.", group="memory"),
+    MetricSpec(
+        "hw.gpu.clock",
+        G,
+        "Hz",
+        "Current clock frequency.",
+        attributes=("hw.gpu.clock.type",),
+        group="clocks",
     ),
     MetricSpec(
         "hw.gpu.clock.throttled",
@@ -357,6 +456,9 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "",
         "1 while the reason holds clocks down, else 0 (NVML clock event reasons).",
         attributes=("hw.gpu.clock.throttle_reason",),
+        value_groups=tuple(
+            ("hw.gpu.clock.throttle_reason", reason, "clocks") for reason in QUIET_THROTTLE_REASONS
+        ),
     ),
     MetricSpec(
         "hw.gpu.idle.time",
@@ -370,6 +472,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "By",
         "Bytes the GPU received and transmitted over PCIe.",
         attributes=("network.io.direction",),
+        group="interconnect",
     ),
     MetricSpec(
         "hw.gpu.nvlink.io",
@@ -377,12 +480,20 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "By",
         "Bytes over NVLink, all links.",
         attributes=("network.io.direction",),
+        group="interconnect",
     ),
     # power and thermals
     MetricSpec("hw.power", G, "W", "Power drawn by the device."),
-    MetricSpec("hw.power.limit", G, "W", "Enforced power limit."),
+    MetricSpec("hw.power.limit", G, "W", "Enforced power limit.", group="clocks"),
     MetricSpec("hw.energy", C, "J", "Energy consumed by the device since the driver loaded."),
-    MetricSpec("hw.temperature", G, "Cel", "Temperature.", attributes=("hw.sensor_location",)),
+    MetricSpec(
+        "hw.temperature",
+        G,
+        "Cel",
+        "Temperature.",
+        attributes=("hw.sensor_location",),
+        value_groups=(("hw.sensor_location", "memory", "memory"),),
+    ),
     # errors
     MetricSpec(
         "hw.errors",
@@ -390,6 +501,15 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{error}",
         "Errors counted by the device or driver.",
         attributes=("error.type", "hw.error.block", "network.io.direction"),
+        value_groups=(
+            ("error.type", "ecc_corrected", "memory"),
+            ("error.type", "ecc_deferred", "memory"),
+            ("error.type", "pcie_replay", "interconnect"),
+            *(
+                ("error.type", f"nvlink_{kind}", "interconnect")
+                for kind in ("crc", "crc_flit", "replay", "recovery")
+            ),
+        ),
     ),
     MetricSpec(
         "hw.gpu.xid.errors",
@@ -412,6 +532,7 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{row}",
         "Device memory rows remapped.",
         attributes=("hw.gpu.memory.remap_cause",),
+        group="memory",
     ),
     MetricSpec(
         "hw.gpu.memory.row_remap.pending",
@@ -851,6 +972,29 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "{series}",
         "Series in the last rendered /metrics output.",
         scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.series.limit",
+        G,
+        "{series}",
+        "The series budget per node (`--metrics.max-series`): past it, per-holder series "
+        "are left out, whole containers at a time (docs/reliability.md).",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.series.dropped",
+        G,
+        "{series}",
+        "Series the budget left out of the last snapshot (0 while under it).",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.metric_group.enabled",
+        G,
+        "",
+        "1 for each metric group exported, 0 for each one off (`--metrics.group.NAME`).",
+        scope=_E,
+        attributes=("group",),
     ),
     MetricSpec(
         "kube_device_exporter.podresources.invalid_device_ids",

@@ -322,3 +322,6 @@ class Snapshot:
     """Per (device, container) sums of the processes in `processes`."""
     attribution: bool = False
     """Whether process attribution ran this cycle (host /proc and container logs readable)."""
+    allocations_left_out: tuple[tuple[str, int], ...] = ()
+    """(resource, device-plugin allocations the series budget left out of `allocations`):
+    `hw.allocated.devices` still counts them (exporter/budget.py)."""

@@ -126,6 +126,7 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     allocated: Counter[str] = Counter(
         a.resource_name for a in snapshot.allocations if a.kind.value == "device_plugin"
     )
+    allocated.update(dict(snapshot.allocations_left_out))
     for resource in sorted(allocatable):
         attrs = (("hw.allocation.resource", resource), *node)
         yield Point(SPECS["hw.allocatable.devices"], attrs, float(allocatable[resource]))

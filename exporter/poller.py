@@ -19,7 +19,7 @@ from typing import Protocol
 
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import container_usage
-from exporter.checks import allocatable_totals, source_findings, unseen_finding
+from exporter.checks import warn_unseen
 from exporter.draview import DraView
 from exporter.ids import ResourceMatcher
 from exporter.join import JoinResult, join
@@ -208,7 +208,7 @@ class Poller:
             else (),
             kubeapi=self.pods.health() if self.pods else None,
         )
-        self._warn_unseen(joined, healths)
+        warn_unseen(self._states, joined, healths, self.matcher)
         for sink in self.sinks:
             sink.update(snapshot)
         for step in self.after_cycle:
@@ -294,23 +294,6 @@ class Poller:
         if self.client is not None:
             await self.client.close()
         return problems
-
-    def _warn_unseen(self, joined: JoinResult, healths: Sequence[SourceHealth]) -> None:
-        """One warning per resource when the kubelet can allocate devices no source sees
-        (doctor's finding: the likely cause and the fix); one info when they are seen again."""
-        problems = {resource: count for resource, count in joined.unseen if count}
-        for resource, count in joined.unseen:
-            if count == 0:
-                self._states.ok(
-                    f"unseen/{resource}", f"every allocatable {resource} device is seen again"
-                )
-        if not problems:
-            return
-        totals = allocatable_totals(joined.allocatable, self.matcher)
-        sources = source_findings(healths, (d.reading for d in joined.devices))
-        for resource, count in problems.items():
-            finding = unseen_finding(resource, count, totals[resource], sources)
-            self._states.failed(f"unseen/{resource}", finding.sentence())
 
     async def _cpu_nodes(self) -> Mapping[int, int]:
         if self.cpu_nodes is None:

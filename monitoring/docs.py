@@ -54,6 +54,13 @@ variable is empty and its *All* matches everything.
   stayed below `$idle_threshold` for all of `$idle_window`.
 - Variables: `node`, `type`, `vendor`, `model`, `device`, `namespace`, `pod` (multi-value,
   All matches series without the label too), `idle_threshold`, `idle_window`, `lookback`.
+- Metric groups ([metrics.md](metrics.md#metric-groups)): every panel works on the default
+  set except those whose title ends `(opt-in: GROUP)`: they need `--metrics.group.GROUP`
+  and say so in their description (devices: Remapped memory rows, Clocks, GTT in use, PCIe
+  and NVLink throughput; workloads: PCIe throughput per pod). A description ending "More
+  series with ..." shows more lines with that group on (utilization by encoder/decoder,
+  the power limit, every throttle reason, corrected ECC and link errors, memory
+  temperature). Every alert reads the default set only (`tests/test_metric_groups.py`).
 """
 
 ALERTS_INTRO = """\

@@ -34,6 +34,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.text import TextMode
 
+from monitoring.groups import marked
 from monitoring.promql import promql
 
 PanelBuilder = Builder[Panel]
@@ -70,6 +71,10 @@ def _targets(queries: Queries, *, instant: bool) -> list[prom.Dataquery]:
     return out
 
 
+def _exprs(queries: Queries) -> list[str]:
+    return [q if isinstance(q, str) else q.expr for q in queries]
+
+
 def _steps(*steps: tuple[float | None, str]) -> dash.ThresholdsConfig:
     return (
         dash.ThresholdsConfig()
@@ -99,6 +104,7 @@ def timeseries_panel(
     minimum: float | None = 0,
     maximum: float | None = None,
 ) -> timeseries.Panel:
+    title, description = marked(title, description, _exprs(queries))
     panel = (
         timeseries.Panel()
         .title(title)
@@ -129,6 +135,7 @@ def stat_panel(
     height: int = 4,
     thresholds: tuple[tuple[float | None, str], ...] = GREEN,
 ) -> stat.Panel:
+    title, description = marked(title, description, _exprs([query]))
     return (
         stat.Panel()
         .title(title)
@@ -155,6 +162,7 @@ def bar_panel(
     height: int = 8,
     maximum: float | None = None,
 ) -> bargauge.Panel:
+    title, description = marked(title, description, _exprs(queries))
     panel = (
         bargauge.Panel()
         .title(title)
@@ -185,6 +193,7 @@ def table_panel(
     units: dict[str, str] | None = None,
 ) -> table.Panel:
     """A table of instant queries merged on their labels; each value column gets its name."""
+    title, description = marked(title, description, _exprs([q for _, q in queries]))
     names = [name for name, _ in queries]
     renames: dict[str, str] = {}
     if len(queries) == 1:
@@ -230,6 +239,7 @@ def state_panel(
     height: int = 8,
 ) -> statetimeline.Panel:
     """A state timeline; `states` maps a value to (text, color)."""
+    title, description = marked(title, description, _exprs(queries))
     mapping = ValueMap(
         options={v: ValueMappingResult(text=t, color=c) for v, (t, c) in states.items()}
     )

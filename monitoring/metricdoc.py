@@ -6,7 +6,36 @@ the table disagree.
 
 from __future__ import annotations
 
-from exporter.metrics import ATTRIBUTES, SPECS_LIST, Kind, Scope, prometheus_label
+from exporter.metrics import (
+    ATTRIBUTES,
+    CORE,
+    GROUPS,
+    SPECS_LIST,
+    Kind,
+    MetricSpec,
+    Scope,
+    prometheus_label,
+)
+
+_GROUPS_HEAD = """## Metric groups
+
+As node_exporter's collectors and dcgm-exporter's counter files: the default (`core`)
+answers the first questions (utilization, memory, power, temperature, errors, who holds
+what) at no more series per whole GPU than dcgm-exporter's default counters (25 series:
+`etc/default-counters.csv`, 26 fields of which `DCGM_FI_DRIVER_VERSION` is a label; ours: 23
+or 24 on `dense`'s time-sliced GPUs, 3 holders each, counted by
+`tests/test_metric_groups.py`). Each other group is one flag away, `--metrics.group.NAME`
+(`KDE_METRICS_GROUP_NAME=true`; chart `metricGroups.NAME`; kit
+`deploy/components/metric-groups`). `kube_device_exporter_metric_group_enabled{group}`
+says which are on. A row below names its group; a row whose group says "by label" puts
+some series in another group by a label value. The dcgm schema (`--metrics.schema=dcgm`)
+renames what the groups let through: dcgm-exporter's clock, PCIe, NVLink, free/reserved
+memory, remapped-row and encoder/decoder fields need `clocks`, `interconnect`, `memory`
+and `media` on.
+
+| group | default | what |
+|---|---|---|
+"""
 
 _DOC_HEAD = """# Metrics
 
@@ -69,9 +98,23 @@ def _doc_label(attribute: str) -> str:
     return prometheus_label(attribute)
 
 
+def _group_cell(spec: MetricSpec) -> str:
+    if not spec.value_groups:
+        return f"`{spec.group}`"
+    by: dict[str, list[str]] = {}
+    for key, value, group in spec.value_groups:
+        by.setdefault(group, []).append(f'`{_doc_label(key)}="{value}"`')
+    others = "; ".join(f"`{g}`: {', '.join(v)}" for g, v in by.items())
+    return f"`{spec.group}`; by label: {others}"
+
+
 def markdown() -> str:
     """docs/metrics.md."""
-    out = [_DOC_HEAD]
+    out = [_DOC_HEAD, _GROUPS_HEAD]
+    for group in GROUPS:
+        default = "always" if group.name == CORE else ("on" if group.default else "off")
+        out.append(f"| `{group.name}` | {default} | {group.help} |\n")
+    out.append("\n")
     titles = {
         Scope.DEVICE: "Device metrics",
         Scope.ALLOCATION: "Allocation metrics (from PodResources)",
@@ -81,8 +124,10 @@ def markdown() -> str:
     }
     for scope, title in titles.items():
         out.append(f"## {title}\n\n")
-        out.append("| Prometheus name | type | OpenTelemetry name | unit | labels | help |\n")
-        out.append("|---|---|---|---|---|---|\n")
+        out.append(
+            "| Prometheus name | type | OpenTelemetry name | unit | labels | group | help |\n"
+        )
+        out.append("|---|---|---|---|---|---|---|\n")
         for s in SPECS_LIST:
             if s.scope is not scope:
                 continue
@@ -90,7 +135,8 @@ def markdown() -> str:
             otel = f"{s.name} ({s.kind.value})"
             labels = ", ".join(f"`{_doc_label(a)}`" for a in s.attributes)
             unit = s.unit or "-"
-            out.append(f"| `{s.prom_name}` | {typ} | `{otel}` | `{unit}` | {labels} | {s.help} |\n")
+            cells = (f"`{s.prom_name}`", typ, f"`{otel}`", f"`{unit}`", labels, _group_cell(s))
+            out.append(f"| {' | '.join(cells)} | {s.help} |\n")
         out.append("\n")
     out.append(
         "## Attributes (labels)\n\n| Prometheus label | OpenTelemetry attribute | meaning |\n"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.fleet import EVERY_GROUP
 from simulator.scenario import load_scenario
 from tests.peers import PrometheusServer, free_port
 
@@ -42,7 +43,7 @@ def exporter_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "simulator", str(scenario.path),
          "--web.listen-address", f"127.0.0.1:{port}", "--collect-interval", "1s",
-         "--metrics.schema", "native,dcgm"],
+         "--metrics.schema", "native,dcgm", *EVERY_GROUP],  # dcgm-exporter's defaults
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.ids import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import DEFAULT_GROUPS, DEFAULT_MAX_SERIES
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_LISTEN = ("", 9405)
@@ -36,13 +37,18 @@ class Config:
     process_series: bool = False
     metrics_schema: tuple[str, ...] = ("native",)
     """Names on /metrics: `native`, `dcgm` (dcgm-exporter's), or both during a migration."""
+    metric_groups: frozenset[str] = DEFAULT_GROUPS
+    """Metric groups exported (`--metrics.group.NAME`; `core` always)."""
+    metrics_max_series: int = DEFAULT_MAX_SERIES
+    """The series budget per node (exporter/budget.py)."""
     log_level: str = "info"
     log_format: str = "text"
     collectors: frozenset[str] = frozenset()
     source_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     resource_patterns: tuple[str, ...] = DEFAULT_RESOURCE_PATTERNS
     podresources_timeout: float = 5.0
-    podresources_max_message_bytes: int = 256 * 1024 * 1024
+    podresources_max_message_bytes: int = 8 * 1024 * 1024
+    """1.7x the largest List seen on a real node; the memory limit is sized for it."""
     podresources_stale_after: float = 300.0
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     web_config_file: Path | None = None

@@ -25,6 +25,7 @@ from exporter.cli.flagtable import COMMANDS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
 from exporter.cli.otelenv import otel_problem
 from exporter.cli.values import METAVARS, boolean, choice, regex
 from exporter.ids import DEFAULT_RESOURCE_PATTERNS
+from exporter.metrics import CORE, DEFAULT_MAX_SERIES, GROUPS
 from exporter.sources import SourceInfo, registry
 
 PROG = "kube-device-exporter"
@@ -106,6 +107,16 @@ def build_parser(
             kwargs["const"] = True
         help_ = f"{row.help} {_default_note(row.default, row.flag)}"
         groups[row.group].add_argument(row.flag, help=help_, **kwargs)
+    for group in GROUPS:
+        if group.name == CORE:
+            continue  # always on
+        flag = f"--metrics.group.{group.name}"
+        groups["metrics"].add_argument(
+            flag,
+            dest=f"metrics_group_{group.name}",
+            action=argparse.BooleanOptionalAction,
+            help=f"{group.help} (default {'on' if group.default else 'off'}; env {env_name(flag)})",
+        )
     for info in sources.values():
         flag = f"--collector.{info.name}"
         groups["collectors"].add_argument(
@@ -281,13 +292,15 @@ def parse_config(
         container_logs=get("container_logs", Path("/var/log/containers")),
         process_series=get("process_series", False),
         metrics_schema=get("metrics_schema", ("native",)),
+        metric_groups=_metric_groups(pick),
+        metrics_max_series=get("metrics_max_series", DEFAULT_MAX_SERIES),
         log_level=get("log_level", "info"),
         log_format=get("log_format", "text"),
         collectors=frozenset(collectors),
         source_options=options,
         resource_patterns=patterns,
         podresources_timeout=get("podresources_timeout", 5.0),
-        podresources_max_message_bytes=get("podresources_max_message_bytes", 256 * 1024**2),
+        podresources_max_message_bytes=get("podresources_max_message_bytes", 8 * 1024**2),
         podresources_stale_after=get("podresources_stale_after", 300.0),
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
         web_config_file=_web_config(get("web_config_file", None)),
@@ -313,6 +326,15 @@ def _known_variables(sources: dict[str, SourceInfo]) -> list[str]:
         names.append(env_name(f"--collector.{info.name}"))
         names += [env_name(f"--collector.{info.name}.{o.name}") for o in info.options]
     return names
+
+
+def _metric_groups(pick: Callable[[str, str, Callable[[str], Any], Any], Any]) -> frozenset[str]:
+    """`core` and every group whose `--metrics.group.NAME` (or variable, or default) is on."""
+    return frozenset({CORE}) | {
+        g.name
+        for g in GROUPS
+        if pick(f"--metrics.group.{g.name}", f"metrics_group_{g.name}", boolean, g.default)
+    }
 
 
 def _otel_protocol(env: dict[str, str], *, push: bool) -> str:

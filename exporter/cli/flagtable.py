@@ -86,8 +86,9 @@ FLAGS: tuple[Flag, ...] = (
         "--kubernetes.max-message-size",
         "podresources_max_message_bytes",
         size_bytes,
-        "256MiB",
-        "largest PodResources answer accepted (gRPC's default 4MiB breaks busy nodes)",
+        "8MiB",
+        "largest PodResources answer accepted (gRPC's default 4MiB breaks busy nodes; the "
+        "memory limit is sized for this: raise both together, docs/reliability.md)",
     ),
     Flag(
         "kubelet",
@@ -223,6 +224,15 @@ FLAGS: tuple[Flag, ...] = (
         metavar="native|dcgm|native,dcgm",
     ),
     Flag(
+        "collection",
+        "--metrics.max-series",
+        "metrics_max_series",
+        positive_int,
+        "10000",
+        "series budget per node: past it, per-holder series are left out, whole containers "
+        "at a time, and logged (docs/reliability.md); sized with the memory limit",
+    ),
+    Flag(
         "otlp",
         "--otlp.endpoint",
         "otlp_endpoint",
@@ -267,6 +277,7 @@ GROUP_TITLES = {
     "web": "web",
     "collection": "collection",
     "collectors": "collectors (sources)",
+    "metrics": "metric groups (docs/metrics.md)",
     "otlp": "OTLP push (also the standard OTEL_* variables)",
     "logging": "logging",
 }

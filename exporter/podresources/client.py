@@ -53,7 +53,10 @@ from exporter.podresources.parse import (
 )
 from exporter.podresources.settle import DEFAULT_SETTLE_SECONDS, RestartSettle
 
-DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""1.7x the largest List reported from a real node (4.75 MB, dcgm-exporter #509), and what
+the DaemonSet's memory limit is sized for (docs/reliability.md): a bigger answer is refused
+with one line, not parsed into memory the limit does not have."""
 
 _ListCache = tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]]
 """(API version, the answer's bytes, its pods, its invalid device IDs)."""
@@ -289,7 +292,14 @@ class PodResourcesClient:
             return await rpc(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not _local_size_limit(exc):
+            if _local_size_limit(exc):
+                raise PodResourcesError(
+                    code,
+                    f"{method} answer refused: {exc.details()}, over --kubernetes.max-message-"
+                    "size; the memory limit is sized for that cap: raise both together "
+                    "(docs/reliability.md)",
+                ) from exc
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._backoff_until = self._clock() + self._backoff.failure()
             elif exc.code() == grpc.StatusCode.UNAVAILABLE:
                 await self._drop_channel()

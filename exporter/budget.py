@@ -1,0 +1,241 @@
+"""What a snapshot may carry: the metric groups that are on, and the series budget.
+
+Sits between the poller and the sinks (`Budgeted` is the one sink the poller feeds), so
+/metrics in every schema, OTLP and the landing page see the same series.
+
+- **Groups** (`--metrics.group.NAME`, `exporter.metrics.GROUPS`): a sample of a group that
+  is off is left out of its device's reading.
+- **The series budget** (`--metrics.max-series`): memory and Prometheus's load are bounded
+  by configuration, not by what the kubelet lists. Never left out: every device a source
+  sees and its series (a node's hardware is bounded), the per-resource counts (they keep
+  counting every allocation), the exporter's own series. Left out when the total would
+  pass the budget: per-holder series (`hw_allocation_info`, `hw_container_*`,
+  `k8s_pod_workload_info`, `hw_gpu_container_*`, `hw_gpu_process_*`), whole containers at a
+  time, kept in a fixed order: containers holding a device a source sees first, then by
+  namespace, pod and container name; the first container that does not fit ends the list.
+  The same input always keeps the same containers. One warning when the budget is first
+  passed (with what was left out), one line when the node fits again;
+  `kube_device_exporter_series_dropped` says how many series each cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from exporter.log import StateLog
+from exporter.metrics import DEFAULT_GROUPS, DEFAULT_MAX_SERIES, GROUP_NAMES, SPECS, MetricSpec
+from exporter.model import (
+    Allocation,
+    AllocationKind,
+    ContainerNuma,
+    ContainerUsage,
+    DeviceReading,
+    Holder,
+    JoinedDevice,
+    Sample,
+    Snapshot,
+)
+from exporter.points import points
+from exporter.sinks import SnapshotSink
+
+log = logging.getLogger("exporter.budget")
+
+_HolderKey = tuple[str, str, str]
+_NO_POD: _HolderKey = ("\uffff", "", "")
+"""The processes of no pod (host processes): after every container."""
+
+
+class Budgeted:
+    """The sink the poller feeds: applies groups and the budget once, then hands the
+    result to every real sink."""
+
+    def __init__(
+        self,
+        sinks: Sequence[SnapshotSink],
+        *,
+        groups: frozenset[str] = DEFAULT_GROUPS,
+        max_series: int = DEFAULT_MAX_SERIES,
+    ) -> None:
+        self.sinks = list(sinks)
+        self.groups = groups | DEFAULT_GROUPS
+        self.max_series = max_series
+        self._whole: dict[str, bool | None] = {
+            name: _whole_metric(spec, self.groups) for name, spec in SPECS.items()
+        }
+        """metric -> every series kept (True), none (False), or decided by a label (None)."""
+        self._states = StateLog(log)
+        self.last: Snapshot | None = None
+
+    def update(self, snapshot: Snapshot) -> None:
+        out = self.apply(snapshot)
+        self.last = out
+        for sink in self.sinks:
+            sink.update(out)
+
+    def apply(self, snapshot: Snapshot) -> Snapshot:
+        """`snapshot` with the groups that are off left out, trimmed to the budget, and the
+        budget's own series added."""
+        devices = tuple(self._grouped(d) for d in snapshot.devices)
+        snapshot = replace(snapshot, devices=devices)
+        trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)))
+        if dropped:
+            self._states.failed(
+                "series",
+                f"series budget passed: {dropped} series over --metrics.max-series "
+                f"{self.max_series}: the per-holder series of {holders} containers left out "
+                "(those holding no device a source sees first, then the last by namespace, "
+                "pod, container); device series, per-resource counts and the exporter's own "
+                "series are kept. Raise --metrics.max-series and the memory limit together "
+                "(docs/reliability.md)",
+            )
+        else:
+            self._states.ok("series", "series budget: the node fits again")
+        return replace(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
+
+    def _own(self, dropped: int) -> tuple[Sample, ...]:
+        enabled = "kube_device_exporter.metric_group.enabled"
+        return (
+            Sample("kube_device_exporter.series.limit", float(self.max_series)),
+            Sample("kube_device_exporter.series.dropped", float(dropped)),
+            *(Sample(enabled, float(g in self.groups), (("group", g),)) for g in GROUP_NAMES),
+        )
+
+    def _grouped(self, joined: JoinedDevice) -> JoinedDevice:
+        """The device with the samples of groups that are off left out (built directly, as
+        the poller does: `dataclasses.replace` was most of this step's cost)."""
+        samples = joined.reading.samples
+        whole, groups = self._whole, self.groups
+        kept = tuple(
+            s
+            for s in samples
+            if (keep := whole[s.metric]) or (keep is None and _label_keeps(s, groups))
+        )
+        if len(kept) == len(samples):
+            return joined
+        j = joined
+        reading = DeviceReading(j.reading.device, kept)
+        return JoinedDevice(reading, j.holder, j.holders, j.allocatable, j.resource)
+
+
+def _label_keeps(sample: Sample, groups: frozenset[str]) -> bool:
+    return SPECS[sample.metric].group_of(sample.attributes) in groups
+
+
+def _whole_metric(spec: MetricSpec, groups: frozenset[str]) -> bool | None:
+    """Whether `groups` keep every series of `spec` (True), none (False), or it depends."""
+    each = {spec.group in groups, *(group in groups for _, _, group in spec.value_groups)}
+    return None if len(each) > 1 else each.pop()
+
+
+def _numa_series(numa: ContainerNuma) -> int:
+    """What `points._numa_points` makes of one container."""
+    placed = len(numa.devices) + len(numa.cpus) + len(numa.memory)
+    return placed + 1 + (numa.aligned is not None)
+
+
+def _usage_series(usage: ContainerUsage) -> int:
+    return 1 + (usage.memory_bytes is not None) + (usage.utilization is not None)
+
+
+def _key(holder: Holder) -> _HolderKey:
+    return (holder.namespace, holder.pod, holder.container)
+
+
+def _estimate(snapshot: Snapshot) -> int:
+    """An upper bound of the snapshot's series, cheap enough for every cycle."""
+    devices = sum(2 + len(d.reading.samples) for d in snapshot.devices)
+    holders = len(snapshot.allocations) + len(snapshot.pods)
+    holders += sum(_numa_series(n) for n in snapshot.containers)
+    holders += 3 * len(snapshot.container_usage) + 2 * len(snapshot.processes)
+    resources = 5 * (len(snapshot.allocatable) + len(snapshot.registered) + len(snapshot.unseen))
+    return devices + holders + resources + 64 + 3 * len(snapshot.sources)
+
+
+def trim(snapshot: Snapshot, budget: int) -> tuple[Snapshot, int, int]:
+    """(`snapshot` cut to at most `budget` series, series left out, containers left out)."""
+    if _estimate(snapshot) <= budget:
+        return snapshot, 0, 0
+    left_out: Counter[str] = Counter(
+        a.resource_name for a in snapshot.allocations if a.kind is AllocationKind.DEVICE_PLUGIN
+    )
+    bare = replace(
+        snapshot,
+        allocations=(),
+        containers=(),
+        pods=(),
+        container_usage=(),
+        processes=(),
+        allocations_left_out=tuple(sorted(left_out.items())),
+    )
+    fixed = sum(1 for _ in points(bare))
+    cost, pods_of = _holder_costs(snapshot)
+    seen = {d.reading.device.id for d in snapshot.devices}
+    holding_seen = {_key(a.holder) for a in snapshot.allocations if a.device_id in seen}
+    order = sorted(cost, key=lambda k: (k not in holding_seen, k))
+    room = budget - fixed
+    kept: set[_HolderKey] = set()
+    pods_kept: set[tuple[str, str]] = set()
+    for key in order:
+        extra = cost[key] + ((key[0], key[1]) in pods_of and (key[0], key[1]) not in pods_kept)
+        if extra > room:
+            break
+        room -= extra
+        kept.add(key)
+        pods_kept.add((key[0], key[1]))
+    total = sum(cost.values()) + len(pods_of) + fixed
+    out = _keep(snapshot, kept, pods_kept)
+    used = fixed + sum(cost[k] for k in kept) + len(pods_kept & set(pods_of))
+    return out, total - used, len(cost) - len(kept)
+
+
+def _holder_costs(snapshot: Snapshot) -> tuple[Counter[_HolderKey], set[tuple[str, str]]]:
+    """Series per container, and the pods that have a `k8s.pod.workload.info` series."""
+    cost: Counter[_HolderKey] = Counter(_key(a.holder) for a in snapshot.allocations)
+    for numa in snapshot.containers:
+        cost[_key(numa.holder)] += _numa_series(numa)
+    for usage in snapshot.container_usage:
+        if usage.owner is not None:
+            o = usage.owner
+            cost[(o.namespace, o.pod, o.container)] += _usage_series(usage)
+    for proc in snapshot.processes:
+        owner = snapshot.owners.get(proc.pid)
+        key = _NO_POD if owner is None else (owner.namespace, owner.pod, owner.container)
+        cost[key] += (proc.memory_bytes is not None) + (proc.utilization is not None)
+    for usage in snapshot.container_usage:  # the processes of no pod: last of all
+        if usage.owner is None:
+            cost[_NO_POD] += _usage_series(usage)
+    return cost, {(p.namespace, p.pod) for p in snapshot.pods}
+
+
+def _keep(snapshot: Snapshot, kept: set[_HolderKey], pods: set[tuple[str, str]]) -> Snapshot:
+    def holds(items: Iterable[Allocation]) -> tuple[Allocation, ...]:
+        return tuple(a for a in items if _key(a.holder) in kept)
+
+    allocations = holds(snapshot.allocations)
+    left_out: Counter[str] = Counter(
+        a.resource_name for a in snapshot.allocations if a.kind is AllocationKind.DEVICE_PLUGIN
+    )
+    left_out.subtract(
+        a.resource_name for a in allocations if a.kind is AllocationKind.DEVICE_PLUGIN
+    )
+
+    def owner_key(usage: ContainerUsage) -> _HolderKey:
+        o = usage.owner
+        return _NO_POD if o is None else (o.namespace, o.pod, o.container)
+
+    def proc_key(pid: int) -> _HolderKey:
+        o = snapshot.owners.get(pid)
+        return _NO_POD if o is None else (o.namespace, o.pod, o.container)
+
+    return replace(
+        snapshot,
+        allocations=allocations,
+        containers=tuple(n for n in snapshot.containers if _key(n.holder) in kept),
+        pods=tuple(p for p in snapshot.pods if (p.namespace, p.pod) in pods),
+        container_usage=tuple(u for u in snapshot.container_usage if owner_key(u) in kept),
+        processes=tuple(p for p in snapshot.processes if proc_key(p.pid) in kept),
+        allocations_left_out=tuple(sorted((r, n) for r, n in left_out.items() if n > 0)),
+    )
