@@ -9,6 +9,7 @@ side in the same run, interleaved, so machine load hits them alike.
     python -m bench nvml-calls [--cycles N]     NVML call costs against the loaded library
     python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
     python -m bench scrape [--baseline DIR]      scrape latency at Prometheus's cadences
+    python -m bench grpc-idle [--spacings 1,2,5]  a gRPC channel kept open vs closed between calls
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import churn, cost, fleet, generate, labels, nvml_calls, podresources, scrape
+from bench import (
+    churn,
+    cost,
+    fleet,
+    generate,
+    grpc_idle,
+    labels,
+    nvml_calls,
+    podresources,
+    scrape,
+)
 from bench.procs import ExporterProcess, NodeProcess
 from bench.report import Results, write
 
@@ -138,6 +149,8 @@ def main(argv: list[str]) -> int:
         return nvml_calls.main(argv[1:])
     if argv[:1] == ["podresources"]:
         return podresources.main(argv[1:])
+    if argv[:1] == ["grpc-idle"]:
+        return grpc_idle.main(argv[1:])
     if argv[:1] == ["scrape"]:
         return scrape.main(argv[1:])
     if argv[:1] == ["static"]:

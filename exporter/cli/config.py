@@ -43,6 +43,8 @@ class Config:
     resource_patterns: tuple[str, ...] = DEFAULT_RESOURCE_PATTERNS
     podresources_timeout: float = 5.0
     podresources_max_message_bytes: int = 256 * 1024 * 1024
+    podresources_poll_interval: float = 5.0
+    """The kubelet is asked at most this often (exporter/podresources/schedule.py)."""
     podresources_stale_after: float = 300.0
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     web_config_file: Path | None = None
