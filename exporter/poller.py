@@ -129,7 +129,6 @@ class Poller:
         self.kubelet = KubeletSchedule(
             client,
             every=math.ceil(kubelet_every / interval - 1e-9) if interval > 0 else 1,
-            interval=interval,
             stale_after=stale_after,
             clock=clock,
         )
