@@ -106,3 +106,25 @@ def test_each_sleep_of_a_thread_counts_as_a_context_switch() -> None:
     _, after = threads_and_switches(os.getpid())
     assert threads >= threading.active_count()  # Python's threads, and any native ones
     assert after - before >= 5
+
+
+def test_the_floor_table_gives_the_exporter_as_a_multiple_of_the_floor() -> None:
+    from bench.cost import FloorRatio
+    from bench.report import Results, _floor
+
+    r = Results(machine="test")
+    r.floor = [FloorRatio("1s", 0.0051, 0.0034), FloorRatio("30s", 0.0030, 0.0012)]
+    table = "".join(_floor(r))
+    assert "| 1s | 0.51% | 0.34% | 1.50x | met |" in table
+    assert "| 30s | 0.30% | 0.12% | 2.50x | **not met** |" in table
+
+
+def test_importtime_lines_give_each_module_its_own_and_cumulative_seconds() -> None:
+    from bench.startup import parse
+
+    text = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       120 |        120 |     _ssl\n"
+        "import time:     37000 |      41000 |   aiohttp.connector\n"
+    )
+    assert parse(text) == {"_ssl": (0.00012, 0.00012), "aiohttp.connector": (0.037, 0.041)}
