@@ -8,7 +8,14 @@ import asyncio
 import sys
 from pathlib import Path
 
-from exporter.model import Device, DeviceReading, Sample, SourceResult
+from exporter.model import (
+    Device,
+    DeviceReading,
+    PodResourcesHealth,
+    PodResourcesState,
+    Sample,
+    SourceResult,
+)
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from simulator.kubelet import SimulatedKubelet
@@ -142,3 +149,37 @@ async def test_grpc_threads_end_when_the_channel_is_closed_between_polls(
     assert pods == pods_again == 1  # a new channel answers as the first did
     assert during >= 2  # gRPC's event engine and timer run while the channel is open ...
     assert after == 0  # ... and none is left once it is closed
+
+
+class HoldingKubelet:
+    """A client that answers every poll and, for its first three, holds an answer back
+    (a restarted kubelet's empty answer replaced by the last good one)."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    async def poll(self) -> PodResourcesState:
+        self.polls += 1
+        return PodResourcesState(api_version="v1")
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(held=("List",) if self.polls <= 3 else ())
+
+    async def close_channel(self) -> None:
+        return None  # no channel
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_while_an_answer_is_held_the_kubelet_is_asked_every_cycle() -> None:
+    kubelet = HoldingKubelet()
+    poller = _poller(kubelet, Clock(1000.0), every=5.0)  # type: ignore[arg-type]
+    try:
+        for _ in range(10):
+            await poller.run_once()
+    finally:
+        await poller.close()
+    # cycles 0-3 ask (after each of the first three, held, the next cycle asks again),
+    # then five cycles on: cycle 8
+    assert kubelet.polls == 5

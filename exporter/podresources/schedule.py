@@ -4,7 +4,8 @@ Pods change far more slowly than utilization, and each `List` wakes gRPC's threa
 kubelet's part was 43 % of a dense 1 s cycle, docs/performance.md): the kubelet is asked
 at most every `--kubernetes.poll-interval` (in whole cycles, rounded up), and a cycle in
 between uses the last answer. A new or gone pod's labels then lag by up to that long.
-A failed poll is retried the next cycle, as before.
+A failed poll is retried the next cycle, as before, and so is a poll whose answer the
+client holds back after a kubelet restart (the restart window, settle.py).
 
 After each poll the channel is closed (the next poll opens a new one): an open grpc.aio
 channel keeps gRPC's event-engine threads, its timer and its completion-queue poller
@@ -110,6 +111,10 @@ class KubeletSchedule:
             return self._current_state()
         finally:
             await self.client.close_channel()
+        if self.client.health().held:
+            # After a kubelet restart the client holds the last good answers in place of
+            # empty ones: ask every cycle until the plugins are back (docs/podresources.md).
+            self._due_in = 0
         self._states.ok_all("kubelet/", f"PodResources {state.api_version} answering")
         self._state, self._state_at = state, self._clock()
         return state
