@@ -11,6 +11,8 @@ side in the same run, interleaved, so machine load hits them alike.
     python -m bench podresources [--scenario S]  List change check and parse costs, shuffled
     python -m bench scrape [--baseline DIR]      scrape latency at Prometheus's cadences
     python -m bench fleet [--nodes N]            the fleet alone, per schema and group set
+    python -m bench grpc-idle [--spacings 1,2,5]  a gRPC channel kept open vs closed between calls
+    python -m bench startup [--runs N]           what importing the exporter costs
 """
 
 from __future__ import annotations
@@ -27,7 +29,20 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import churn, cost, fleet, generate, gpm, labels, nvml_calls, podresources, scrape
+from bench import (
+    churn,
+    cost,
+    fleet,
+    floor,
+    generate,
+    gpm,
+    grpc_idle,
+    labels,
+    nvml_calls,
+    podresources,
+    scrape,
+    startup,
+)
 from bench.procs import ExporterProcess, NodeProcess
 from bench.report import Results, fleet_section, write
 
@@ -103,6 +118,14 @@ def run_all(args: argparse.Namespace) -> Results:
                 )
             )
             print(f"wake-ups: {results.wakeups}", flush=True)
+            results.floor = asyncio.run(
+                cost.floor_ratios("dense", work / "floor", warmup=args.warmup, window=args.window)
+            )
+            print(f"floor: {results.floor}", flush=True)
+            results.grpc_idle = grpc_idle.measure((1.0, 10.0), args.grpc_idle_window)
+            print(f"grpc idle: {results.grpc_idle}", flush=True)
+        results.startup = startup.measure()
+        print(f"startup: {results.startup}", flush=True)
         results.latency = asyncio.run(
             scrape.measure(
                 "dense", work / "scrape", per_cycle_s=args.scrape_seconds, rounds=args.rounds
@@ -167,6 +190,12 @@ def main(argv: list[str]) -> int:
         return gpm.main(argv[1:])
     if argv[:1] == ["podresources"]:
         return podresources.main(argv[1:])
+    if argv[:1] == ["startup"]:
+        return startup.main(argv[1:])
+    if argv[:1] == ["floor"]:
+        return floor.main(argv[1:])
+    if argv[:1] == ["grpc-idle"]:
+        return grpc_idle.main(argv[1:])
     if argv[:1] == ["scrape"]:
         return scrape.main(argv[1:])
     if argv[:1] == ["static"]:
@@ -186,6 +215,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="15 s scrape rounds")
     parser.add_argument(
         "--wakeup-window", type=float, default=90.0, help="seconds of context switches counted"
+    )
+    parser.add_argument(
+        "--grpc-idle-window", type=float, default=30.0, help="seconds per gRPC idle pair"
     )
     parser.add_argument("--churn-cycles", type=int, default=10_000)
     parser.add_argument("--big-pods", type=int, default=1_000)

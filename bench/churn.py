@@ -150,6 +150,9 @@ class ChurningKubelet:
     def health(self) -> PodResourcesHealth:
         return PodResourcesHealth(api_version="v1", connected=True)
 
+    async def close_channel(self) -> None:
+        return None  # no channel: nothing kept between polls
+
     async def close(self) -> None:
         return None
 

@@ -10,6 +10,7 @@ their CPU (user + system, all threads, the stand-in NVML library included) is re
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,12 @@ from pathlib import Path
 import aiohttp
 
 from bench.procs import (
+    PROMETHEUS_ACCEPT,
     ExporterProcess,
     NodeProcess,
+    Process,
     cpu_seconds,
+    free_port,
     rss_bytes,
     threads_and_switches,
 )
@@ -29,6 +33,7 @@ Run = tuple[str, tuple[str, ...], dict[str, str]]
 """One exporter of a side-by-side run: (interval, extra flags, environment beyond the
 image's)."""
 SCRAPE_EVERY = 15.0
+SCRAPE_HEADERS = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
 
 
 @dataclass(frozen=True)
@@ -173,3 +178,64 @@ async def wakeups(scenario: str, workdir: Path, *, warmup: float, window: float)
         Wakeups(i, w.threads, w.switches / w.elapsed_s, w.cpu_s / w.elapsed_s)
         for i, w in zip(WAKEUP_INTERVALS, windows, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class FloorRatio:
+    interval: str
+    exporter_share: float
+    floor_share: float
+
+    @property
+    def ratio(self) -> float:
+        return self.exporter_share / self.floor_share
+
+
+FLOOR_INTERVALS = ("1s", "30s")
+
+
+async def floor_ratios(
+    scenario: str, workdir: Path, *, warmup: float, window: float
+) -> list[FloorRatio]:
+    """CPU of exporters at 1 s and 30 s against the floor of the same work at the same
+    intervals (bench/floor.py), all four side by side on one node, scraped every 15 s."""
+    node = NodeProcess.start(scenario, workdir)
+    exporters = [ExporterProcess(node, i) for i in FLOOR_INTERVALS]
+    floors: list[Process] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            for e in exporters:
+                await e.wait_ready(http)
+            async with http.get(f"{exporters[0].url}metrics") as r:
+                body = workdir / "metrics.txt"
+                body.write_bytes(await r.read())
+            socket = node.args[node.args.index("--kubelet-socket") + 1]
+            ports = [free_port() for _ in FLOOR_INTERVALS]
+            for interval, port in zip(FLOOR_INTERVALS, ports, strict=True):
+                seconds = interval.removesuffix("s")
+                argv = [sys.executable, "-m", "bench", "floor", seconds, socket, str(body)]
+                floors.append(Process([*argv, str(port)], node.env))
+            for f in floors:
+                assert f.proc.stdout is not None
+                if f.proc.stdout.readline().strip() != "ready":
+                    raise RuntimeError("the floor process did not start")
+            await asyncio.sleep(warmup)
+            pids = [e.pid for e in exporters] + [f.pid for f in floors]
+            urls = [f"{e.url}metrics" for e in exporters]
+            urls += [f"http://127.0.0.1:{p}/metrics" for p in ports]
+            cpu0, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
+            while (left := window - (time.monotonic() - t0)) > 0:
+                await asyncio.sleep(min(SCRAPE_EVERY, left))
+                for url in urls:
+                    async with http.get(url, headers=SCRAPE_HEADERS) as r:
+                        await r.read()
+            elapsed = time.monotonic() - t0
+            shares = [(cpu_seconds(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
+    finally:
+        for f in floors:
+            f.stop()
+        for e in exporters:
+            e.stop()
+        node.stop()
+    n = len(FLOOR_INTERVALS)
+    return [FloorRatio(i, shares[k], shares[n + k]) for k, i in enumerate(FLOOR_INTERVALS)]

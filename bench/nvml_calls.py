@@ -4,7 +4,10 @@ the stand-in with `LD_LIBRARY_PATH` and `KDE_FAKENVML_STATE` from `kde-simulate 
 
 Every C entry point nvidia-ml-py resolves is wrapped with a timer, so the table shows the
 library's own time per call; the last rows show the whole `collect()` (binding and our
-Python included) for comparison.
+Python included) for comparison, and its floor: the very C calls of one cycle, with the
+very arguments, replayed back to back through ctypes with no Python around them (what a
+source that did nothing but call NVML would cost; the binding's own work, building
+arguments and results, is above it and in `collect()`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from exporter.sources.nvml import NvmlSource
 
 COUNTING = [0]
 """The thread whose calls are counted: the one running collect(); 0 while none is."""
+RECORDING: list[list[tuple[Any, tuple[Any, ...]]]] = []
+"""While it holds a list: each counted call's (C function, arguments) go into it, for the
+floor's replay."""
 
 
 class _Timed:
@@ -36,6 +42,8 @@ class _Timed:
     def __call__(self, *args: Any) -> Any:
         if threading.get_ident() != COUNTING[0]:  # the XID thread's blocking wait, teardown
             return self._fn(*args)
+        if RECORDING:
+            RECORDING[0].append((self._fn, args))
         started = time.perf_counter()
         try:
             return self._fn(*args)
@@ -51,7 +59,23 @@ class _Timed:
         setattr(self._fn, name, value)  # restype/argtypes set by the binding
 
 
-def measure(cycles: int) -> tuple[dict[str, list[float]], float, int]:
+def _floor(source: NvmlSource, cycles: int) -> float:
+    """Seconds per cycle of one cycle's C calls replayed bare (see the module's docstring);
+    the replay's arguments keep the structures they point into alive."""
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
+    RECORDING.append(calls)
+    try:
+        source.collect()
+    finally:
+        RECORDING.clear()
+    started = time.perf_counter()
+    for _ in range(cycles):
+        for fn, args in calls:
+            fn(*args)
+    return (time.perf_counter() - started) / cycles
+
+
+def measure(cycles: int) -> tuple[dict[str, list[float]], float, int, float]:
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     resolve = pynvml._nvmlGetFunctionPointer
     wrapped: dict[str, _Timed] = {}
@@ -72,18 +96,19 @@ def measure(cycles: int) -> tuple[dict[str, list[float]], float, int]:
         for _ in range(cycles):
             result = source.collect()
         elapsed = time.perf_counter() - started
+        floor = _floor(source, cycles)
     finally:
         COUNTING[0] = 0
         source.close()
         pynvml._nvmlGetFunctionPointer = resolve
-    return totals, elapsed / cycles, len(result.readings)
+    return totals, elapsed / cycles, len(result.readings), floor
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench nvml-calls")
     parser.add_argument("--cycles", type=int, default=200)
     args = parser.parse_args(argv)
-    totals, per_cycle, devices = measure(args.cycles)
+    totals, per_cycle, devices, floor = measure(args.cycles)
     rows = sorted(totals.items(), key=lambda kv: -kv[1][1])
     library = sum(t for _, t in totals.values()) / args.cycles
     print(f"NVML calls per cycle of the NVML source ({devices} devices, {args.cycles} cycles)\n")
@@ -96,4 +121,8 @@ def main(argv: list[str]) -> int:
         )
     print(f"| **library, all calls** | | | **{library * 1e6:.0f}** |")
     print(f"| **collect(), binding and our Python included** | | | **{per_cycle * 1e6:.0f}** |")
+    print(
+        f"| **floor: the same C calls replayed bare through ctypes** | | | **{floor * 1e6:.0f}** |"
+    )
+    print(f"\ncollect() / floor: {per_cycle / floor:.1f}x")
     return 0

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 from bench import measured
 from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
-from bench.cost import BREAKDOWN, Cost, Wakeups, fit
+from bench.cost import BREAKDOWN, Cost, FloorRatio, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
 from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, Latency, table
+from bench.startup import IMPORT, Startup
 
 MIB = 2**20
 BUDGET_SHARE = 0.01
@@ -36,6 +37,11 @@ class Results:
     breakdown: dict[str, float] = field(default_factory=dict)
     """dense at 1 s: CPU per cycle of each cost.BREAKDOWN configuration."""
     wakeups: list[Wakeups] = field(default_factory=list)
+    floor: list[FloorRatio] = field(default_factory=list)
+    """dense: exporter vs the floor of the same work (bench/floor.py), 1 s and 30 s."""
+    startup: Startup | None = None
+    grpc_idle: list[dict[str, float]] = field(default_factory=list)
+    """bench/grpc_idle.py: a channel kept open vs closed between `List` calls."""
 
 
 def _cost(results: Results, scenario: str, interval: str) -> Cost:
@@ -100,6 +106,19 @@ def _costs(r: Results) -> list[str]:
     return out
 
 
+def _startup(r: Results) -> list[str]:
+    if r.startup is None:
+        return []
+    slowest = ", ".join(f"`{name}` {seconds * 1000:.1f} ms" for name, seconds in r.startup.slowest)
+    return [
+        "**Start-up** (`python -m bench startup`, issue 27: nothing expensive at import time):\n"
+        f"`{IMPORT}` takes {r.startup.import_s * 1000:.0f} ms in a fresh process (best of 7).\n"
+        f"The modules slowest on their own (`-X importtime`): {slowest}. No password is\n"
+        "hashed and no OTLP SDK loaded at import (tests/test_import_cost.py): the bcrypt\n"
+        "dummy hash is made on the first unknown user's check.\n\n",
+    ]
+
+
 def _breakdown(r: Results) -> list[str]:
     if not r.breakdown:
         return []
@@ -110,7 +129,7 @@ def _breakdown(r: Results) -> list[str]:
     xid = whole - r.breakdown[names[3]]
     malloc = whole - r.breakdown[names[4]]
     rows = [
-        ("the kubelet: `List` (and `GetAllocatableResources` every 5 s) over gRPC", kubelet),
+        ("the kubelet: `List` and `GetAllocatableResources`, every 5 s, over gRPC", kubelet),
         ("NVML: collect(), the stand-in library, the XID event thread", nvml),
         ("of which the XID event thread (the stand-in re-reads its state there)", xid),
         ("the rest: the cycle, the join, the snapshot, HTTP, scrapes", whole - kubelet - nvml),
@@ -127,12 +146,14 @@ def _breakdown(r: Results) -> list[str]:
     ]
     out += [f"| {label} | {_ms(v)} | {v / whole:.0%} |\n" for label, v in rows]
     out.append(
-        "\nThe kubelet's part is almost all gRPC: one call a second finds gRPC's threads idle\n"
-        "and pays for waking them every time (a `List` costs several times more CPU at 1 s\n"
-        "spacing than back to back). That is why `GetAllocatableResources` is asked at most\n"
-        "every 5 s, and why a `List` answer is parsed only when its content changes: the\n"
-        "kubelet sends it in a new order on every call (the simulated one does too, as the\n"
-        "real one does), so an order-insensitive key of its bytes decides\n"
+        "\nThe kubelet's part is almost all gRPC: a call finds gRPC's threads idle and pays\n"
+        "for waking them every time (a `List` costs several times more CPU at 1 s spacing\n"
+        "than back to back). That is why the kubelet is asked at most every 5 s\n"
+        "(`--kubernetes.poll-interval`: at 1 s, four cycles in five reuse the last answer,\n"
+        "and a new or gone pod's labels lag by up to 5 s), why the channel is closed between\n"
+        "polls (next section), and why a `List` answer is parsed only when its content\n"
+        "changes: the kubelet sends it in a new order on every call (the simulated one does\n"
+        "too, as the real one does), so an order-insensitive key of its bytes decides\n"
         "(docs/podresources.md, `python -m bench podresources`).\n\n"
         "The allocator row is what the image pays, on every cycle, for memory that goes back\n"
         "after a big node shrinks (next section): glibc's malloc is slower than Python's own\n"
@@ -158,6 +179,55 @@ def _wakeups(r: Results) -> list[str]:
     out += [
         f"| {w.interval} | {w.threads} | {w.switches_per_s:.1f} | {w.core_share:.2%} |\n"
         for w in r.wakeups
+    ]
+    out.append(
+        "\nThe threads: the event loop, one per source's collect() (five on a GPU node, four\n"
+        "of them asked once a minute when they find nothing), the XID event thread (blocked\n"
+        "in the driver; the stand-in wakes it at every write of its state, a real driver\n"
+        "once a second), the publish step, the attribution's host reads, the NUMA map's and\n"
+        "the loop's executor. gRPC's own (its event engine, timer and completion-queue\n"
+        "poller: 6 on 2 CPUs, up to 16 event-engine threads on a big node) live only\n"
+        "during a poll: the channel is closed after each.\n\n"
+    )
+    return [*out, *_grpc_idle(r), *_floor(r)]
+
+
+def _grpc_idle(r: Results) -> list[str]:
+    if not r.grpc_idle:
+        return []
+    out = [
+        "What an open gRPC channel costs between calls (`python -m bench grpc-idle`): two\n"
+        "processes side by side per spacing, each calling `List` on the simulated kubelet,\n"
+        "one keeping its channel, one closing it after each call.\n\n",
+        "| `List` every | channel | CPU per call | share of a core | context switches/s |\n",
+        "|---|---|---|---|---|\n",
+    ]
+    out += [
+        f"| {row['spacing_s']:g} s | {'closed between' if row['reopen'] else 'kept open'} "
+        f"| {row['cpu_per_call_s'] * 1000:.2f} ms | {row['core_share']:.3%} "
+        f"| {row['switches_per_s']:.1f} |\n"
+        for row in r.grpc_idle
+    ]
+    return [*out, "\n"]
+
+
+def _floor(r: Results) -> list[str]:
+    if not r.floor:
+        return []
+    out = [
+        "**Against the floor** (issue 27: at most 2x at 1 s and at 30 s). The floor\n"
+        "(`bench/floor.py`) does only what no exporter can avoid: a bare grpcio `List` every\n"
+        "cycle on a channel it keeps, the NVML C calls of one `collect()` replayed through\n"
+        "ctypes with nothing around them, and a static aiohttp handler serving a gzipped\n"
+        "/metrics body of the same size. Exporter and floor side by side on one `dense`\n"
+        "node, scraped every 15 s. (The exporter asks the kubelet every 5 s, the floor every\n"
+        "cycle: that difference is part of what the exporter saves.)\n\n",
+        "| interval | exporter, share of a core | floor | ratio | |\n|---|---|---|---|---|\n",
+    ]
+    out += [
+        f"| {f.interval} | {f.exporter_share:.2%} | {f.floor_share:.2%} | {f.ratio:.2f}x | "
+        f"{_verdict(f.ratio <= 2.0)} |\n"
+        for f in r.floor
     ]
     return [*out, "\n"]
 
@@ -366,6 +436,7 @@ def write(r: Results, args: argparse.Namespace) -> None:
         f"{dense.core_share:.2%} of a core, {dense.rss_bytes / MIB:.0f} MiB.\n\n",
         *_budget(r),
         *_costs(r),
+        *_startup(r),
         *_breakdown(r),
         *_wakeups(r),
         *_latency(r),

@@ -135,6 +135,7 @@ class Exporter:
             self_metrics=self_metrics,
             matcher=ResourceMatcher(config.resource_patterns),
             interval=config.collect_interval,
+            kubelet_every=config.podresources_poll_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs, timeout=config.collect_timeout),

@@ -937,8 +937,9 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         G,
         "s",
         "How long the last completed cycle took, from its start to the sinks holding the new "
-        "snapshot (the first cycle reports itself up to the join). /metrics is rendered on "
-        "the first scrape after a cycle, not in it.",
+        "snapshot (the first cycle reports itself up to the join). The /metrics body is built "
+        "after it is taken (at the cycle's end, for the scrapes due before the next), so "
+        "building it is not in it.",
         scope=_E,
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),

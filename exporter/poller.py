@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +38,8 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.numa import CpuNodeMap
-from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.podresources.client import PodResourcesClient
+from exporter.podresources.schedule import KubeletSchedule
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
 from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
@@ -88,6 +90,7 @@ class Poller:
         self_metrics: Sequence[SelfMetrics] = (),
         matcher: ResourceMatcher | None = None,
         interval: float = 10.0,
+        kubelet_every: float = 0.0,
         source_timeout: float = 5.0,
         stale_after: float = 300.0,
         cpu_nodes: CpuNodeMap | None = None,
@@ -124,12 +127,15 @@ class Poller:
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self.dra = dra
         """ResourceSlice identities for the join; told the allocations after it."""
-        self._state: PodResourcesState | None = None
-        self._state_at = 0.0
         self._cycles = 0
         self._last_success = 0.0
         self._states = StateLog(log)
-        self._kubelet_task: asyncio.Future[PodResourcesState | None] | None = None
+        self.kubelet = KubeletSchedule(
+            client,
+            every=math.ceil(kubelet_every / interval - 1e-9) if interval > 0 else 1,
+            stale_after=stale_after,
+            clock=clock,
+        )
         self._last_duration: float | None = None
         self._join_cache: tuple[object, JoinResult] | None = None
         self.snapshot: Snapshot | None = None
@@ -139,9 +145,10 @@ class Poller:
 
     async def run_once(self) -> Snapshot:
         started = self._clock()
-        kubelet = self._start_kubelet_poll()
+        kubelet = self.kubelet.start()
         results = await self._collect_all()
-        state, answered = await self._kubelet_state(kubelet, started)
+        budget = min(self.source_timeout, self.interval / 2)
+        state, answered = await self.kubelet.state(kubelet, started, budget)
         cpu_nodes = await self._cpu_nodes()
         publish = partial(self._publish, started, state, answered, results, cpu_nodes)
         snapshot = await self._publisher.run(publish, self.interval + self.source_timeout)
@@ -273,10 +280,6 @@ class Poller:
     async def close(self, timeout: float = 3.0) -> dict[str, str]:
         """Close every source (in daemon threads: a source stuck in a driver call is left
         behind after `timeout`) and the kubelet channel; source -> why it did not close."""
-        if self._kubelet_task is not None and not self._kubelet_task.done():
-            self._kubelet_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._kubelet_task
         for slot in self._slots:
             if slot.worker is not None:
                 slot.worker.stop()
@@ -291,8 +294,7 @@ class Poller:
                     problems[slot.name] = f"{type(exc).__name__}: {exc}"
         for name, problem in problems.items():
             log.warning("closing source %s failed: %s", name, problem)
-        if self.client is not None:
-            await self.client.close()
+        await self.kubelet.close()
         return problems
 
     async def _cpu_nodes(self) -> Mapping[int, int]:
@@ -301,51 +303,6 @@ class Poller:
         if self.cpu_nodes.stale():
             return await asyncio.to_thread(self.cpu_nodes.get)
         return self.cpu_nodes.get()
-
-    # --- kubelet --------------------------------------------------------------------
-
-    def _start_kubelet_poll(self) -> asyncio.Future[PodResourcesState | None]:
-        """This cycle's kubelet call, or the last cycle's if it is still in flight."""
-        task = self._kubelet_task
-        if task is None or task.done():
-            task = self._kubelet_task = asyncio.ensure_future(self._poll_kubelet())
-        return task
-
-    async def _kubelet_state(
-        self, task: asyncio.Future[PodResourcesState | None], started: float
-    ) -> tuple[PodResourcesState | None, bool]:
-        """The kubelet's answer if it comes within the budget; else the last good state,
-        so a slow kubelet delays pod labels, never the device readings."""
-        budget = min(self.source_timeout, self.interval / 2)
-        try:
-            state = await asyncio.wait_for(
-                asyncio.shield(task), max(0.0, started + budget - self._clock())
-            )
-        except TimeoutError:
-            self._states.failed("kubelet/SLOW", f"PodResources slower than {budget:g}s")
-            return self._current_state(), False
-        return state, True
-
-    def _current_state(self) -> PodResourcesState | None:
-        if self._state is not None and self._clock() - self._state_at > self.stale_after:
-            log.warning("dropping PodResources data older than %.0fs", self.stale_after)
-            self._state = None
-        return self._state
-
-    async def _poll_kubelet(self) -> PodResourcesState | None:
-        if self.client is None:
-            return None
-        try:
-            state = await self.client.poll()
-        except PodResourcesError as exc:
-            if exc.code != "BACKOFF":
-                self._states.failed(
-                    f"kubelet/{exc.code}", f"PodResources unavailable ({exc}); retrying every cycle"
-                )
-            return self._current_state()
-        self._states.ok_all("kubelet/", f"PodResources {state.api_version} answering")
-        self._state, self._state_at = state, self._clock()
-        return state
 
     # --- sources --------------------------------------------------------------------
 

@@ -127,3 +127,47 @@ def test_gpm_cost_at_its_default_cadence(fakenvml: object, monkeypatch: pytest.M
     every = gpm.measure("demo", 20, 1.0, "1s")
     assert every.metrics_calls_per_cycle == pytest.approx(8.0)
     assert "| demo | 8 | 10s | 0.8 |" in gpm.table([cost, every], 1.0)
+
+
+def test_the_floor_table_gives_the_exporter_as_a_multiple_of_the_floor() -> None:
+    from bench.cost import FloorRatio
+    from bench.report import Results, _floor
+
+    r = Results(machine="test")
+    r.floor = [FloorRatio("1s", 0.0051, 0.0034), FloorRatio("30s", 0.0030, 0.0012)]
+    table = "".join(_floor(r))
+    assert "| 1s | 0.51% | 0.34% | 1.50x | met |" in table
+    assert "| 30s | 0.30% | 0.12% | 2.50x | **not met** |" in table
+
+
+def test_importtime_lines_give_each_module_its_own_and_cumulative_seconds() -> None:
+    from bench.startup import parse
+
+    text = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       120 |        120 |     _ssl\n"
+        "import time:     37000 |      41000 |   aiohttp.connector\n"
+    )
+    assert parse(text) == {"_ssl": (0.00012, 0.00012), "aiohttp.connector": (0.037, 0.041)}
+
+
+def test_the_wakeup_section_shows_the_channel_kept_and_closed_and_the_start_up() -> None:
+    from bench.cost import Wakeups
+    from bench.report import Results, _startup, _wakeups
+    from bench.startup import Startup
+
+    r = Results(machine="test")
+    r.wakeups = [Wakeups("30s", 11, 5.1, 0.001)]
+    r.grpc_idle = [
+        {"spacing_s": 10.0, "reopen": 0.0, "cpu_per_call_s": 0.0068, "core_share": 0.00068,
+         "switches_per_s": 17.8},
+        {"spacing_s": 10.0, "reopen": 1.0, "cpu_per_call_s": 0.0030, "core_share": 0.0003,
+         "switches_per_s": 1.6},
+    ]  # fmt: skip
+    text = "".join(_wakeups(r))
+    assert "| 30s | 11 | 5.1 | 0.10% |" in text
+    assert "| 10 s | kept open | 6.80 ms | 0.068% | 17.8 |" in text
+    assert "| 10 s | closed between | 3.00 ms | 0.030% | 1.6 |" in text
+    r.startup = Startup(0.215, (("aiohttp.connector", 0.0366),))
+    assert "takes 215 ms" in "".join(_startup(r))
+    assert "`aiohttp.connector` 36.6 ms" in "".join(_startup(r))

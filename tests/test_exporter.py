@@ -307,6 +307,9 @@ class SlowKubelet:
     def health(self) -> PodResourcesHealth:
         return PodResourcesHealth(api_version="v1", connected=True)
 
+    async def close_channel(self) -> None:
+        return None  # no channel: nothing kept between polls
+
     async def close(self) -> None:
         self.release.set()
 

@@ -92,6 +92,15 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "kubelet",
+        "--kubernetes.poll-interval",
+        "podresources_poll_interval",
+        duration,
+        "5s",
+        "ask the kubelet at most this often (every cycle when the collect interval is longer); "
+        "a new or gone pod's labels lag by up to this long",
+    ),
+    Flag(
+        "kubelet",
         "--kubernetes.stale-after",
         "podresources_stale_after",
         duration,

@@ -354,6 +354,13 @@ class PodResourcesClient:
             )
         return self._channel
 
+    async def close_channel(self) -> None:
+        """Close the channel until the next call (which opens a new one): between polls
+        far apart, an open channel keeps gRPC's threads waking for nothing
+        (exporter/podresources/schedule.py). The socket's identity is kept, so a kubelet
+        restarted meanwhile is still noticed."""
+        await self._drop_channel()
+
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None
         self._raw_rpcs.clear()

@@ -20,7 +20,10 @@ class Rig:
         self.nvml = StandInNvml(workdir, GPUS, MIG_PARENT, MIGS)
         self.exporter = ExporterProcess(
             node.socket, node.name, workdir, env=self.nvml.env(),
-            flags=["--collect-interval", "1s", "--path.container-logs", str(node.node.container_logs)],
+            flags=["--collect-interval", "1s", "--path.container-logs", str(node.node.container_logs),
+                   # a List every cycle: these tests time kubelet restarts against the
+                   # exporter's List period and count its calls per cycle
+                   "--kubernetes.poll-interval", "1s"],
         )  # fmt: skip
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -41,6 +42,7 @@ from exporter.sources.nvml.calls import Calls, GpuLost
 from exporter.sources.nvml.discovery import Gpu, Mig
 from exporter.sources.nvml.gpm import Gpm
 from exporter.sources.nvml.gpm import read as gpm_read
+from exporter.sources.nvml.structs import FieldBatch, MemoryRead
 
 STATES = ("ok", "degraded", "failed")
 
@@ -114,6 +116,8 @@ _SLOW = tuple(f for f in FIELDS if f.slow)
 _REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
 _REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
 """The field-value requests of a cycle with the slow fields and of one without."""
+_UNREAD = (pynvml.NVML_ERROR_UNKNOWN, 0.0)
+"""A field of a batch whose call failed (counted once, as the call)."""
 _REMAP_FLAGS = frozenset(
     f.field_id for f in FIELDS if f.metric.startswith("hw.gpu.memory.row_remap")
 )
@@ -137,6 +141,9 @@ class Reader:
         self.gpm_interval = gpm_interval
         self._gpm_read_at: dict[str, float] = {}
         """Per device: when its GPM sample was last taken on the GPM interval."""
+        self._memory = MemoryRead()
+        self._all, self._fast = FieldBatch(_REQUEST_ALL), FieldBatch(_REQUEST_FAST)
+        """Reused on every call: a Reader is used by one thread at a time (collect())."""
         self._busy: dict[str, dict[int, float] | None] = {}
         self._gpm_last: dict[str, list[Sample]] = {}
         self._gpm_empty: dict[str, int] = {}
@@ -215,34 +222,32 @@ class Reader:
 
     def memory_samples(self, handle: Any, samples: list[Sample]) -> None:
         # Drivers before R510 have only v1, which counts the reserved memory as used.
+        memory = self._memory
         mem = self.calls.newest(
-            (
-                "nvmlDeviceGetMemoryInfo_v2",
-                lambda: pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2),
-            ),
-            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)),
+            ("nvmlDeviceGetMemoryInfo_v2", partial(memory.v2, handle)),
+            ("nvmlDeviceGetMemoryInfo", partial(memory.v1, handle)),
         )
         if mem is None:
             return
-        add(samples, "hw.gpu.memory.usage", mem.used)
-        add(samples, "hw.gpu.memory.limit", mem.total)
-        add(samples, "hw.gpu.memory.free", mem.free)
-        add(samples, "hw.gpu.memory.reserved", getattr(mem, "reserved", None))
+        total, free, used, reserved = mem
+        add(samples, "hw.gpu.memory.usage", used)
+        add(samples, "hw.gpu.memory.limit", total)
+        add(samples, "hw.gpu.memory.free", free)
+        add(samples, "hw.gpu.memory.reserved", reserved)
 
     def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
         """The batched counters; True when a row remap is pending or has failed."""
-        fields, request = (FIELDS, _REQUEST_ALL) if gpu.slow_now else (_FAST, _REQUEST_FAST)
+        fields, batch = (FIELDS, self._all) if gpu.slow_now else (_FAST, self._fast)
         for spec in () if gpu.slow_now else _SLOW:  # between slow reads: the last value
             last = self.counters.last((gpu.device.id, spec.field_id))
             add(samples, spec.metric, last, *spec.attributes)
-        values = self.calls.get(pynvml.nvmlDeviceGetFieldValues, gpu.handle, request)
+        values = self.calls.get(batch.read, gpu.handle, name="nvmlDeviceGetFieldValues")
         degraded = False
         for i, spec in enumerate(fields):
             key = (gpu.device.id, spec.field_id)
-            value = None if values is None else values[i]  # (a ctypes array builds a new one)
-            ret = pynvml.NVML_ERROR_UNKNOWN if value is None else value.nvmlReturn
+            ret, number = _UNREAD if values is None else values[i]
             if ret == pynvml.NVML_SUCCESS:
-                raw = _field_number(value) * spec.scale
+                raw = number * spec.scale
                 number = self.counters.update(key, raw) if spec.counter else raw
                 add(samples, spec.metric, number, *spec.attributes)
                 degraded |= spec.field_id in _REMAP_FLAGS and (number or 0.0) > 0
@@ -365,19 +370,3 @@ _STATUS = {
 def status(state: str) -> tuple[Sample, ...]:
     """The status samples of a device in `state` (built once: samples are immutable)."""
     return _STATUS[state]
-
-
-_VALUE_MEMBER = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
-"""nvmlValueType_t -> the member of nvmlValue_t that holds it."""
-
-
-def _field_number(value: Any) -> float:
-    return float(getattr(value.value, _VALUE_MEMBER.get(value.valueType, "ullVal")))

@@ -1,0 +1,101 @@
+"""The floor of the exporter's work (issue 27): a process that does only what no exporter
+can avoid, so that the exporter's CPU can be given as a multiple of it.
+
+Every INTERVAL seconds it makes one bare grpcio `List` on a channel it keeps (the answer's
+bytes, unparsed) and replays the NVML C calls of one `collect()` back to back through
+ctypes, with the very arguments (recorded once at start, as `python -m bench nvml-calls`
+does: no binding, no Python around them); it serves a fixed /metrics body (gzip, as
+scraped) from a bare aiohttp handler. It is scraped as the exporter is. Its CPU is what the
+same work costs with nothing of ours in it.
+
+    python -m bench floor INTERVAL SOCKET BODY PORT    (the node's NVML environment set)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from bench import nvml_calls
+
+
+def _recorded_nvml_calls() -> list[tuple[Any, tuple[Any, ...]]]:
+    """One collect()'s C calls (function, arguments), from the NVML source itself."""
+    import pynvml
+
+    from exporter.sources import SourceContext
+    from exporter.sources.nvml import NvmlSource
+
+    resolve = pynvml._nvmlGetFunctionPointer
+    wrapped: dict[str, Any] = {}
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+
+    def recording_pointer(name: str) -> Any:
+        if name not in wrapped:
+            wrapped[name] = nvml_calls._Timed(name, resolve(name), totals)
+        return wrapped[name]
+
+    pynvml._nvmlGetFunctionPointer = recording_pointer
+    source = NvmlSource(SourceContext(logger=logging.getLogger("bench.floor")))
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
+    try:
+        for _ in range(3):  # warm-up: handles, GPM baselines, field ids
+            source.collect()
+        nvml_calls.COUNTING[0] = threading.get_ident()
+        nvml_calls.RECORDING.append(calls)
+        source.collect()
+    finally:
+        nvml_calls.RECORDING.clear()
+        nvml_calls.COUNTING[0] = 0
+        pynvml._nvmlGetFunctionPointer = resolve
+    # The source stays open (its handles are the replay's arguments); its XID thread waits.
+    return [(fn._fn if isinstance(fn, nvml_calls._Timed) else fn, args) for fn, args in calls]
+
+
+async def _serve(interval: float, socket: str, body: bytes, port: int) -> None:
+    import grpc.aio
+
+    nvml = _recorded_nvml_calls()
+    channel = grpc.aio.insecure_channel(f"unix://{socket}")
+    rpc = channel.unary_unary(
+        "/v1.PodResourcesLister/List", request_serializer=lambda b: b, response_deserializer=None
+    )
+    gzipped = gzip.compress(body, 1)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=gzipped,
+            headers={"Content-Encoding": "gzip", "Content-Type": "text/plain; version=0.0.4"},
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await rpc(b"", timeout=5)
+        for fn, args in nvml:
+            fn(*args)
+        await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+
+
+def main(argv: list[str]) -> int:
+    interval, socket, body, port = float(argv[0]), argv[1], Path(argv[2]), int(argv[3])
+    asyncio.run(_serve(interval, socket, body.read_bytes(), port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

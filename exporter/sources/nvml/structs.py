@@ -1,0 +1,139 @@
+"""The two NVML reads made for every device on every cycle, without the binding's per-call
+allocations: one field-value array per GPU built once and reused, and one memory struct.
+
+nvidia-ml-py builds a new ctypes array (and sets every request in it) for each
+`nvmlDeviceGetFieldValues`, a new struct for each `nvmlDeviceGetMemoryInfo`, and its
+structs' `__getattribute__` runs Python on every member read. On a dense node these two
+calls are 58 of a cycle's ~160 NVML calls (`python -m bench nvml-calls`). The structs here
+have the binding's layouts (nvml.h) as plain ctypes structures; the C functions are looked
+up through the binding on each call (a dict hit), so the library the binding loaded, a
+re-initialized one included, is the one called, and errors become the binding's
+`NVMLError` subclasses as every other call's do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pynvml
+
+
+class _Value(ctypes.Union):
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
+
+
+class FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t."""
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", _Value),
+    ]
+
+
+class MemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t (R510 and later: `reserved` apart from `used`)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class MemoryV1(ctypes.Structure):
+    """nvmlMemory_t (every driver; `used` includes the reserved memory)."""
+
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""nvmlValueType_t -> the member of nvmlValue_t that holds it."""
+
+
+def _check(ret: int) -> None:
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)  # the binding's subclass for the code
+
+
+class FieldBatch:
+    """One GPU's field-value request, as a ctypes array made once and reused."""
+
+    def __init__(self, request: tuple[tuple[int, int], ...]) -> None:
+        self.request = request
+        self._array = (FieldValue * len(request))()
+        self._count = ctypes.c_int32(len(request))
+        self._ref = ctypes.byref(self._array)
+
+    def read(self, handle: Any) -> list[tuple[int, float]]:
+        """(nvmlReturn, number) per requested field, in request order; the call's own
+        failure raises NVMLError. The requests are written again on every call: nvml.h
+        says the driver fills the outputs, not that it leaves the inputs alone."""
+        array = self._array
+        for value, (field_id, scope) in zip(array, self.request, strict=True):
+            value.fieldId = field_id
+            value.scopeId = scope
+        _check(
+            pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")(
+                handle, self._count, self._ref
+            )
+        )
+        found: list[tuple[int, float]] = []
+        for value in array:
+            ret = value.nvmlReturn
+            if ret == pynvml.NVML_SUCCESS:
+                member = _VALUE_MEMBER.get(value.valueType, "ullVal")
+                found.append((ret, float(getattr(value.value, member))))
+            else:
+                found.append((ret, 0.0))
+        return found
+
+
+class MemoryRead:
+    """`nvmlDeviceGetMemoryInfo_v2` or the v1 call into one struct each, reused:
+    (total, free, used, reserved or None for v1)."""
+
+    def __init__(self) -> None:
+        self._v2 = MemoryV2()
+        self._v2_ref = ctypes.byref(self._v2)
+        self._v1 = MemoryV1()
+        self._v1_ref = ctypes.byref(self._v1)
+
+    def v2(self, handle: Any) -> tuple[int, int, int, int | None]:
+        mem = self._v2
+        mem.version = pynvml.nvmlMemory_v2
+        _check(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(handle, self._v2_ref))
+        return mem.total, mem.free, mem.used, mem.reserved
+
+    def v1(self, handle: Any) -> tuple[int, int, int, int | None]:
+        mem = self._v1
+        _check(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo")(handle, self._v1_ref))
+        return mem.total, mem.free, mem.used, None
