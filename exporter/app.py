@@ -21,6 +21,7 @@ from exporter.heap import HeapTrimmer
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
 from exporter.numa import CpuNodeMap
+from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
@@ -134,6 +135,7 @@ class Exporter:
                 config.procfs, config.container_logs, timeout=config.collect_timeout
             ),
             process_series=config.process_series,
+            placement=PlacementReader(config.sysfs),
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None

@@ -191,6 +191,11 @@ ATTRIBUTES: dict[str, str] = {
     "hw.allocation.pool": "DRA pool name.",
     "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated; one node on "
     "`hw_container_numa_node`.",
+    "hw.gpu.id": "`hw.id` of the GPU (or MIG slice) of a GPU-NIC pair.",
+    "hw.network.id": "`hw.id` of the NIC (InfiniBand port, VF, PF) of a GPU-NIC pair.",
+    "hw.pcie.placement": "nvidia-smi's word for a GPU-NIC pair's PCIe path: `PIX` (one PCIe "
+    "switch), `PXB` (several switches below one root port), `PHB` (one host bridge), `NODE` "
+    "(host bridges of one NUMA node), `SYS` (across the CPU interconnect); docs/placement.md.",
     "hw.numa.resource": "What sits on the NUMA node: an extended resource (`nvidia.com/gpu`), "
     "`cpu` (exclusive CPUs) or a memory type (`memory`, `hugepages-1Gi`).",
     # exporter self-metrics
@@ -529,6 +534,35 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "1 when the NUMA nodes of the container's exclusive CPUs and of its pinned memory "
         "are each exactly those of its devices, 0 when not. No series when there is nothing "
         "to compare (devices without topology, shared-pool CPUs and no pinned memory).",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement",
+        G,
+        "",
+        "One series per GPU-NIC pair a container holds: how far apart they sit in the PCIe "
+        "tree, 1 (PIX: one PCIe switch, GPUDirect RDMA at full speed) to 5 (SYS: across the "
+        "CPU interconnect); `hw_pcie_placement` names the level. From sysfs "
+        "(docs/placement.md). Containers holding both GPUs and NICs only.",
+        scope=_A,
+        attributes=(*HOLDER_ATTRIBUTES, "hw.gpu.id", "hw.network.id", "hw.pcie.placement"),
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement.best",
+        G,
+        "",
+        "The container's closest GPU-NIC pair (the lowest `hw_container_pcie_placement`).",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement.worst",
+        G,
+        "",
+        "The container's worst-placed GPU, by its nearest NIC: the highest over its GPUs of "
+        "the lowest `hw_container_pcie_placement` of that GPU; 5 (SYS): some GPU has no NIC "
+        "on its side of the CPU interconnect.",
         scope=_A,
         attributes=HOLDER_ATTRIBUTES,
     ),

@@ -244,6 +244,19 @@ class ContainerNuma:
 
 
 @dataclass(frozen=True, slots=True)
+class PairPlacement:
+    """How far apart, in the PCIe tree, one GPU and one NIC of a container sit
+    (exporter/placement.py): `level` 1 (PIX, one PCIe switch) to 5 (SYS, across the CPU
+    interconnect), `level_name` nvidia-smi's word for it."""
+
+    holder: Holder
+    gpu_id: str
+    nic_id: str
+    level: int
+    level_name: str
+
+
+@dataclass(frozen=True, slots=True)
 class SourceHealth:
     name: str
     success: bool
@@ -322,3 +335,5 @@ class Snapshot:
     """Per (device, container) sums of the processes in `processes`."""
     attribution: bool = False
     """Whether process attribution ran this cycle (host /proc and container logs readable)."""
+    placements: tuple[PairPlacement, ...] = ()
+    """GPU-NIC pairs of every container holding both; see exporter/placement.py."""

@@ -35,6 +35,7 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.numa import CpuNodeMap
+from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
@@ -85,6 +86,7 @@ class Poller:
         pods: PodsView | None = None,
         resolver: ProcessResolver | None = None,
         process_series: bool = False,
+        placement: PlacementReader | None = None,
     ) -> None:
         self.node = node
         self.pods = pods
@@ -107,6 +109,7 @@ class Poller:
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
         self.resolver = resolver
         self.process_series = process_series
+        self.placement = placement
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
@@ -189,6 +192,9 @@ class Poller:
             if self.pods
             else (),
             kubeapi=self.pods.health() if self.pods else None,
+            placements=self.placement.placements(joined.allocations, joined.devices, cpu_nodes)
+            if self.placement
+            else (),
         )
         self._warn_unseen(joined, healths)
         for sink in self.sinks:

@@ -685,6 +685,8 @@ def _kubelet_view_alerts() -> list[Alert]:
     aligned = "hw.container.numa.aligned"
     holder = 'k8s.namespace.name="ml", k8s.pod.name="train-0", k8s.container.name="pytorch"'
     container = f"{aligned}{{{N1}, {holder}}}"
+    worst = "hw.container.pcie.placement.worst"
+    worst_series = f"{worst}{{{N1}, {holder}}}"
     container_labels = {
         "k8s.node.name": "node-1",
         "k8s.namespace.name": "ml",
@@ -760,6 +762,31 @@ def _kubelet_view_alerts() -> list[Alert]:
                 ),
                 Case("aligned", {container: "1+0x20"}, "10m"),
                 Case("misaligned pod deleted after 3m", {container: "0+0x3"}, "10m"),
+            ),
+        ),
+        Alert(
+            "KubeDeviceGpuNicCrossesCpuInterconnect",
+            "max by (k8s.node.name, k8s.namespace.name, k8s.pod.name, k8s.container.name)"
+            f" ({worst}) >= 5",
+            "5m",
+            "warning",
+            "{k8s.namespace.name}/{k8s.pod.name} {k8s.container.name} has a GPU whose nearest "
+            "NIC is across the CPU interconnect",
+            "Container {k8s.container.name} of {k8s.namespace.name}/{k8s.pod.name} on "
+            "{k8s.node.name} holds GPUs and RDMA NICs, and at least one of its GPUs has no NIC "
+            "on its own CPU socket (nvidia-smi level SYS): GPUDirect RDMA from that GPU "
+            "crosses the CPU interconnect, or falls back to copies through host memory. A "
+            "multi-node training job runs at the speed of its slowest GPU's network path.",
+            (
+                Case(
+                    "GPUs on one socket, NICs on the other, since it started",
+                    {worst_series: "5+0x20"},
+                    "10m",
+                    (container_labels,),
+                ),
+                Case("each GPU has a NIC on its PCIe switch", {worst_series: "1+0x20"}, "10m"),
+                Case("same socket, other host bridge", {worst_series: "4+0x20"}, "10m"),
+                Case("badly placed pod deleted after 3m", {worst_series: "5+0x3"}, "10m"),
             ),
         ),
     ]

@@ -11,6 +11,7 @@ from exporter.attribution.resolver import ProcessResolver
 from exporter.join import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
+from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
@@ -76,6 +77,7 @@ async def one_cycle(
         wall_clock=lambda: FIXED_WALL_TIME,
         resolver=resolver,
         process_series=process_series,
+        placement=PlacementReader(sysfs) if sysfs else None,
     )
     try:
         return await poller.run_once()
