@@ -11,12 +11,14 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
 from exporter.config import Config
+from exporter.events import EventHub, Publisher
 from exporter.heap import HeapTrimmer
 from exporter.join import ResourceMatcher
 from exporter.model import SourceResult
@@ -33,6 +35,10 @@ from exporter.sinks.webstats import ServerStats, request_logger
 from exporter.sources import Source, SourceContext, registry
 from exporter.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
 from exporter.webconfig import WebConfigError, WebConfigWatcher
+
+if TYPE_CHECKING:
+    from exporter.k8sevents import KubeEventPoster
+    from exporter.sinks.otlp_logs import OtlpLogSink
 
 ALLOCATABLE_EVERY = 5.0
 """Seconds between two `GetAllocatableResources` calls at the most: every cycle at the
@@ -106,6 +112,7 @@ class Exporter:
             self.otlp = OtlpSink(config)
             sinks.append(self.otlp)
             self_metrics.append(self.otlp)
+        self.log_sink, self.event_poster = self._device_events(config, sinks, self_metrics)
         sinks.append(HeapTrimmer())  # last: after a shrink, the heap's free pages go back
         self.client = PodResourcesClient(
             config.kubelet_socket,
@@ -141,6 +148,7 @@ class Exporter:
         self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._kubeapi_task: asyncio.Task[None] | None = None
+        self._events_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.port: int | None = None
 
@@ -151,6 +159,30 @@ class Exporter:
         host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.web_stats.watcher and self.web_stats.watcher.config.tls else "http"
         return f"{scheme}://{host}:{self.port}/"
+
+    @staticmethod
+    def _device_events(
+        config: Config, sinks: list[SnapshotSink], self_metrics: list[SelfMetrics]
+    ) -> tuple[OtlpLogSink | None, KubeEventPoster | None]:
+        """Device events (docs/events.md) as OTLP log records when OTLP is on, and as
+        Kubernetes Events with --kubernetes.events."""
+        log_sink = poster = None
+        if config.otlp.endpoint:
+            from exporter.sinks.otlp_logs import OtlpLogSink  # the SDK loads only when used
+
+            log_sink = OtlpLogSink(config)
+        if config.kubernetes_events:
+            from exporter.k8sevents import build_poster
+
+            poster = build_poster(config)
+        publishers: list[Publisher] = [p.publish for p in (log_sink, poster) if p is not None]
+        if publishers:
+            hub = EventHub(publishers)
+            sinks.append(hub)
+            self_metrics.append(hub)
+        if poster is not None:
+            self_metrics.append(poster)
+        return log_sink, poster
 
     async def start(self) -> None:
         if self.config.listen_address is not None:
@@ -164,6 +196,10 @@ class Exporter:
             self.otlp.start()
         if self.kubeapi is not None:
             self._kubeapi_task = asyncio.create_task(self.kubeapi.run(self._stop))
+        if self.log_sink is not None:
+            self.log_sink.start()
+        if self.event_poster is not None:
+            self._events_task = asyncio.create_task(self.event_poster.run(self._stop))
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
     async def _start_server(self, address: tuple[str, int]) -> None:
@@ -205,6 +241,14 @@ class Exporter:
             self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events_task
+        if self.log_sink is not None:
+            logs = in_daemon_thread(self.log_sink.shutdown, "otlp-logs-shutdown")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(logs, timeout=left(reserve=3.0))
         if self.otlp is not None:
             otlp = self.otlp
             flushing = in_daemon_thread(otlp.shutdown, "otlp-shutdown")

@@ -50,6 +50,8 @@ class Config:
     web_max_connections: int = 512
     kubernetes_api: bool = False
     """Watch this node's pods on the API server for UIDs, workloads and labels."""
+    kubernetes_events: bool = False
+    """Create a Kubernetes Event on each pod a device event hits (exporter/k8sevents.py)."""
     kubeconfig: Path | None = None
     """None: in-cluster configuration (the pod's ServiceAccount)."""
     pod_label_patterns: tuple[str, ...] = ()

@@ -83,11 +83,21 @@ FLAGS: list[tuple[str, str, str, Callable[[str], Any], str, str]] = [
     ),
     (
         "kubeapi",
+        "--kubernetes.events",
+        "kubernetes_events",
+        boolean,
+        "off",
+        "create a Kubernetes Event on each pod a device event (XID, ECC error, failed device, "
+        "link down) hits, deduplicated and rate-limited as the kubelet does; needs create on "
+        "events (deploy/components/kubernetes-events)",
+    ),
+    (
+        "kubeapi",
         "--kubernetes.kubeconfig",
         "kubeconfig",
         Path,
         "in-cluster: the pod's ServiceAccount",
-        "kubeconfig for --kubernetes.api (development outside a cluster)",
+        "kubeconfig for --kubernetes.api and --kubernetes.events (development outside a cluster)",
     ),
     (
         "kubeapi",

@@ -204,7 +204,10 @@ ATTRIBUTES: dict[str, str] = {
     "code": "gRPC status code name (PodResources); HTTP status or error class (Kubernetes API).",
     "verb": "Kubernetes API verb: `list`, `watch`, `get`.",
     "resource": "Kubernetes API resource: `pods`, `replicasets`, `jobs`.",
-    "result": "`success` or `failure`.",
+    "result": "`success` or `failure`; Kubernetes Events: `created`, `deduplicated`, "
+    "`rate_limited`, `dropped`, `failed`.",
+    "hw.event.class": "Class of a device event: `hardware`, `driver`, `application` (XIDs by "
+    "NVIDIA's catalog), `network`, `unknown` (docs/events.md).",
     "version": "Exporter version.",
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
@@ -790,6 +793,27 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Export attempts by sink and result.",
         scope=_E,
         attributes=("sink", "result"),
+    ),
+    MetricSpec(
+        "kube_device_exporter.device.events",
+        C,
+        "{event}",
+        "Device events (XIDs, uncorrectable ECC errors, failed devices, failed row remaps, "
+        "links down) published as OTLP log records or Kubernetes Events, by class "
+        "(docs/events.md).",
+        scope=_E,
+        attributes=("hw.event.class",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.kubernetes.events",
+        C,
+        "{event}",
+        "Kubernetes Events about pods hit by device events (`--kubernetes.events`), by "
+        "result: `created`; held back as the kubelet's recorder does, `deduplicated` (same "
+        "pod, device and code within 10 minutes) or `rate_limited` (over 25 per pod, one more "
+        "every 5 minutes); `dropped` (over 1000 waiting), `failed` (the API server refused).",
+        scope=_E,
+        attributes=("result",),
     ),
     MetricSpec(
         "kube_device_exporter.export.rejected",

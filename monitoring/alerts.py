@@ -11,21 +11,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from exporter.devicecodes import xids_of
 from monitoring.promql import label, promql
 
 JOB = "kube-device-exporter"
 """The Prometheus job of the exporter's targets (ServiceMonitor and PodMonitor set it with
 `jobLabel`; a hand-written scrape config must use it as `job_name`)."""
-XID_HARDWARE = ("48", "64", "74", "79", "95")
+XID_HARDWARE = xids_of("hardware")
 """XIDs of failing hardware, which needs a reset or service now: double-bit ECC error (48),
 row-remap failure (64), NVLink error (74), fallen off the bus (79), uncontained ECC error
 (95). Critical."""
-XID_DRIVER = ("32", "38", "62", "109", "119", "120")
+XID_DRIVER = xids_of("driver")
 """XIDs of the driver, its firmware or the GPU's micro-controllers: corrupted push buffer (32),
 driver firmware error (38), internal micro-controller halt (62), context switch timeout
 (109), GSP RPC timeout and GSP error (119, 120); the GPU usually needs a reset, and
 repeated ones a driver update. Warning."""
-XID_APPLICATION = ("13", "31", "43", "45")
+XID_APPLICATION = xids_of("application")
 """XIDs a program usually causes: graphics engine exception (13), GPU memory page fault
 (31), channel stopped (43), preemptive cleanup after an earlier error (45). The workload's
 owner reads its logs; nobody is paged. Info."""
