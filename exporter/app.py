@@ -18,6 +18,7 @@ from aiohttp import web
 from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
 from exporter.config import Config
+from exporter.energy import EnergyLedger
 from exporter.events import EventHub, Publisher
 from exporter.heap import HeapTrimmer
 from exporter.join import ResourceMatcher
@@ -142,7 +143,7 @@ class Exporter:
                 config.procfs, config.container_logs, timeout=config.collect_timeout
             ),
             process_series=config.process_series,
-            placement=PlacementReader(config.sysfs),
+            steps=[PlacementReader(config.sysfs).step, EnergyLedger().step],
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None

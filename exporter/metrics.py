@@ -541,6 +541,19 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=HOLDER_ATTRIBUTES,
     ),
     MetricSpec(
+        "hw.container.energy",
+        C,
+        "J",
+        "Energy of the device apportioned to a container holding it: whole for an exclusive "
+        "holder, by measured share on a shared device (process utilization, else the size of "
+        "its slice, else equally); the series without pod labels has the device's energy "
+        "while nobody held it. A device's series sum to its `hw_energy_joules_total` since "
+        "the exporter started; a departed container's series stays 10 minutes "
+        "(docs/attribution.md).",
+        scope=_A,
+        attributes=(*DEVICE_ATTRIBUTES[:4], *HOLDER_ATTRIBUTES),
+    ),
+    MetricSpec(
         "hw.container.pcie.placement",
         G,
         "",

@@ -257,6 +257,16 @@ class PairPlacement:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerEnergy:
+    """Joules of one device credited to one holder since the exporter started
+    (exporter/energy.py); `holder` None: the device's energy while nobody held it."""
+
+    device_id: str
+    holder: Holder | None
+    joules: float
+
+
+@dataclass(frozen=True, slots=True)
 class SourceHealth:
     name: str
     success: bool
@@ -337,3 +347,5 @@ class Snapshot:
     """Whether process attribution ran this cycle (host /proc and container logs readable)."""
     placements: tuple[PairPlacement, ...] = ()
     """GPU-NIC pairs of every container holding both; see exporter/placement.py."""
+    container_energy: tuple[ContainerEnergy, ...] = ()
+    """Each device's energy apportioned to its holders; see exporter/energy.py."""

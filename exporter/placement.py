@@ -33,12 +33,12 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
 
 from exporter import hostfiles
-from exporter.model import Allocation, Device, Holder, JoinedDevice, PairPlacement
+from exporter.model import Allocation, Device, Holder, JoinedDevice, PairPlacement, Snapshot
 
 _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -170,6 +170,11 @@ class PlacementReader:
         if address not in self._paths:
             self._paths[address] = read_pci_path(self.sysfs, address)
         return self._paths[address]
+
+    def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
+        """A snapshot step (Poller `steps`): adds `placements`."""
+        pairs = self.placements(snapshot.allocations, snapshot.devices, cpu_nodes)
+        return replace(snapshot, placements=pairs)
 
     def placements(
         self,

@@ -142,6 +142,7 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     yield from _health_points(snapshot, node)
     yield from _numa_points(snapshot, node)
     yield from _placement_points(snapshot, node)
+    yield from _energy_points(snapshot, node)
 
 
 def _health_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
@@ -194,6 +195,22 @@ def _placement_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         attrs = (*_holder(holder), *node)
         yield Point(SPECS["hw.container.pcie.placement.best"], attrs, float(best))
         yield Point(SPECS["hw.container.pcie.placement.worst"], attrs, float(worst))
+
+
+def _energy_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    spec = SPECS["hw.container.energy"]
+    devices = {d.reading.device.id: d.reading.device for d in snapshot.devices}
+    for energy in snapshot.container_energy:
+        device = devices.get(energy.device_id)
+        pairs = (
+            ("hw.id", energy.device_id),
+            ("hw.type", device.type if device else ""),
+            ("hw.vendor", device.vendor if device else ""),
+            ("hw.model", device.model if device else ""),
+        )
+        holder = _holder(energy.holder) if energy.holder else ()
+        attrs = tuple((k, v) for k, v in pairs if v) + holder + node
+        yield Point(spec, attrs, energy.joules)
 
 
 def _holder(holder: Holder) -> Attributes:

@@ -35,13 +35,16 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.numa import CpuNodeMap
-from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
 from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
+
+
+SnapshotStep = Callable[[Snapshot, Mapping[int, int]], Snapshot]
+"""Adds what is derived from a whole snapshot (and the CPU map), in the publish worker."""
 
 
 class PodsView(Protocol):
@@ -86,7 +89,7 @@ class Poller:
         pods: PodsView | None = None,
         resolver: ProcessResolver | None = None,
         process_series: bool = False,
-        placement: PlacementReader | None = None,
+        steps: Sequence[SnapshotStep] = (),
     ) -> None:
         self.node = node
         self.pods = pods
@@ -109,7 +112,8 @@ class Poller:
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
         self.resolver = resolver
         self.process_series = process_series
-        self.placement = placement
+        self.steps = list(steps)
+        """Derived parts of a snapshot (GPU-NIC placement, energy per container), in order."""
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
@@ -192,10 +196,9 @@ class Poller:
             if self.pods
             else (),
             kubeapi=self.pods.health() if self.pods else None,
-            placements=self.placement.placements(joined.allocations, joined.devices, cpu_nodes)
-            if self.placement
-            else (),
         )
+        for step in self.steps:
+            snapshot = step(snapshot, cpu_nodes)
         self._warn_unseen(joined, healths)
         for sink in self.sinks:
             sink.update(snapshot)

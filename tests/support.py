@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
+from exporter.energy import EnergyLedger
 from exporter.join import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
@@ -77,7 +78,7 @@ async def one_cycle(
         wall_clock=lambda: FIXED_WALL_TIME,
         resolver=resolver,
         process_series=process_series,
-        placement=PlacementReader(sysfs) if sysfs else None,
+        steps=[*([PlacementReader(sysfs).step] if sysfs else []), EnergyLedger().step],
     )
     try:
         return await poller.run_once()
