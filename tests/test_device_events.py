@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter.app import build_sources
 from exporter.config import Config, OtlpConfig
 from exporter.devicecodes import Severity
-from exporter.events import EventDetector, EventHub
+from exporter.events import DeviceEvent, EventDetector, EventHub
+from exporter.flags import parse_config
 from exporter.k8sevents import EventGate, KubeEventPoster
 from exporter.kubeapi.client import http_client, load_config
 from exporter.model import (
@@ -28,10 +30,13 @@ from exporter.model import (
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
+from exporter.simulate.node import SimulatedNode
+from exporter.simulate.scenario import load_scenario
 from exporter.sinks.otlp_logs import OtlpLogSink
 from tests.kubeapi_server import FakeApiServer
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node  # noqa: F401 - fixtures
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Receiver
+from tests.support import Clock
 
 GPU = "GPU-5e1f0a2b-7c3d-4e5f-8a9b-000000000000"
 A = Holder("ml", "trainer-a", "pytorch")
@@ -283,3 +288,36 @@ async def test_events_the_api_server_refuses_are_counted_failed(
         await http.aclose()
     assert {dict(s.attributes)["result"]: s.value for s in poster.self_samples()} == {"failed": 2.0}
     assert api.events == []
+
+
+async def test_a_link_going_down_on_the_simulated_dgx_node_names_the_pod_holding_the_nic(
+    tmp_path: Path,
+) -> None:
+    """The rdma source over the simulated sysfs tree (mlx5_4's link is down from 20 to 26 s),
+    the simulated kubelet, the poller: one `link_down` event, naming trainer-bad."""
+    scenario = load_scenario("dgx")
+    clock = Clock()
+    node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
+    config = parse_config([*node.exporter_args(), "--no-collector.nvml"], env={})
+    sources = build_sources(config, clock=clock)
+    found: list[DeviceEvent] = []
+    kubelet = SimulatedKubelet(scenario, tmp_path / "kubelet.sock", clock=lambda: clock.now)
+    await kubelet.start()
+    client = PodResourcesClient(tmp_path / "kubelet.sock")
+    hub = EventHub([found.extend])
+    poller = Poller(node=scenario.node, sources=sources, client=client, sinks=[hub])
+    try:
+        for t in (18.0, 19.0, 21.0, 24.0, 27.0):
+            clock.now = t
+            node.advance()
+            await poller.run_once()
+    finally:
+        await client.close()
+        await kubelet.stop()
+        for source in sources.values():
+            source.close()
+        for part in node.parts:
+            part.close()
+    assert [(e.code, e.device.id, e.holders) for e in found] == [
+        ("link_down", "mlx5_4/1", (Holder("ml-team", "trainer-bad", "pytorch"),))
+    ]
