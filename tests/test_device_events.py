@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.app import build_sources
+from exporter.app import Exporter, build_sources
 from exporter.config import Config, OtlpConfig
 from exporter.devicecodes import Severity
 from exporter.events import DeviceEvent, EventDetector, EventHub
@@ -26,17 +26,18 @@ from exporter.model import (
     JoinedDevice,
     Sample,
     Snapshot,
+    SourceResult,
 )
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.simulate.kubelet import SimulatedKubelet
 from exporter.simulate.node import SimulatedNode
-from exporter.simulate.scenario import load_scenario
+from exporter.simulate.scenario import load_scenario, parse_scenario
 from exporter.sinks.otlp_logs import OtlpLogSink
 from tests.kubeapi_server import FakeApiServer
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node  # noqa: F401 - fixtures
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Receiver
-from tests.support import Clock
+from tests.support import Clock, StaticSource
 
 GPU = "GPU-5e1f0a2b-7c3d-4e5f-8a9b-000000000000"
 A = Holder("ml", "trainer-a", "pytorch")
@@ -321,3 +322,71 @@ async def test_a_link_going_down_on_the_simulated_dgx_node_names_the_pod_holding
     assert [(e.code, e.device.id, e.holders) for e in found] == [
         ("link_down", "mlx5_4/1", (Holder("ml-team", "trainer-bad", "pytorch"),))
     ]
+
+
+ONE_POD = f"""
+node: n1
+allocatable: [{{resource: nvidia.com/gpu, ids: [{GPU}]}}]
+pods:
+  - name: trainer-a
+    namespace: ml
+    containers: [{{name: pytorch, devices: [{{resource: nvidia.com/gpu, ids: [{GPU}]}}]}}]
+"""
+
+
+CREATED = 'kube_device_exporter_kubernetes_events_total{k8s_node_name="n1",result="created"}'
+DETECTED = 'kube_device_exporter_device_events_total{hw_event_class="hardware",k8s_node_name="n1"}'
+
+
+def _gpu_with_xids(count: float) -> SourceResult:
+    device = Device(GPU, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "fake")
+    return SourceResult("fake", (DeviceReading(device, (_xid(79, count),)),))
+
+
+async def test_the_exporter_wires_events_to_otlp_and_the_api_server(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The composition root: --otlp.endpoint and --kubernetes.events on, one XID later one
+    record at the receiver, one Event, and the self-metrics on /metrics."""
+    receiver = GrpcReceiver()
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(ONE_POD), sock, clock=lambda: 0.0)
+    await kubelet.start()
+    config = parse_config(
+        ["--kubelet-socket", str(sock), "--web.listen-address", "127.0.0.1:0",
+         "--collect-interval", "200ms", "--collect-timeout", "200ms", "--node-name", "n1",
+         "--otlp.endpoint", receiver.endpoint, "--kubernetes.events",
+         "--kubernetes.kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig"))],
+        env={}, sources={}, min_collect_interval=0.1,
+    )  # fmt: skip
+    source = StaticSource(_gpu_with_xids(0))
+    exporter = Exporter(config, sources={"fake": source})
+    await exporter.start()
+    try:
+        await exporter.wait_ready(10)
+        await _until(lambda: bool(exporter.poller.snapshot and exporter.poller.snapshot.allocations),
+                     "the pod holds the GPU")  # fmt: skip
+        source.result = _gpu_with_xids(1)
+        await _until(lambda: len(api.events) == 1, "the Event")
+        assert exporter.log_sink is not None
+        await asyncio.to_thread(exporter.log_sink.force_flush)
+        await asyncio.to_thread(receiver.wait_for_log_records, 1)
+        text = ""
+
+        def counted() -> bool:
+            nonlocal text
+            rendered = exporter.prometheus.rendered
+            text = rendered.text.decode() if rendered else ""
+            return f"{CREATED} 1.0" in text
+
+        await _until(counted, "the self-metric")
+    finally:
+        await exporter.stop()
+        await kubelet.stop()
+        receiver.stop()
+    (_, record), *more = receiver.log_records()
+    assert more == []
+    attrs = {kv.key: kv.value for kv in record.attributes}
+    assert [v.string_value for v in attrs["k8s.pod.name"].array_value.values] == ["trainer-a"]
+    assert api.events[0]["involvedObject"]["name"] == "trainer-a"
+    assert f"{DETECTED} 1.0" in text
