@@ -63,11 +63,14 @@ class EnergyLedger:
 
     def account(self, snapshot: Snapshot) -> tuple[ContainerEnergy, ...]:
         now = snapshot.timestamp
-        metered = {
-            j.reading.device.id: j
-            for j in snapshot.devices
-            if any(s.metric == ENERGY for s in j.reading.samples)
-        }
+        metered: dict[str, JoinedDevice] = {}
+        readings: dict[str, float] = {}
+        for joined in snapshot.devices:
+            for sample in joined.reading.samples:
+                if sample.metric == ENERGY:
+                    metered[joined.reading.device.id] = joined
+                    readings[joined.reading.device.id] = sample.value
+                    break
         holders = _family_holders(snapshot, metered)
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
@@ -75,7 +78,7 @@ class EnergyLedger:
                 previous = self._holders.get(device_id, {})
                 for holder, share in _shares(snapshot, joined, previous).items():
                     account.pending[holder] += share
-            self._settle(account, _energy(joined))
+            self._settle(account, readings[device_id])
             for holder in (*holders.get(device_id, {}), None):
                 account.totals.setdefault(holder, 0.0)
                 account.seen[holder] = now
@@ -109,10 +112,6 @@ class EnergyLedger:
             keys = sorted(account.totals, key=lambda h: (h is not None, h or Holder("", "", "")))
             out += [ContainerEnergy(device_id, h, account.totals[h]) for h in keys]
         return tuple(out)
-
-
-def _energy(joined: JoinedDevice) -> float:
-    return next(s.value for s in joined.reading.samples if s.metric == ENERGY)
 
 
 def _family_holders(

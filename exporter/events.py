@@ -70,6 +70,8 @@ def _code_of(metric: str, attrs: dict[str, str]) -> tuple[str, int | None] | Non
 
 
 _COUNTERS = ("hw.gpu.xid.errors", "hw.errors")
+_WATCHED = frozenset((*_COUNTERS, "hw.status", "hw.gpu.memory.row_remap.failed", "hw.network.up"))
+"""The only series an event can come from: the rest of a cycle's samples are not kept."""
 
 
 class EventDetector:
@@ -84,7 +86,8 @@ class EventDetector:
         for joined in snapshot.devices:
             device_id = joined.reading.device.id
             for sample in joined.reading.samples:
-                values[(device_id, sample.metric, sample.attributes)] = sample.value
+                if sample.metric in _WATCHED:
+                    values[(device_id, sample.metric, sample.attributes)] = sample.value
         previous, seen_before = self._values, self._devices
         self._values = values
         self._devices = {d.reading.device.id for d in snapshot.devices}
