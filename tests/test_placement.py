@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.model import Holder, PairPlacement
+from exporter.model import (
+    Allocation,
+    AllocationKind,
+    Device,
+    DeviceReading,
+    Holder,
+    JoinedDevice,
+    PairPlacement,
+)
 from exporter.placement import (
     Level,
     PciPath,
@@ -243,3 +251,31 @@ async def test_the_badly_placed_pod_fires_the_alert_in_promtool(
     path.write_text(yaml.safe_dump(test))
     done = promtool("test", "rules", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_mig_slice_takes_its_gpus_place_and_a_dra_claim_counts_as_an_allocation(
+    tmp_path: Path,
+) -> None:
+    """The pairs come from allocations of either kind; a slice has no PCI address of its
+    own and sits where its GPU does."""
+    sysfs, gpus, nics = _dgx_sysfs(tmp_path)
+    gpu = Device("GPU-7", "gpu", "nvidia", "H100", "nvml", attributes=(("hw.pci.bus_id", gpus[7]),))
+    mig = Device("MIG-7a", "gpu", "nvidia", "H100 MIG 1g.10gb", "nvml", parent="GPU-7")
+    port = Device("mlx5_7/1", "network", "mellanox", "MT4129", "rdma", parent=nics[7],
+                  attributes=(("hw.pci.bus_id", nics[7]),))  # fmt: skip
+    far = Device("mlx5_0/1", "network", "mellanox", "MT4129", "rdma", parent=nics[0],
+                 attributes=(("hw.pci.bus_id", nics[0]),))  # fmt: skip
+    h = Holder("ml", "train", "pytorch")
+    allocations = [
+        Allocation(h, "nvidia.com/mig-1g.10gb", "MIG-7a", "MIG-7a"),
+        Allocation(h, "nic.example.com", "mlx5-7", "mlx5_7/1", kind=AllocationKind.DRA,
+                   claim="nics", driver="nic.example.com", pool="node-1"),
+        Allocation(h, "nvidia.com/hostdev", nics[0], "mlx5_0/1"),
+    ]  # fmt: skip
+    joined = [JoinedDevice(DeviceReading(d)) for d in (gpu, mig, port, far)]
+    pairs = PlacementReader(sysfs).placements(allocations, joined, {0: 0, 64: 1})
+    assert [(p.gpu_id, p.nic_id, p.level_name) for p in pairs] == [
+        ("MIG-7a", "mlx5_0/1", "SYS"),
+        ("MIG-7a", "mlx5_7/1", "PIX"),
+    ]
+    assert best_and_worst(pairs) == {h: (1, 1)}
