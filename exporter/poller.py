@@ -38,13 +38,10 @@ from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
+from exporter.steps import SnapshotStep, Steps
 from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
-
-
-SnapshotStep = Callable[[Snapshot, Mapping[int, int]], Snapshot]
-"""Adds what is derived from a whole snapshot (and the CPU map), in the publish worker."""
 
 
 class PodsView(Protocol):
@@ -112,9 +109,9 @@ class Poller:
         self._slots = [_SourceSlot(name, src) for name, src in sources.items()]
         self.resolver = resolver
         self.process_series = process_series
-        self.steps = list(steps)
-        """Derived parts of a snapshot (GPU-NIC placement, energy per container), in order."""
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
+        self.steps = Steps(steps)
+        """Derived parts of a snapshot (GPU-NIC placement, energy per container), in order."""
         self._state: PodResourcesState | None = None
         self._state_at = 0.0
         self._cycles = 0
@@ -197,8 +194,7 @@ class Poller:
             else (),
             kubeapi=self.pods.health() if self.pods else None,
         )
-        for step in self.steps:
-            snapshot = step(snapshot, cpu_nodes)
+        snapshot = self.steps(snapshot, cpu_nodes)
         self._warn_unseen(joined, healths)
         for sink in self.sinks:
             sink.update(snapshot)
