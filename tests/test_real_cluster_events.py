@@ -7,6 +7,10 @@ real apiserver's validation accepts the Event, `kubectl describe pod`'s query
 (`fieldSelector=involvedObject.name=...,involvedObject.uid=...`) finds it, the rules review
 grants exactly `create` on events beyond what every identity may do, and an identity
 without the binding is refused (counted `failed`).
+
+The control plane is the session's: what this module adds (the events roles and bindings,
+its namespaces and Pod) is removed after it, so the RBAC and exporter tests that follow see
+the cluster as they expect (the kit's ServiceAccount is shared and stays).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ from exporter.kubeapi.client import http_client, load_config
 from exporter.model import Device, Holder
 from tests import kustomize
 from tests.realcluster import rbac
-from tests.realcluster.api import namespace
+from tests.realcluster.api import namespace, path_of
 from tests.realcluster.controlplane import ControlPlane
 
 WORK_NS = "kde-events"
@@ -61,19 +66,24 @@ class Setup:
     def __init__(self, plane: ControlPlane, tmp: Path) -> None:
         self.plane, self.tmp = plane, tmp
         admin = self.admin = plane.admin()
-        for obj in rbac.identity(_kit()):
+        kit = rbac.identity(_kit())
+        for obj in kit:
             admin.apply(obj)
         admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NS}})
         chart = rbac.identity(_chart())
         for obj in chart:
             admin.apply(obj)
+        roles = ("ClusterRole", "ClusterRoleBinding")
+        self.added = [o for o in (*kit, *chart) if o["kind"] in roles]
         namespace(admin, WORK_NS)
         admin.apply({"apiVersion": "v1", "kind": "ServiceAccount",
                      "metadata": {"name": "baseline", "namespace": WORK_NS}})  # fmt: skip
         self.pod = admin.create({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "trainer-a", "namespace": WORK_NS},
-            "spec": {"containers": [{"name": "pytorch", "image": "busybox"}]},
+            # bound to no real node: no scheduler or kubelet of the session acts on it
+            "spec": {"nodeName": "kde-events-nowhere",
+                     "containers": [{"name": "pytorch", "image": "busybox"}]},
         })  # fmt: skip
         (chart_sa,) = [o["metadata"]["name"] for o in chart if o["kind"] == "ServiceAccount"]
         self.identities = {
@@ -106,10 +116,21 @@ class Setup:
 
         return asyncio.run(run())
 
+    def remove(self) -> None:
+        self.admin.request("DELETE", path_of(self.pod), {"gracePeriodSeconds": 0})
+        for obj in self.added:
+            self.admin.delete(obj)
+        for name in (WORK_NS, CHART_NS):
+            self.admin.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
 
 @pytest.fixture(scope="module")
-def setup(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    return Setup(control_plane, tmp_path_factory.mktemp("events"))
+def setup(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    made = Setup(control_plane, tmp_path_factory.mktemp("events"))
+    try:
+        yield made
+    finally:
+        made.remove()
 
 
 def _results(poster: KubeEventPoster) -> dict[str, float]:
