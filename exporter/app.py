@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -20,10 +20,13 @@ from exporter.attribution.resolver import ProcessResolver
 from exporter.budget import Budgeted
 from exporter.cli.config import Config
 from exporter.draview import DraView
+from exporter.energy import EnergyLedger
+from exporter.events import EventHub, Publisher
 from exporter.heap import HeapTrimmer
 from exporter.ids import ResourceMatcher
 from exporter.model import SourceResult
 from exporter.numa import CpuNodeMap
+from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.sinks import SelfMetrics, SnapshotSink
@@ -36,6 +39,10 @@ from exporter.web.config import WebConfigError, WebConfigWatcher
 from exporter.web.listen import ListenError, listen_problem
 from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
+
+if TYPE_CHECKING:
+    from exporter.k8sevents import KubeEventPoster
+    from exporter.sinks.otlp_logs import OtlpLogSink
 
 ALLOCATABLE_EVERY = 5.0
 """Seconds between two `GetAllocatableResources` calls at the most: every cycle at the
@@ -109,6 +116,7 @@ class Exporter:
             self.otlp = OtlpSink(config)
             sinks.append(self.otlp)
             self_metrics.append(self.otlp)
+        self.log_sink, self.event_poster = self._device_events(config, sinks, self_metrics)
         self.client = PodResourcesClient(
             config.kubelet_socket,
             timeout=config.podresources_timeout,
@@ -145,11 +153,13 @@ class Exporter:
             ),
             process_series=config.process_series,
             dra=self.dra,
+            steps=[PlacementReader(config.sysfs).step, EnergyLedger().step],
         )
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._kubeapi_task: asyncio.Task[None] | None = None
+        self._events_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.port: int | None = None
 
@@ -160,6 +170,30 @@ class Exporter:
         host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.web_stats.watcher and self.web_stats.watcher.config.tls else "http"
         return f"{scheme}://{host}:{self.port}/"
+
+    @staticmethod
+    def _device_events(
+        config: Config, sinks: list[SnapshotSink], self_metrics: list[SelfMetrics]
+    ) -> tuple[OtlpLogSink | None, KubeEventPoster | None]:
+        """Device events (docs/events.md) as OTLP log records when OTLP is on, and as
+        Kubernetes Events with --kubernetes.events."""
+        log_sink = poster = None
+        if config.otlp.endpoint:
+            from exporter.sinks.otlp_logs import OtlpLogSink  # the SDK loads only when used
+
+            log_sink = OtlpLogSink(config)
+        if config.kubernetes_events:
+            from exporter.k8sevents import build_poster
+
+            poster = build_poster(config)
+        publishers: list[Publisher] = [p.publish for p in (log_sink, poster) if p is not None]
+        if publishers:
+            hub = EventHub(publishers)
+            sinks.append(hub)
+            self_metrics.append(hub)
+        if poster is not None:
+            self_metrics.append(poster)
+        return log_sink, poster
 
     async def start(self) -> None:
         if self.config.listen_address is not None:
@@ -177,6 +211,10 @@ class Exporter:
                 watches.append(self.slices.run(self._stop))
             self._kubeapi_task = asyncio.create_task(_together(*watches))
             self._kubeapi_task.add_done_callback(_log_watcher_end)
+        if self.log_sink is not None:
+            self.log_sink.start()
+        if self.event_poster is not None:
+            self._events_task = asyncio.create_task(self.event_poster.run(self._stop))
         self._task = asyncio.create_task(self.poller.run_forever(self._stop))
 
     async def _start_server(self, address: tuple[str, int]) -> None:
@@ -222,6 +260,14 @@ class Exporter:
             # An error that ended it early was logged when it ended (_log_watcher_end).
             with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events_task
+        if self.log_sink is not None:
+            logs = in_daemon_thread(self.log_sink.shutdown, "otlp-logs-shutdown")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(logs, timeout=left(reserve=3.0))
         if self.otlp is not None:
             otlp = self.otlp
             flushing = in_daemon_thread(otlp.shutdown, "otlp-shutdown")

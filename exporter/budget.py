@@ -79,7 +79,8 @@ class Budgeted:
         """`snapshot` with the groups that are off left out, trimmed to the budget, and the
         budget's own series added."""
         devices = tuple(self._grouped(d) for d in snapshot.devices)
-        snapshot = replace(snapshot, devices=devices)
+        energy = snapshot.container_energy if "energy" in self.groups else ()
+        snapshot = replace(snapshot, devices=devices, container_energy=energy)
         trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)))
         if dropped:
             self._states.failed(
@@ -150,6 +151,11 @@ def _estimate(snapshot: Snapshot) -> int:
     holders = len(snapshot.allocations) + len(snapshot.pods)
     holders += sum(_numa_series(n) for n in snapshot.containers)
     holders += 3 * len(snapshot.container_usage) + 2 * len(snapshot.processes)
+    holders += (
+        len(snapshot.container_energy)
+        + len(snapshot.placements)
+        + 2 * len({p.holder for p in snapshot.placements})
+    )
     resources = 5 * (len(snapshot.allocatable) + len(snapshot.registered) + len(snapshot.unseen))
     return devices + holders + resources + 64 + 3 * len(snapshot.sources)
 
@@ -204,6 +210,11 @@ def _holder_costs(snapshot: Snapshot) -> tuple[Counter[_HolderKey], set[tuple[st
         owner = snapshot.owners.get(proc.pid)
         key = _NO_POD if owner is None else (owner.namespace, owner.pod, owner.container)
         cost[key] += (proc.memory_bytes is not None) + (proc.utilization is not None)
+    for placement in snapshot.placements:
+        cost[_key(placement.holder)] += 1
+    for energy in snapshot.container_energy:
+        if energy.holder is not None:
+            cost[_key(energy.holder)] += 1
     for usage in snapshot.container_usage:  # the processes of no pod: last of all
         if usage.owner is None:
             cost[_NO_POD] += _usage_series(usage)
@@ -237,5 +248,9 @@ def _keep(snapshot: Snapshot, kept: set[_HolderKey], pods: set[tuple[str, str]])
         pods=tuple(p for p in snapshot.pods if (p.namespace, p.pod) in pods),
         container_usage=tuple(u for u in snapshot.container_usage if owner_key(u) in kept),
         processes=tuple(p for p in snapshot.processes if proc_key(p.pid) in kept),
+        placements=tuple(p for p in snapshot.placements if _key(p.holder) in kept),
+        container_energy=tuple(
+            e for e in snapshot.container_energy if e.holder is None or _key(e.holder) in kept
+        ),
         allocations_left_out=tuple(sorted((r, n) for r, n in left_out.items() if n > 0)),
     )

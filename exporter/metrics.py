@@ -84,6 +84,11 @@ GROUPS: tuple[MetricGroup, ...] = (
         "profiling",
         "NVIDIA GPM profiling metrics (SM and tensor activity, Hopper and later)",
     ),
+    MetricGroup(
+        "energy",
+        "energy per container, each device's energy counter apportioned to its holders "
+        "(one series per holder of every device: docs/attribution.md)",
+    ),
 )
 """Every group; `core` cannot be turned off."""
 
@@ -267,6 +272,11 @@ ATTRIBUTES: dict[str, str] = {
     "DeviceTaintRule's name.",
     "hw.numa_node": "NUMA node(s) from PodResources topology, comma-separated; one node on "
     "`hw_container_numa_node`.",
+    "hw.gpu.id": "`hw.id` of the GPU (or MIG slice) of a GPU-NIC pair.",
+    "hw.network.id": "`hw.id` of the NIC (InfiniBand port, VF, PF) of a GPU-NIC pair.",
+    "hw.pcie.placement": "nvidia-smi's word for a GPU-NIC pair's PCIe path: `PIX` (one PCIe "
+    "switch), `PXB` (several switches below one root port), `PHB` (one host bridge), `NODE` "
+    "(host bridges of one NUMA node), `SYS` (across the CPU interconnect); docs/placement.md.",
     "hw.numa.resource": "What sits on the NUMA node: an extended resource (`nvidia.com/gpu`), "
     "`cpu` (exclusive CPUs) or a memory type (`memory`, `hugepages-1Gi`).",
     # exporter self-metrics
@@ -275,7 +285,10 @@ ATTRIBUTES: dict[str, str] = {
     "code": "gRPC status code name (PodResources); HTTP status or error class (Kubernetes API).",
     "verb": "Kubernetes API verb: `list`, `watch`, `get`.",
     "resource": "Kubernetes API resource: `pods`, `replicasets`, `jobs`.",
-    "result": "`success` or `failure`.",
+    "result": "`success` or `failure`; Kubernetes Events: `created`, `deduplicated`, "
+    "`rate_limited`, `dropped`, `failed`.",
+    "hw.event.class": "Class of a device event: `hardware`, `driver`, `application` (XIDs by "
+    "NVIDIA's catalog), `network`, `unknown` (docs/events.md).",
     "version": "Exporter version.",
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
@@ -796,6 +809,49 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_A,
         attributes=HOLDER_ATTRIBUTES,
     ),
+    MetricSpec(
+        "hw.container.energy",
+        C,
+        "J",
+        "Energy of the device apportioned to a container holding it: whole for an exclusive "
+        "holder, by measured share on a shared device (process utilization, else the size of "
+        "its slice, else equally); the series without pod labels has the device's energy "
+        "while nobody held it. A device's series sum to its `hw_energy_joules_total` since "
+        "the exporter started; a departed container's series stays 10 minutes "
+        "(docs/attribution.md).",
+        scope=_A,
+        attributes=(*DEVICE_ATTRIBUTES[:4], *HOLDER_ATTRIBUTES),
+        group="energy",
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement",
+        G,
+        "",
+        "One series per GPU-NIC pair a container holds: how far apart they sit in the PCIe "
+        "tree, 1 (PIX: one PCIe switch, GPUDirect RDMA at full speed) to 5 (SYS: across the "
+        "CPU interconnect); `hw_pcie_placement` names the level. From sysfs "
+        "(docs/placement.md). Containers holding both GPUs and NICs only.",
+        scope=_A,
+        attributes=(*HOLDER_ATTRIBUTES, "hw.gpu.id", "hw.network.id", "hw.pcie.placement"),
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement.best",
+        G,
+        "",
+        "The container's closest GPU-NIC pair (the lowest `hw_container_pcie_placement`).",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
+    ),
+    MetricSpec(
+        "hw.container.pcie.placement.worst",
+        G,
+        "",
+        "The container's worst-placed GPU, by its nearest NIC: the highest over its GPUs of "
+        "the lowest `hw_container_pcie_placement` of that GPU; 5 (SYS): some GPU has no NIC "
+        "on its side of the CPU interconnect.",
+        scope=_A,
+        attributes=HOLDER_ATTRIBUTES,
+    ),
     # pod metadata (from the Kubernetes API, --kubernetes.api)
     MetricSpec(
         "k8s.pod.workload.info",
@@ -1059,6 +1115,27 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "Export attempts by sink and result.",
         scope=_E,
         attributes=("sink", "result"),
+    ),
+    MetricSpec(
+        "kube_device_exporter.device.events",
+        C,
+        "{event}",
+        "Device events (XIDs, uncorrectable ECC errors, failed devices, failed row remaps, "
+        "links down) published as OTLP log records or Kubernetes Events, by class "
+        "(docs/events.md).",
+        scope=_E,
+        attributes=("hw.event.class",),
+    ),
+    MetricSpec(
+        "kube_device_exporter.kubernetes.events",
+        C,
+        "{event}",
+        "Kubernetes Events about pods hit by device events (`--kubernetes.events`), by "
+        "result: `created`; held back as the kubelet's recorder does, `deduplicated` (same "
+        "pod, device and code within 10 minutes) or `rate_limited` (over 25 per pod, one more "
+        "every 5 minutes); `dropped` (over 1000 waiting), `failed` (the API server refused).",
+        scope=_E,
+        attributes=("result",),
     ),
     MetricSpec(
         "kube_device_exporter.export.rejected",

@@ -244,6 +244,29 @@ class ContainerNuma:
 
 
 @dataclass(frozen=True, slots=True)
+class PairPlacement:
+    """How far apart, in the PCIe tree, one GPU and one NIC of a container sit
+    (exporter/placement.py): `level` 1 (PIX, one PCIe switch) to 5 (SYS, across the CPU
+    interconnect), `level_name` nvidia-smi's word for it."""
+
+    holder: Holder
+    gpu_id: str
+    nic_id: str
+    level: int
+    level_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEnergy:
+    """Joules of one device credited to one holder since the exporter started
+    (exporter/energy.py); `holder` None: the device's energy while nobody held it."""
+
+    device_id: str
+    holder: Holder | None
+    joules: float
+
+
+@dataclass(frozen=True, slots=True)
 class SourceHealth:
     name: str
     success: bool
@@ -325,3 +348,7 @@ class Snapshot:
     allocations_left_out: tuple[tuple[str, int], ...] = ()
     """(resource, device-plugin allocations the series budget left out of `allocations`):
     `hw.allocated.devices` still counts them (exporter/budget.py)."""
+    placements: tuple[PairPlacement, ...] = ()
+    """GPU-NIC pairs of every container holding both; see exporter/placement.py."""
+    container_energy: tuple[ContainerEnergy, ...] = ()
+    """Each device's energy apportioned to its holders; see exporter/energy.py."""

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from exporter import __version__
 from exporter.metrics import NODE_ATTRIBUTE, SPECS, MetricSpec
 from exporter.model import Attributes, Device, Holder, JoinedDevice, Owner, Snapshot
+from exporter.placement import best_and_worst
 
 HELD_METHODS = ("GetAllocatableResources", "List")
 """The PodResources calls whose empty answers a restarting kubelet's window can hold
@@ -141,6 +142,8 @@ def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         yield Point(SPECS["kube_device_exporter.devices.unseen"], attrs, float(count))
     yield from _health_points(snapshot, node)
     yield from _numa_points(snapshot, node)
+    yield from _placement_points(snapshot, node)
+    yield from _energy_points(snapshot, node)
 
 
 def _health_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
@@ -177,6 +180,46 @@ def _numa_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         )
         if numa.aligned is not None:
             yield Point(SPECS["hw.container.numa.aligned"], (*holder, *node), float(numa.aligned))
+
+
+def _placement_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    for pair in snapshot.placements:
+        attrs = (
+            *_holder(pair.holder),
+            ("hw.gpu.id", pair.gpu_id),
+            ("hw.network.id", pair.nic_id),
+            ("hw.pcie.placement", pair.level_name),
+            *node,
+        )
+        yield Point(SPECS["hw.container.pcie.placement"], attrs, float(pair.level))
+    for holder, (best, worst) in sorted(best_and_worst(snapshot.placements).items()):
+        attrs = (*_holder(holder), *node)
+        yield Point(SPECS["hw.container.pcie.placement.best"], attrs, float(best))
+        yield Point(SPECS["hw.container.pcie.placement.worst"], attrs, float(worst))
+
+
+def _energy_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
+    spec = SPECS["hw.container.energy"]
+    devices = {d.reading.device.id: d.reading.device for d in snapshot.devices}
+    for energy in snapshot.container_energy:
+        device = devices.get(energy.device_id)
+        pairs = (
+            ("hw.id", energy.device_id),
+            ("hw.type", device.type if device else ""),
+            ("hw.vendor", device.vendor if device else ""),
+            ("hw.model", device.model if device else ""),
+        )
+        holder = _holder(energy.holder) if energy.holder else ()
+        attrs = tuple((k, v) for k, v in pairs if v) + holder + node
+        yield Point(spec, attrs, energy.joules)
+
+
+def _holder(holder: Holder) -> Attributes:
+    return (
+        ("k8s.namespace.name", holder.namespace),
+        ("k8s.pod.name", holder.pod),
+        ("k8s.container.name", holder.container),
+    )
 
 
 def _pod_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:

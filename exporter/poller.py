@@ -42,6 +42,7 @@ from exporter.podresources.client import PodResourcesClient
 from exporter.podresources.schedule import KubeletSchedule
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
+from exporter.steps import SnapshotStep, Steps
 from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
@@ -101,6 +102,7 @@ class Poller:
         resolver: ProcessResolver | None = None,
         process_series: bool = False,
         dra: DraView | None = None,
+        steps: Sequence[SnapshotStep] = (),
     ) -> None:
         self.node = node
         self.pods = pods
@@ -127,6 +129,8 @@ class Poller:
         """Keep per-process series (bare PIDs: one series per process, opt-in)."""
         self.dra = dra
         """ResourceSlice identities for the join; told the allocations after it."""
+        self.steps = Steps(steps)
+        """Derived parts of a snapshot (GPU-NIC placement, energy per container), in order."""
         self._cycles = 0
         self._last_success = 0.0
         self._states = StateLog(log)
@@ -215,6 +219,7 @@ class Poller:
             else (),
             kubeapi=self.pods.health() if self.pods else None,
         )
+        snapshot = self.steps(snapshot, cpu_nodes)
         warn_unseen(self._states, joined, healths, self.matcher)
         for sink in self.sinks:
             sink.update(snapshot)

@@ -11,21 +11,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from exporter.devicecodes import xids_of
 from monitoring.promql import label, promql
 
 JOB = "kube-device-exporter"
 """The Prometheus job of the exporter's targets (ServiceMonitor and PodMonitor set it with
 `jobLabel`; a hand-written scrape config must use it as `job_name`)."""
-XID_HARDWARE = ("48", "64", "74", "79", "95")
+XID_HARDWARE = xids_of("hardware")
 """XIDs of failing hardware, which needs a reset or service now: double-bit ECC error (48),
 row-remap failure (64), NVLink error (74), fallen off the bus (79), uncontained ECC error
 (95). Critical."""
-XID_DRIVER = ("32", "38", "62", "109", "119", "120")
+XID_DRIVER = xids_of("driver")
 """XIDs of the driver, its firmware or the GPU's micro-controllers: corrupted push buffer (32),
 driver firmware error (38), internal micro-controller halt (62), context switch timeout
 (109), GSP RPC timeout and GSP error (119, 120); the GPU usually needs a reset, and
 repeated ones a driver update. Warning."""
-XID_APPLICATION = ("13", "31", "43", "45")
+XID_APPLICATION = xids_of("application")
 """XIDs a program usually causes: graphics engine exception (13), GPU memory page fault
 (31), channel stopped (43), preemptive cleanup after an earlier error (45). The workload's
 owner reads its logs; nobody is paged. Info."""
@@ -685,6 +686,8 @@ def _kubelet_view_alerts() -> list[Alert]:
     aligned = "hw.container.numa.aligned"
     holder = 'k8s.namespace.name="ml", k8s.pod.name="train-0", k8s.container.name="pytorch"'
     container = f"{aligned}{{{N1}, {holder}}}"
+    worst = "hw.container.pcie.placement.worst"
+    worst_series = f"{worst}{{{N1}, {holder}}}"
     container_labels = {
         "k8s.node.name": "node-1",
         "k8s.namespace.name": "ml",
@@ -760,6 +763,31 @@ def _kubelet_view_alerts() -> list[Alert]:
                 ),
                 Case("aligned", {container: "1+0x20"}, "10m"),
                 Case("misaligned pod deleted after 3m", {container: "0+0x3"}, "10m"),
+            ),
+        ),
+        Alert(
+            "KubeDeviceGpuNicCrossesCpuInterconnect",
+            "max by (k8s.node.name, k8s.namespace.name, k8s.pod.name, k8s.container.name)"
+            f" ({worst}) >= 5",
+            "5m",
+            "warning",
+            "{k8s.namespace.name}/{k8s.pod.name} {k8s.container.name} has a GPU whose nearest "
+            "NIC is across the CPU interconnect",
+            "Container {k8s.container.name} of {k8s.namespace.name}/{k8s.pod.name} on "
+            "{k8s.node.name} holds GPUs and RDMA NICs, and at least one of its GPUs has no NIC "
+            "on its own CPU socket (nvidia-smi level SYS): GPUDirect RDMA from that GPU "
+            "crosses the CPU interconnect, or falls back to copies through host memory. A "
+            "multi-node training job runs at the speed of its slowest GPU's network path.",
+            (
+                Case(
+                    "GPUs on one socket, NICs on the other, since it started",
+                    {worst_series: "5+0x20"},
+                    "10m",
+                    (container_labels,),
+                ),
+                Case("each GPU has a NIC on its PCIe switch", {worst_series: "1+0x20"}, "10m"),
+                Case("same socket, other host bridge", {worst_series: "4+0x20"}, "10m"),
+                Case("badly placed pod deleted after 3m", {worst_series: "5+0x3"}, "10m"),
             ),
         ),
     ]

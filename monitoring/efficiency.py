@@ -21,6 +21,7 @@ from monitoring.layout import new_dashboard, rows, variables
 from monitoring.queries import (
     ALLOCATED,
     GENERAL,
+    HELD,
     HOLDER,
     KEY,
     NODE,
@@ -186,6 +187,30 @@ def _use() -> list[PanelBuilder]:
             maximum=1,
             span=12,
         ),
+        bar_panel(
+            "Energy over the time range, by namespace",
+            "Joules the devices each namespace held used over the dashboard's range: a whole "
+            "device's energy for an exclusive holder, a shared device's by each holder's "
+            "measured share (hw_container_energy, docs/attribution.md).",
+            [Q(f"sort_desc(sum by (k8s.namespace.name) ({ENERGY}))", "{{k8s_namespace_name}}")],
+            unit="joule",
+            span=12,
+        ),
+        bar_panel(
+            "Energy over the time range, by workload",
+            "The same by the workload at the top of each pod's owner chain (Deployment, Job, "
+            "CronJob...; k8s_pod_workload_info, needs --kubernetes.api).",
+            [
+                Q(
+                    "sort_desc(sum by (k8s.namespace.name, k8s.workload.kind, k8s.workload.name)"
+                    f" ({ENERGY} * on(k8s.node.name, k8s.namespace.name, k8s.pod.name)"
+                    " group_left(k8s.workload.kind, k8s.workload.name) k8s.pod.workload.info))",
+                    "{{k8s_namespace_name}}/{{k8s_workload_name}} ({{k8s_workload_kind}})",
+                )
+            ],
+            unit="joule",
+            span=12,
+        ),
         table_panel(
             "Shared devices: each holder's share",
             "Per holder of a shared device: its processes' utilization and device memory "
@@ -201,3 +226,5 @@ def _use() -> list[PanelBuilder]:
 
 
 SHARE_BY = "k8s.namespace.name, k8s.pod.name, k8s.container.name"
+ENERGY = f"increase({sel('hw.container.energy', HELD)}[$__range])"
+"""Each container's joules over the dashboard's range (counters that survive pod churn)."""

@@ -341,6 +341,22 @@ RUNBOOKS: dict[str, Runbook] = {
             "room on the devices' node.",
         ),
     ),
+    "KubeDeviceGpuNicCrossesCpuInterconnect": Runbook(
+        "One of the container's GPUs has its nearest NIC on the other CPU socket "
+        "(docs/placement.md says how the level is read from the PCIe tree): RDMA traffic "
+        "between that GPU and the network crosses the CPU interconnect, or NCCL falls back "
+        "to staging through host memory. The device plugins handed out GPUs and NICs "
+        "independently: nothing in the default kubelet aligns a NIC with a GPU.",
+        (
+            'See every pair: `hw_container_pcie_placement{k8s_pod_name="POD"}` (the '
+            "`hw_pcie_placement` label is nvidia-smi's PIX/PXB/PHB/NODE/SYS).",
+            "Align them at admission: the Topology Manager with `single-numa-node` (or "
+            "`restricted`) aligns devices whose plugins report NUMA topology; a DRA driver "
+            "that publishes PCIe root attributes lets a claim ask for a GPU and a NIC under "
+            "one root (`matchAttribute`).",
+            "Re-create the pod when GPUs and NICs of one socket are free.",
+        ),
+    ),
     "KubeDeviceExporterDaemonSetUnavailable": Runbook(
         "Exporter pods are Pending, crash-looping or not ready. Behind a ServiceMonitor a pod "
         "that is not ready drops out of the endpoints, so no `up == 0` shows it: this alert, "

@@ -21,15 +21,17 @@ from typing import Any
 from simulator.scenario import Scenario, ScenarioError
 from simulator.sysfsgpu import AMD_KEYS, INTEL_KEYS, render_amdgpu, render_intel, render_kfd
 from simulator.sysfsnet import HCA_KEYS, PF_KEYS, render_hca, render_sriov
+from simulator.sysfspci import render_pci_tree
 from simulator.sysfstree import Doc, Numbers, Tree, write_tree
 
-SECTION_KEYS = {"amdgpu", "intel", "infiniband", "rdma_pools", "sriov", "numa_nodes"}
+SECTION_KEYS = {"amdgpu", "intel", "infiniband", "rdma_pools", "sriov", "numa_nodes", "pci_tree"}
 
 
 def render(scenario: Scenario, t: float) -> tuple[Tree, dict[str, list[dict[str, Any]]]]:
     """The sysfs tree and the PFs' netlink answers at scenario time `t`."""
     section = Doc(scenario.name, "sysfs", scenario.sections.get("sysfs") or {}, SECTION_KEYS)
     tree = Tree()
+    render_pci_tree(tree, section)  # first: it places the devices the others render
     netlink: dict[str, list[dict[str, Any]]] = {}
     amd = list(section.items("amdgpu", AMD_KEYS))
     intel = list(section.items("intel", INTEL_KEYS))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from simulator.scenario import ScenarioError
+from simulator.sysfslinks import link_windows
 from simulator.sysfstree import Doc, Tree, pci_device
 
 # --- InfiniBand ----------------------------------------------------------------------------
@@ -19,7 +20,7 @@ from simulator.sysfstree import Doc, Tree, pci_device
 HCA_KEYS = {"name", "pci", "device_id", "hca_type", "fw_ver", "board_id", "netdev", "ports"}
 PORT_KEYS = {
     "port", "state", "rate", "link_layer", "rx_gbps", "tx_gbps", "packet_bytes",
-    "xmit_wait_per_s", "errors", "hw_counters",
+    "xmit_wait_per_s", "errors", "hw_counters", "down",
 }  # fmt: skip
 HCA_DEFAULTS = {"hca_type": "MT4123", "fw_ver": "20.39.1002", "board_id": "MT_0000000223"}
 IB_STATES = {"DOWN": "1: DOWN", "INIT": "2: INIT", "ARMED": "3: ARMED", "ACTIVE": "4: ACTIVE"}
@@ -46,6 +47,7 @@ def render_hca(tree: Tree, hca: Doc, t: float) -> None:
         state = str(port.get("state", "ACTIVE"))
         if state not in IB_STATES:
             raise ScenarioError(f"{port.scenario}: {port.where}.state: one of {list(IB_STATES)}")
+        state, downs = link_windows(port, t, state)  # sysfslinks.py: `down` windows
         tree.put(f"{p}/state", IB_STATES[state])
         tree.put(f"{p}/phys_state", "5: LinkUp" if state == "ACTIVE" else "3: Disabled")
         tree.put(f"{p}/rate", port.get("rate", "200 Gb/sec (4X HDR)"))
@@ -57,6 +59,7 @@ def render_hca(tree: Tree, hca: Doc, t: float) -> None:
             tree.put(f"{p}/counters/port_{direction}_packets", int(octets / packet))
         tree.put(f"{p}/counters/port_xmit_wait", int(port.number("xmit_wait_per_s") * t))
         errors = port.table("errors", dict.fromkeys(IB_ERROR_FILES))
+        errors["link_downed"] = errors.get("link_downed", 0) + downs
         for file in IB_ERROR_FILES:
             tree.put(f"{p}/counters/{file}", int(errors.get(file, 0)))
         tree.put(f"{p}/hw_counters/lifespan", 10)

@@ -74,6 +74,9 @@ class Tree:
     links: dict[str, str] = field(default_factory=dict)
     """link path -> target path, both relative to the root (made relative on disk)."""
     dirs: set[str] = field(default_factory=set)
+    pci_paths: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """PCI address -> (its directory, NUMA node) where the scenario's `pci_tree` places it
+    (sysfspci.py); a device not in it gets `pci_dir` and node 0."""
 
     def put(self, rel: str, value: object) -> None:
         self.files[rel] = f"{value}\n"
@@ -89,10 +92,10 @@ def pci_dir(address: str) -> str:
 
 
 def pci_device(tree: Tree, address: str, vendor: str, device: str, driver: str) -> str:
-    rel = pci_dir(address)
+    rel, numa_node = tree.pci_paths.get(address, (pci_dir(address), 0))
     tree.put(f"{rel}/vendor", vendor)
     tree.put(f"{rel}/device", device)
-    tree.put(f"{rel}/numa_node", 0)
+    tree.put(f"{rel}/numa_node", numa_node)
     if driver:
         tree.dirs.add(f"bus/pci/drivers/{driver}")
         tree.link(f"{rel}/driver", f"bus/pci/drivers/{driver}")

@@ -15,7 +15,12 @@ pkg/storage/cacher):
   `close_watches()`, like an apiserver restart);
 - a resourceVersion older than the retained history (`compact()`) gets HTTP 200 and one
   ERROR event with a 410 `Status` ("too old resource version"), then the end of the stream;
-- a wrong bearer token is 401, `forbid()` makes every call 403 with a `Status` body.
+- a wrong bearer token is 401, `forbid()` makes every call 403 with a `Status` body;
+- `POST /api/v1/namespaces/{ns}/events` creates a core/v1 Event, validated as the apiserver's
+  ValidateEventCreate does for an Event without `eventTime` (pkg/apis/core/validation/
+  events.go: `involvedObject.namespace` must be the Event's namespace, the name a DNS
+  subdomain) and 409 AlreadyExists for a name taken (pkg/registry/core/event/storage);
+  `forbid_events()` makes it 403 (no `create` on events in the RBAC).
 
 Runs its own event loop in a thread, so sync tests (a subprocess exporter) and async
 tests use it alike. `requests` records (verb, resource) of every call.
@@ -27,6 +32,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +43,7 @@ from aiohttp import web
 from tests.peers import free_port
 
 TOKEN = "test-token"
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def pod(
@@ -115,6 +122,9 @@ class FakeApiServer:
         """Versions below this are compacted away: watching from them is 410 Gone."""
         self.forbidden = False
         self.requests: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        """Every Event created, as stored (with uid and resourceVersion)."""
+        self.events_forbidden = False
         self.metadata_only_requests = 0
         self.watch_versions: list[int] = []
         """The resourceVersion each watch started from."""
@@ -155,6 +165,7 @@ class FakeApiServer:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}", self._owner)
+        app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -240,6 +251,50 @@ class FakeApiServer:
                 status=403,
             )  # fmt: skip
         return None
+
+    def forbid_events(self, forbidden: bool = True) -> None:
+        self.events_forbidden = forbidden
+
+    async def _create_event(self, request: web.Request) -> web.Response:
+        self.requests.append(("create", "events"))
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        ns = request.match_info["ns"]
+        if self.events_forbidden:
+            return web.json_response(
+                _status(403, "Forbidden", f'events is forbidden: cannot create resource "events" '
+                        f'in API group "" in the namespace "{ns}"'),
+                status=403,
+            )  # fmt: skip
+        obj = await request.json()
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        problems = []
+        if not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+            problems.append(f"metadata.name: Invalid value: {name!r}")
+        if meta.get("namespace", ns) != ns:
+            problems.append("metadata.namespace: does not match the namespace of the request")
+        involved = obj.get("involvedObject") or {}
+        if involved.get("namespace", "") != ns:
+            problems.append(
+                "involvedObject.namespace: Invalid value: does not match event.namespace"
+            )
+        if not obj.get("reason") or not involved.get("kind") or not involved.get("name"):
+            problems.append("reason, involvedObject.kind and .name: Required value")
+        if problems:
+            return web.json_response(_status(422, "Invalid", "; ".join(problems)), status=422)
+        if any(e["metadata"]["name"] == name and e["metadata"]["namespace"] == ns
+               for e in self.events):  # fmt: skip
+            return web.json_response(
+                _status(409, "AlreadyExists", f'events "{name}" already exists'), status=409
+            )
+        self.version += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"] |= {"namespace": ns, "uid": f"event-{self.version}",
+                               "resourceVersion": str(self.version)}  # fmt: skip
+        self.events.append(stored)
+        return web.json_response(stored, status=201)
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch") == "true"

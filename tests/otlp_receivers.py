@@ -1,4 +1,5 @@
-"""Real OTLP receivers for tests: the gRPC MetricsService and the OTLP/HTTP endpoint.
+"""Real OTLP receivers for tests: the gRPC MetricsService and LogsService, and the OTLP/HTTP
+endpoints (`/v1/metrics`, `/v1/logs`).
 
 Both run in their own threads (the SDK exports synchronously from whichever thread asks,
 so a receiver on the test's event loop would deadlock a `force_flush`). Both record every
@@ -20,6 +21,8 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc as logs_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as pb_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -50,6 +53,13 @@ class _Record:
         self.behaviour = Behaviour()
         self.release = threading.Event()
         """Set to end every hang at once (teardown)."""
+        self.logs: list[logs_pb.ExportLogsServiceRequest] = []
+        """Every log export (always accepted: `behaviour` is about metrics)."""
+
+    def add_logs(self, request: logs_pb.ExportLogsServiceRequest) -> None:
+        with self.cond:
+            self.logs.append(request)
+            self.cond.notify_all()
 
     def add(self, item: Received) -> None:
         with self.cond:
@@ -106,6 +116,34 @@ class Receiver:
         with self._record.cond:
             self._record.received.clear()
 
+    def log_records(self) -> list[tuple[dict[str, Any], Any]]:
+        """(resource attributes, LogRecord) of every log record received so far."""
+        with self._record.cond:
+            requests = list(self._record.logs)
+        return [
+            ({kv.key: _value(kv.value) for kv in rl.resource.attributes}, record)
+            for request in requests
+            for rl in request.resource_logs
+            for sl in rl.scope_logs
+            for record in sl.log_records
+        ]
+
+    def wait_for_log_records(self, count: int, timeout: float = 10.0) -> None:
+        """Block until `count` log records arrived (or `timeout`)."""
+        with self._record.cond:
+            self._record.cond.wait_for(
+                lambda: (
+                    sum(
+                        len(sl.log_records)
+                        for r in self._record.logs
+                        for rl in r.resource_logs
+                        for sl in rl.scope_logs
+                    )
+                    >= count
+                ),
+                timeout,
+            )
+
 
 # --- gRPC ---------------------------------------------------------------------------
 
@@ -127,6 +165,15 @@ class _MetricsService(pb_grpc.MetricsServiceServicer):
         return self.record.response(answer)
 
 
+class _LogsService(logs_grpc.LogsServiceServicer):
+    def __init__(self, record: _Record) -> None:
+        self.record = record
+
+    def Export(self, request: Any, context: Any) -> logs_pb.ExportLogsServiceResponse:
+        self.record.add_logs(request)
+        return logs_pb.ExportLogsServiceResponse()
+
+
 class GrpcReceiver(Receiver):
     def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
         self._record = _Record()
@@ -134,6 +181,9 @@ class GrpcReceiver(Receiver):
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _MetricsService(self._record), self._server
+        )
+        logs_grpc.add_LogsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _LogsService(self._record), self._server
         )
         if tls is None:
             self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
@@ -173,6 +223,7 @@ class HttpReceiver(Receiver):
     async def _start(self, port: int, tls: ssl.SSLContext | None) -> int:
         app = web.Application()
         app.router.add_post(self.path, self._handle)
+        app.router.add_post("/v1/logs", self._handle_logs)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=tls)
@@ -200,6 +251,18 @@ class HttpReceiver(Receiver):
             return web.Response(status=401, text="missing credentials")
         return web.Response(
             body=self._record.response(answer).SerializeToString(),
+            content_type="application/x-protobuf",
+        )
+
+    async def _handle_logs(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding", "") == "gzip" and body[:2] == b"\x1f\x8b":
+            body = gzip.decompress(body)
+        parsed = logs_pb.ExportLogsServiceRequest()
+        parsed.ParseFromString(body)
+        self._record.add_logs(parsed)
+        return web.Response(
+            body=logs_pb.ExportLogsServiceResponse().SerializeToString(),
             content_type="application/x-protobuf",
         )
 

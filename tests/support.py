@@ -8,9 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
+from exporter.energy import EnergyLedger
 from exporter.ids import ResourceMatcher
 from exporter.model import Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
+from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
 from exporter.poller import Poller
 from exporter.sinks.prometheus import render
@@ -76,6 +78,7 @@ async def one_cycle(
         wall_clock=lambda: FIXED_WALL_TIME,
         resolver=resolver,
         process_series=process_series,
+        steps=[*([PlacementReader(sysfs).step] if sysfs else []), EnergyLedger().step],
     )
     try:
         return await poller.run_once()

@@ -265,6 +265,8 @@ SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
              "otlp", ()),
     "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
                        ("kubernetes-api",)),
+    "Kubernetes Events": ({"kubernetesEvents": {"enabled": True}}, "kube-prometheus-stack",
+                          ("kubernetes-events",)),
     "hostPID": ({"hostPID": True}, "kube-prometheus-stack", ("host-pid",)),
     "hostNetwork": ({"hostNetwork": True}, "kube-prometheus-stack", ("host-network",)),
     "dcgm schema": ({"metricsSchema": "native,dcgm"}, "kube-prometheus-stack",
@@ -288,7 +290,7 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
     env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
     assert env.get("KDE_METRICS_SCHEMA") == ("native,dcgm" if choice == "dcgm schema" else None)
     rbac = ("ClusterRole", "ClusterRoleBinding")
-    if choice == "Kubernetes API":
+    if choice in ("Kubernetes API", "Kubernetes Events"):
         assert _one(ours, "ClusterRole")["rules"] == _one(theirs, "ClusterRole")["rules"]
         binding = [_one(x, "ClusterRoleBinding") for x in (ours, theirs)]
         assert binding[0]["subjects"] == binding[1]["subjects"]
@@ -324,6 +326,18 @@ def test_kubernetes_api_pod_labels_value() -> None:
     env = {e["name"]: e.get("value") for e in _pod_spec(render(values))["containers"][0]["env"]}
     assert env["KDE_KUBERNETES_API"] == "true"
     assert env["KDE_KUBERNETES_POD_LABELS"] == r"team|app\.kubernetes\.io/name"
+
+
+def test_kubernetes_events_grant_create_on_events_only() -> None:
+    ours = render({"kubernetesEvents": {"enabled": True}})
+    assert _one(ours, "ClusterRole")["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    ]
+    env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
+    assert env["KDE_KUBERNETES_EVENTS"] == "true"
+    both = render({"kubernetesEvents": {"enabled": True}, "kubernetesApi": {"enabled": True}})
+    roles = sorted(r["metadata"]["name"] for r in both if r["kind"] == "ClusterRole")
+    assert roles == [f"{RELEASE}-kubernetes-api", f"{RELEASE}-kubernetes-events"]
 
 
 def test_drift_is_caught() -> None:

@@ -139,7 +139,7 @@ def test_the_installed_command_prints_its_usage() -> None:
         [str(KDE_SIMULATE), "--help"], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.startswith("usage: kde-simulate SCENARIO [--node-only | EXPORTER FLAGS...]")
-    assert "bundled: demo, dense, dra, mixed, numa" in done.stdout
+    assert "bundled: demo, dense, dgx, dra, mixed, numa" in done.stdout
 
 
 def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:

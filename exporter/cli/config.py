@@ -60,6 +60,8 @@ class Config:
     """Watch this node's pods on the API server for UIDs, workloads and labels."""
     kubernetes_dra: bool = False
     """Also watch this node's ResourceSlices (DRA identity, taints, free capacity)."""
+    kubernetes_events: bool = False
+    """Create a Kubernetes Event on each pod a device event hits (exporter/k8sevents.py)."""
     kubeconfig: Path | None = None
     """None: in-cluster configuration (the pod's ServiceAccount)."""
     pod_label_patterns: tuple[str, ...] = ()

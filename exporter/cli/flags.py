@@ -276,11 +276,8 @@ def parse_config(
         )
     kubernetes_api = get("kubernetes_api", False)
     node_name = get("node_name", "") or env.get("NODE_NAME", "")
-    if kubernetes_api and not node_name:
-        raise UsageError(
-            "--kubernetes.api needs --node-name or NODE_NAME (the downward API's spec.nodeName): "
-            "the hostname of a pod is the pod's name"
-        )
+    kubernetes_events = get("kubernetes_events", False)
+    _need_node(node_name, kubernetes_api=kubernetes_api, kubernetes_events=kubernetes_events)
     return Config(
         kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET),
         listen_address=get("listen_address", ("", 9405)),
@@ -308,7 +305,8 @@ def parse_config(
         web_max_connections=get("web_max_connections", 512),
         kubernetes_api=kubernetes_api,
         kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
-        kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api),
+        kubernetes_events=kubernetes_events,
+        kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api or kubernetes_events),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
         notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )
@@ -336,6 +334,18 @@ def _metric_groups(pick: Callable[[str, str, Callable[[str], Any], Any], Any]) -
         for g in GROUPS
         if pick(f"--metrics.group.{g.name}", f"metrics_group_{g.name}", boolean, g.default)
     }
+
+
+def _need_node(node_name: str, **flags: bool) -> None:
+    """Flags that name this node to the API server need its name (a pod's hostname is the
+    pod's name)."""
+    for dest, on in flags.items():
+        if on and not node_name:
+            flag = "--" + dest.replace("_", ".")
+            raise UsageError(
+                f"{flag} needs --node-name or NODE_NAME (the downward API's spec.nodeName): "
+                "the hostname of a pod is the pod's name"
+            )
 
 
 def _otel_protocol(env: dict[str, str], *, push: bool) -> str:

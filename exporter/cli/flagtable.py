@@ -128,11 +128,21 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "kubeapi",
+        "--kubernetes.events",
+        "kubernetes_events",
+        boolean,
+        "off",
+        "create a Kubernetes Event on each pod a device event (XID, ECC error, failed device, "
+        "link down) hits, deduplicated and rate-limited as the kubelet does; needs create on "
+        "events (deploy/components/kubernetes-events)",
+    ),
+    Flag(
+        "kubeapi",
         "--kubernetes.kubeconfig",
         "kubeconfig",
         Path,
         "in-cluster: the pod's ServiceAccount",
-        "kubeconfig for --kubernetes.api (development outside a cluster)",
+        "kubeconfig for --kubernetes.api and --kubernetes.events (development outside a cluster)",
         metavar="FILE",
     ),
     Flag(

@@ -1,0 +1,167 @@
+"""Energy per container: each device's energy counter, apportioned to its holders.
+
+Every joule a device's `hw.energy` counter adds goes to exactly one series of
+`hw.container.energy`: whole to an exclusive holder; on a shared device (time-slicing, MPS,
+MIG slices, AMD partitions) by each holder's measured share; to the series without pod
+labels while nobody holds the device. So the series of a device add up to the device's own
+counter over any window (docs/attribution.md, "Energy").
+
+Shares, per cycle, among the containers that held the device (or a slice of it) at the
+*start* of the cycle's interval:
+
+1. their processes' utilization of the device (process attribution: NVML SM samples, DRM
+   fdinfo busy time), proportionally, when any of them used it;
+2. else the size of what each holds: a MIG slice or partition by its memory (a 3g.40gb
+   slice weighs four 1g.10gb), a whole device 1 (time-sliced holders equally);
+3. a slice with an energy counter of its own is its own device, not part of its parent's.
+
+The counter is read every slow interval (NVML: `--collector.nvml.slow-interval`, 10 s) and
+keeps its value in between, so shares are summed per cycle and the energy added since the
+last reading is settled by them when the counter moves.
+
+Counters never go backwards: a container's series starts at 0 the cycle it first holds
+the device (a Prometheus `increase()` then loses nothing), only grows, and stays, with its
+last value, for `linger` seconds after the container left (what its last interval earned
+is settled after it is gone). A counter that went down (driver reloaded) only resets the
+baseline. State lives in this process: a restarted exporter starts every series at 0, as
+any counter of a restarted process does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
+
+ENERGY = "hw.energy"
+LINGER_SECONDS = 600.0
+
+
+@dataclass
+class _Account:
+    last_reading: float | None = None
+    pending: dict[Holder | None, float] = field(default_factory=lambda: defaultdict(float))
+    """Shares summed over the cycles since the last settlement."""
+    totals: dict[Holder | None, float] = field(default_factory=dict)
+    seen: dict[Holder | None, float] = field(default_factory=dict)
+    """When each holder last held the device (snapshot time)."""
+
+
+class EnergyLedger:
+    """A snapshot step (Poller `steps`): adds `container_energy` to each snapshot."""
+
+    def __init__(self, linger: float = LINGER_SECONDS) -> None:
+        self.linger = linger
+        self._accounts: dict[str, _Account] = {}
+        self._holders: dict[str, dict[Holder, set[str]]] = {}
+        """Last cycle's holders of each metered device's family."""
+
+    def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
+        return replace(snapshot, container_energy=self.account(snapshot))
+
+    def account(self, snapshot: Snapshot) -> tuple[ContainerEnergy, ...]:
+        now = snapshot.timestamp
+        metered: dict[str, JoinedDevice] = {}
+        readings: dict[str, float] = {}
+        for joined in snapshot.devices:
+            for sample in joined.reading.samples:
+                if sample.metric == ENERGY:
+                    metered[joined.reading.device.id] = joined
+                    readings[joined.reading.device.id] = sample.value
+                    break
+        holders = _family_holders(snapshot, metered)
+        for device_id, joined in metered.items():
+            account = self._accounts.setdefault(device_id, _Account())
+            if account.last_reading is not None:  # an interval since the last cycle
+                previous = self._holders.get(device_id, {})
+                for holder, share in _shares(snapshot, joined, previous).items():
+                    account.pending[holder] += share
+            self._settle(account, readings[device_id])
+            for holder in (*holders.get(device_id, {}), None):
+                account.totals.setdefault(holder, 0.0)
+                account.seen[holder] = now
+        self._holders = holders
+        return self._series(now)
+
+    @staticmethod
+    def _settle(account: _Account, reading: float) -> None:
+        last, account.last_reading = account.last_reading, reading
+        if last is None or reading <= last:  # first reading, no change, or a reset
+            return
+        total = sum(account.pending.values())
+        added = reading - last
+        if total <= 0:
+            account.totals[None] = account.totals.get(None, 0.0) + added
+        else:
+            for holder, share in account.pending.items():
+                account.totals[holder] = account.totals.get(holder, 0.0) + added * share / total
+        account.pending.clear()
+
+    def _series(self, now: float) -> tuple[ContainerEnergy, ...]:
+        out: list[ContainerEnergy] = []
+        for device_id, account in sorted(self._accounts.items()):
+            for holder in [h for h, at in account.seen.items() if now - at > self.linger]:
+                if not account.pending.get(holder):
+                    del account.seen[holder]
+                    account.totals.pop(holder, None)
+            if not account.seen:
+                del self._accounts[device_id]
+                continue
+            keys = sorted(account.totals, key=lambda h: (h is not None, h or Holder("", "", "")))
+            out += [ContainerEnergy(device_id, h, account.totals[h]) for h in keys]
+        return tuple(out)
+
+
+def _family_holders(
+    snapshot: Snapshot, metered: Mapping[str, JoinedDevice]
+) -> dict[str, dict[Holder, set[str]]]:
+    """Metered device -> its holders -> the devices of its family they hold (the device, or
+    its slices that have no energy counter of their own)."""
+    family_of: dict[str, str] = {device_id: device_id for device_id in metered}
+    for joined in snapshot.devices:
+        device = joined.reading.device
+        if device.parent in metered and device.id not in metered:
+            family_of[device.id] = device.parent
+    out: dict[str, dict[Holder, set[str]]] = {}
+    for alloc in snapshot.allocations:
+        metered_id = family_of.get(alloc.device_id)
+        if metered_id is not None:
+            out.setdefault(metered_id, {}).setdefault(alloc.holder, set()).add(alloc.device_id)
+    return out
+
+
+def _shares(
+    snapshot: Snapshot, joined: JoinedDevice, previous: Mapping[Holder, set[str]]
+) -> dict[Holder | None, float]:
+    """This cycle's shares (summing to 1) among the holders at the interval's start."""
+    if not previous:
+        return {None: 1.0}
+    if len(previous) == 1:
+        return {next(iter(previous)): 1.0}
+    family = set().union(*previous.values())
+    used: dict[Holder, float] = defaultdict(float)
+    for usage in snapshot.container_usage:
+        owner = usage.owner
+        if owner is not None and owner.holder in previous and usage.device_id in family:
+            used[owner.holder] += usage.utilization or 0.0
+    weights: dict[Holder, float] = dict(used) if sum(used.values()) > 0 else {}
+    if not weights:
+        sizes = _sizes(snapshot, joined.reading.device.id)
+        weights = {h: sum(sizes.get(d, 1.0) for d in held) for h, held in previous.items()}
+    total = sum(weights.values())
+    return {h: w / total for h, w in weights.items() if w > 0}
+
+
+def _sizes(snapshot: Snapshot, parent: str) -> dict[str, float]:
+    """Slices of `parent` by their memory (`hw.gpu.memory.limit`): their share of it."""
+    sizes: dict[str, float] = {}
+    for joined in snapshot.devices:
+        device = joined.reading.device
+        if device.parent != parent:
+            continue
+        for sample in joined.reading.samples:
+            if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
+                sizes[device.id] = sample.value
+    return sizes

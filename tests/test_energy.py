@@ -1,0 +1,144 @@
+"""Energy per container (exporter/energy.py) on hand-made snapshots: whole, shared by
+measured use, by slice size, through churn; the series of a device always add up to its
+counter and never go down. The through-Prometheus acceptance is tests/test_energy_prometheus.py."""
+
+from __future__ import annotations
+
+import random
+
+from exporter.energy import EnergyLedger
+from exporter.model import (
+    Allocation,
+    ContainerUsage,
+    Device,
+    DeviceReading,
+    Holder,
+    JoinedDevice,
+    Owner,
+    Sample,
+    Snapshot,
+)
+
+GPU = "GPU-0"
+A = Holder("ml", "a", "c")
+B = Holder("ml", "b", "c")
+C = Holder("ml", "c", "c")
+
+
+def _snap(
+    joules: float,
+    holders: tuple[Holder, ...] = (),
+    *,
+    used: dict[Holder, float] | None = None,
+    t: float = 0.0,
+    extra: tuple[JoinedDevice, ...] = (),
+    allocations: tuple[Allocation, ...] = (),
+) -> Snapshot:
+    gpu = Device(GPU, "gpu", "nvidia", "H100", "nvml")
+    reading = DeviceReading(gpu, (Sample("hw.energy", joules),))
+    allocs = allocations or tuple(
+        Allocation(h, "nvidia.com/gpu.shared", f"{GPU}::{i}", GPU, str(i), shared=len(holders) > 1)
+        for i, h in enumerate(holders)
+    )
+    usage = tuple(
+        ContainerUsage(GPU, Owner(h.namespace, h.pod, h.container), 1, utilization=u)
+        for h, u in (used or {}).items()
+    )
+    return Snapshot(
+        timestamp=t,
+        node="n",
+        devices=(JoinedDevice(reading), *extra),
+        allocations=allocs,
+        container_usage=usage,
+    )
+
+
+def _by_holder(ledger: EnergyLedger, snapshot: Snapshot) -> dict[Holder | None, float]:
+    return {e.holder: round(e.joules, 6) for e in ledger.account(snapshot)}
+
+
+def test_an_exclusive_holder_gets_everything_from_zero() -> None:
+    ledger = EnergyLedger()
+    assert _by_holder(ledger, _snap(1000.0, (A,))) == {None: 0.0, A: 0.0}
+    assert _by_holder(ledger, _snap(1100.0, (A,))) == {None: 0.0, A: 100.0}
+    assert _by_holder(ledger, _snap(1250.0, (A,))) == {None: 0.0, A: 250.0}
+
+
+def test_a_shared_gpu_goes_by_measured_use_else_equally() -> None:
+    ledger = EnergyLedger()
+    ledger.account(_snap(0.0, (A, B)))
+    got = _by_holder(ledger, _snap(100.0, (A, B), used={A: 0.6, B: 0.2}))
+    assert got == {None: 0.0, A: 75.0, B: 25.0}
+    got = _by_holder(ledger, _snap(200.0, (A, B)))  # nobody used it: idle power equally
+    assert got == {None: 0.0, A: 125.0, B: 75.0}
+
+
+def test_nobodys_energy_is_the_unlabelled_series() -> None:
+    ledger = EnergyLedger()
+    ledger.account(_snap(0.0))
+    assert _by_holder(ledger, _snap(40.0)) == {None: 40.0}
+
+
+def test_a_counter_read_every_few_cycles_is_settled_by_the_shares_in_between() -> None:
+    ledger = EnergyLedger()
+    ledger.account(_snap(0.0, (A,)))
+    ledger.account(_snap(0.0, (A,)))  # A's cycle
+    ledger.account(_snap(0.0, (B,)))  # A held it at this interval's start: A's cycle
+    got = _by_holder(ledger, _snap(90.0, (B,)))  # B's cycle; the counter moves now
+    assert got == {None: 0.0, A: 60.0, B: 30.0}
+
+
+def test_a_departed_container_keeps_its_series_and_its_last_interval() -> None:
+    ledger = EnergyLedger(linger=600.0)
+    ledger.account(_snap(0.0, (A, B), t=0.0))
+    got = _by_holder(ledger, _snap(100.0, (A,), t=1.0))  # B left during this interval
+    assert got == {None: 0.0, A: 50.0, B: 50.0}
+    got = _by_holder(ledger, _snap(200.0, (A,), t=500.0))
+    assert got == {None: 0.0, A: 150.0, B: 50.0}
+    got = _by_holder(ledger, _snap(300.0, (A,), t=700.0))  # linger over: B is forgotten
+    assert got == {None: 0.0, A: 250.0}
+
+
+def test_a_counter_that_went_down_only_moves_the_baseline() -> None:
+    ledger = EnergyLedger()
+    ledger.account(_snap(500.0, (A,)))
+    ledger.account(_snap(600.0, (A,)))
+    assert _by_holder(ledger, _snap(10.0, (A,))) == {None: 0.0, A: 100.0}
+    assert _by_holder(ledger, _snap(30.0, (A,))) == {None: 0.0, A: 120.0}
+
+
+def test_mig_slices_share_their_gpus_energy_by_size() -> None:
+    def mig(uuid: str, memory: float) -> JoinedDevice:
+        device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
+        return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
+
+    slices = (mig("MIG-1", 10e9), mig("MIG-3", 40e9))
+    allocs = (
+        Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
+        Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
+    )
+    ledger = EnergyLedger()
+    ledger.account(_snap(0.0, extra=slices, allocations=allocs))
+    got = _by_holder(ledger, _snap(100.0, extra=slices, allocations=allocs))
+    assert got == {None: 0.0, A: 20.0, B: 80.0}
+
+
+def test_series_sum_to_the_counter_and_never_go_down_through_random_churn() -> None:
+    rng = random.Random(7)
+    ledger = EnergyLedger(linger=1e9)
+    pool = [Holder("ns", f"pod-{i}", "c") for i in range(12)]
+    energy = first = 5000.0
+    last: dict[Holder | None, float] = {}
+    for cycle in range(1, 400):
+        holders = tuple(h for h in pool if rng.random() < 0.3)
+        used = {h: rng.choice([0.0, 0.1, 0.5, 0.9]) for h in holders if rng.random() < 0.7}
+        if cycle % 5 == 0:  # the counter is read every 5 cycles, as slow fields are
+            energy += rng.uniform(100.0, 700.0)
+        series = {e.holder: e.joules for e in ledger.account(_snap(energy, holders, used=used))}
+        assert abs(sum(series.values()) - (energy - first)) < 1e-6
+        for holder, value in last.items():
+            assert series[holder] >= value - 1e-9, (cycle, holder)
+        for holder in holders:
+            assert holder in series, "a holder has its series from its first cycle"
+        last = series
+    assert sum(1 for v in last.values() if v > 0) > 6
