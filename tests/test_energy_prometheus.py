@@ -102,14 +102,17 @@ def test_containers_add_up_to_the_gpu_over_a_window(stack: PrometheusServer) -> 
     print(f"30 s window: GPU {gpu:.1f} J, containers {held:.1f} J ({held / gpu - 1:+.4%})")
     assert gpu > 1000.0, "the simulated GPU draws over 100 W"
     assert abs(held - gpu) <= 0.01 * gpu, (held, gpu)
-    # the same through increase(), as a dashboard asks it
+    # the same through increase(), as a dashboard asks it: Prometheus extrapolates each
+    # series to the window's edges, and a job's series that starts or stops inside the window
+    # is extrapolated on its own (measured here: -0.7 % to +2 % under churn), so a dashboard's
+    # sum is close, not exact; the exact sum is the one above
     window = f"[{end - start:.0f}s]"
     by_increase = _scalar(
         stack, f'sum(increase(hw_container_energy_joules_total{{hw_id="{GPU}"}}{window}))', end
     )
     gpu_increase = _scalar(stack, f"increase({device}{window})", end)
     print(f"increase(): GPU {gpu_increase:.1f} J, containers {by_increase:.1f} J")
-    assert abs(by_increase - gpu_increase) <= 0.01 * gpu_increase, (by_increase, gpu_increase)
+    assert abs(by_increase - gpu_increase) <= 0.05 * gpu_increase, (by_increase, gpu_increase)
 
 
 @pytest.mark.peer
