@@ -309,6 +309,7 @@ def parse_config(
         kubernetes_api=kubernetes_api,
         kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
         kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api),
+        pods_api_socket=get("pods_api_socket", "/var/lib/kubelet/pods-api/pods-api.sock"),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
         notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )
