@@ -8,6 +8,8 @@ What it copies, and from where:
 - pods are `v1.Pod#Marshal()` bytes; it writes only the metadata fields of
   proto/podsapi/corev1 (the real kubelet's pods carry spec and status too: the real-cluster
   test, tests/test_real_cluster_podsapi.py, decodes those);
+- GetPod of an unknown UID: NOT_FOUND "pod with UID X not found" (the real 1.36 kubelet,
+  tests/test_real_cluster_podsapi.py);
 - a kubelet restart ends every stream with UNAVAILABLE and removes the socket until it serves
   again: `stop()` then `start()`.
 `hold_sync` keeps INITIAL_SYNC_COMPLETE back until `release_sync()` (a test's own control, so
@@ -92,7 +94,7 @@ class FakePodsApi(pb_grpc.PodsServicer):
         self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetPodResponse:
         if request.podUID not in self.pods:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.podUID} not found")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"pod with UID {request.podUID} not found")
         return pb.GetPodResponse(pod=encode(self.pods[request.podUID]))
 
     async def WatchPods(
