@@ -94,7 +94,9 @@ class FakePodsApi(pb_grpc.PodsServicer):
         self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetPodResponse:
         if request.podUID not in self.pods:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"pod with UID {request.podUID} not found")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"pod with UID {request.podUID} not found"
+            )
         return pb.GetPodResponse(pod=encode(self.pods[request.podUID]))
 
     async def WatchPods(
