@@ -11,7 +11,8 @@ What it copies, and from where:
 - GetPod of an unknown UID: NOT_FOUND "pod with UID X not found" (the real 1.36 kubelet,
   tests/test_real_cluster_podsapi.py);
 - a kubelet restart ends every stream with UNAVAILABLE and removes the socket until it serves
-  again: `stop()` then `start()`.
+  again: `stop()` then `start()`; the restarted real kubelet replays no pod, then adds its pods
+  (tests/test_real_cluster_podsapi.py): a test empties `pods` before `start()` and `add`s them.
 `hold_sync` keeps INITIAL_SYNC_COMPLETE back until `release_sync()` (a test's own control, so
 the time between the replay and the sync marker can be looked at).
 """

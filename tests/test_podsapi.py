@@ -54,14 +54,16 @@ async def podsapi(tmp_path: Path) -> AsyncIterator[FakePodsApi]:
     await fake.stop()
 
 
-def make_watcher(server: FakeApiServer, socket: Path, tmp_path: Path) -> KubeletPodWatcher:
+def make_watcher(
+    server: FakeApiServer, socket: Path, tmp_path: Path, grace: float = 0.5
+) -> KubeletPodWatcher:
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
 
     def connect() -> KubeApi:
         return KubeApi(http_client(load_config(kubeconfig), 5.0))
 
     return KubeletPodWatcher(connect, NODE, LabelFilter([r"team"]), socket=socket,
-                             backoff=(0.05, 0.2), rng=random.Random(1))  # fmt: skip
+                             backoff=(0.05, 0.2), restart_grace=grace, rng=random.Random(1))  # fmt: skip
 
 
 def workloads(watcher: PodWatcher) -> dict[str, str]:
@@ -131,6 +133,9 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
         assert set(workloads(watcher)) == {"train-7d9f-abcde", "db-0", "debug"}
         podsapi.release_sync()
         await until(lambda: watcher.health().up)
+        # debug, missing from the replay, stays the restart grace (0.5 s here), then goes.
+        assert set(workloads(watcher)) == {"train-7d9f-abcde", "db-0", "debug", "new-0"}
+        await until(lambda: "debug" not in workloads(watcher))
         assert workloads(watcher) == {"train-7d9f-abcde": "train", "db-0": "db", "new-0": "new-0"}
     lines = [r for r in caplog.records if r.name == "exporter.kubeapi.podsapi"]
     warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
@@ -140,6 +145,31 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
         "answering again"
     )
     assert server.count("list") == server.count("watch") == 0
+
+
+async def test_an_empty_replay_after_a_restart_loses_no_pod(
+    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path
+) -> None:
+    """As the real 1.36 kubelet after a restart (tests/test_real_cluster_podsapi.py): the first
+    WatchPods replays no pod, INITIAL_SYNC_COMPLETE, then ADDED for each pod it runs."""
+    watcher = make_watcher(server, podsapi.socket, tmp_path, grace=1.0)
+    seen: list[int] = []
+    async with running(watcher):
+        await until(lambda: len(workloads(watcher)) == 3)
+        await podsapi.stop()
+        running_pods = list(podsapi.pods.values())
+        podsapi.pods.clear()  # the restarted kubelet's pod manager is empty at first
+        await podsapi.start()
+        await until(lambda: podsapi.watches == 2 and watcher.health().up)
+        seen.append(len(workloads(watcher)))
+        for obj in running_pods:
+            if obj is not BARE:  # debug was deleted while the kubelet was down
+                podsapi.add(obj)
+        await until(lambda: watcher.health().pods == 3)  # two re-added + debug, kept
+        seen.append(len(workloads(watcher)))
+        await until(lambda: "debug" not in workloads(watcher), timeout=3)
+        assert workloads(watcher) == {"train-7d9f-abcde": "train", "db-0": "db"}
+    assert seen == [3, 3]
 
 
 def test_the_socket_chooses_the_source(server: FakeApiServer, tmp_path: Path) -> None:

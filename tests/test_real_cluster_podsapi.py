@@ -17,6 +17,8 @@ Tier: real cluster (the session's 1.36 kubelet, its config with `PodsAPI: true`)
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ NS = "kde-real"  # the objects of test_real_cluster_workloads.py, in a namespace
 OUR_NS = "kde-podsapi"
 INFO = "k8s_pod_workload_info"
 SOURCE = "kube_device_exporter_kubernetes_pods_source"
+RESTARTS = 3
 
 
 def objects(node: str) -> list[dict[str, Any]]:
@@ -167,3 +170,62 @@ def test_both_sources_publish_the_same_workload_series(
     assert requests(kubelet) <= {("get", "replicasets"), ("get", "jobs")}
     assert ("get", "replicasets") in requests(kubelet)  # the Deployment above the ReplicaSet
     assert {("list", "pods"), ("watch", "pods")} <= requests(api)
+
+
+def first_sync(socket: Path, deadline: float) -> tuple[float, int]:
+    """(seconds until the socket answered, pods ADDED before INITIAL_SYNC_COMPLETE) of the
+    first WatchPods that answers."""
+    started = time.monotonic()
+    while time.monotonic() < started + deadline:
+        try:
+            with grpc.insecure_channel(f"unix://{socket}") as channel:
+                watch = pb_grpc.PodsStub(channel).WatchPods(pb.WatchPodsRequest(), timeout=5)
+                for added, event in enumerate(watch):
+                    if event.type == pb.INITIAL_SYNC_COMPLETE:
+                        watch.cancel()  # type: ignore[no-untyped-call]
+                        return time.monotonic() - started, added
+        except grpc.RpcError:
+            time.sleep(0.05)  # the socket is not served yet; bounded by `deadline`
+    raise AssertionError(f"no WatchPods answer at {socket} in {deadline} s")
+
+
+def test_a_kubelet_restart_costs_the_pods_api_exporter_no_series(
+    two_exporters: tuple[Metrics, Metrics], workloads: Api, cluster_node: ClusterNode
+) -> None:
+    kubelet, api = two_exporters
+
+    def ours(metrics: Metrics = kubelet) -> set[oracle.Series]:
+        return {s for s in metrics.series(INFO) if ("k8s_namespace_name", OUR_NS) in s}
+
+    want = ours()
+    assert len(want) == 4
+    scrapes: list[set[oracle.Series]] = []
+    api_scrapes: list[int] = []
+    done = threading.Event()
+
+    def scrape() -> None:  # every 0.2 s across the restart, until `done`
+        while not done.wait(0.2):
+            scrapes.append(ours())
+            api_scrapes.append(len(ours(api)))
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        syncs = []
+        for _ in range(RESTARTS):
+            cluster_node.kubelet.stop()
+            cluster_node.kubelet.start()
+            syncs.append(first_sync(pods_api_socket(cluster_node), 30))
+            wait_for("the exporter back on the Pods API",
+                     lambda: kubelet.value("kube_device_exporter_kubernetes_up") == 1, 60,
+                     [kubelet.daemon], interval=0.2)  # fmt: skip
+            time.sleep(2)  # two more cycles of scrapes after the reconnect
+    finally:
+        done.set()
+        scraper.join(5)
+    print(f"\nafter each restart, WatchPods first answered (s, pods before "
+          f"INITIAL_SYNC_COMPLETE): {[(round(w, 2), n) for w, n in syncs]}; {len(scrapes)} scrapes: {[len(s) for s in scrapes]}, the API "
+          f"watch exporter's: {api_scrapes}")  # fmt: skip
+    lost = [s for s in scrapes if s != want]
+    assert not lost, f"{len(lost)} of {len(scrapes)} scrapes differ: {lost[:2]}"
+    assert "kubelet Pods API at" in kubelet.daemon.tail(200)

@@ -9,8 +9,10 @@ facts as the API server's pod watch (watcher.py), without a watch per node on th
 Resuming: the API has no resource version, so a broken stream (kubelet restart, socket
 gone) is re-opened after a back-off (1 s doubling to 60 s, jittered) and its replay builds a
 new cache, which replaces the old one only at INITIAL_SYNC_COMPLETE: meanwhile the old cache
-keeps serving (no pod loses its info series during a kubelet restart), and pods deleted
-while the stream was down leave at the swap. Each state change is logged once.
+keeps serving. A restarted kubelet replays no pods (its pod manager is not filled yet) and
+adds them right after, so pods a replay lacks stay RESTART_GRACE_SECONDS longer unless an
+event names them; pods deleted while the stream was down leave then. No pod loses its info
+series during a kubelet restart. Each state change is logged once.
 
 Owners above a ReplicaSet or Job (Deployment, CronJob) are not in the pod: they are still
 read from the API server, one `get` per owner as watcher.py does (that code is inherited).
@@ -46,6 +48,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """A pod is a few kB (2,312 bytes for a one-container pod on the real 1.36 kubelet)."""
 
 
+RESTART_GRACE_SECONDS = 10.0
+"""How long pods missing from a replay after a reconnect are kept (a restarting kubelet
+replays none, then adds its pods within about a second)."""
+
+
 class StreamEnded(Exception):
     """The kubelet closed the watch stream (it does not, short of stopping)."""
 
@@ -73,11 +80,13 @@ class KubeletPodWatcher(PodWatcher):
         *,
         socket: Path = DEFAULT_PODS_API_SOCKET,
         backoff: tuple[float, float] = BACKOFF_SECONDS,
+        restart_grace: float = RESTART_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(connect, node, labels, backoff=backoff, clock=clock, rng=rng)
         self.socket = socket
+        self.restart_grace = restart_grace
         self._states = StateLog(log)
         self.streams = 0
         """WatchPods calls made (the first, then one per reconnect)."""
@@ -140,6 +149,17 @@ class KubeletPodWatcher(PodWatcher):
             return replay is None
 
     def _swap(self, replay: dict[str, PodMeta]) -> None:
+        """The replay becomes the cache. After a reconnect, pods it lacks stay `restart_grace`
+        longer unless an event names them: a restarted kubelet replays before its pod manager
+        has its pods (the real 1.36 kubelet: INITIAL_SYNC_COMPLETE with no pod 0.3 s after its
+        restart, then ADDED for each), as its PodResources List answers empty for ~1 s."""
+        missing = {uid: pod for uid, pod in self.pods.items() if uid not in replay}
+        if missing and self.synced.is_set():
+            log.info("kubelet Pods API replayed %d pods; %d others kept %.0f s in case a "
+                     "restarting kubelet adds them back", len(replay), len(missing),
+                     self.restart_grace)  # fmt: skip
+            asyncio.get_running_loop().call_later(self.restart_grace, self._expire, missing)
+            replay = {**missing, **replay}
         self.pods = replay
         self._infos = {uid: v for uid, v in self._infos.items() if uid in replay}
         self._want_owners(replay.values())
@@ -150,6 +170,14 @@ class KubeletPodWatcher(PodWatcher):
                          len(replay), self.node, self.socket)  # fmt: skip
         self._up = True
         self.synced.set()
+
+    def _expire(self, missing: dict[str, PodMeta]) -> None:
+        """Drop the pods a replay lacked that no event has named since (still the same
+        object in the cache): they were deleted while the stream was down."""
+        for uid, pod in missing.items():
+            if self.pods.get(uid) is pod:
+                del self.pods[uid]
+                self._infos.pop(uid, None)
 
 
 class _Events:
