@@ -22,6 +22,7 @@ from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.podsapi import SOURCE_KUBELET, KubeletPodWatcher, decode_pod
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
+from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.podsapi_server import FakePodsApi, encode
 from tests.test_kubeapi import NODE, running, until
@@ -170,6 +171,20 @@ async def test_an_empty_replay_after_a_restart_loses_no_pod(
         await until(lambda: "debug" not in workloads(watcher), timeout=3)
         assert workloads(watcher) == {"train-7d9f-abcde": "train", "db-0": "db"}
     assert seen == [3, 3]
+
+
+async def test_pod_bytes_that_do_not_decode_reconnect_and_keep_the_cache(
+    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.kubeapi.podsapi")
+    watcher = make_watcher(server, podsapi.socket, tmp_path)
+    async with running(watcher):
+        await until(lambda: len(workloads(watcher)) == 3)
+        podsapi._send(pb.WatchPodsEvent(type=pb.ADDED, pod=b"\x0a\xff"))  # a truncated field
+        await until(lambda: podsapi.watches == 2 and watcher.health().up)
+        assert set(workloads(watcher)) == {"train-7d9f-abcde", "db-0", "debug"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "(Error parsing message" in warnings[0], warnings
 
 
 def test_the_socket_chooses_the_source(server: FakeApiServer, tmp_path: Path) -> None:

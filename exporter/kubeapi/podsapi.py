@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from exporter._proto.podsapi.corev1 import api_pb2 as corev1
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
@@ -107,7 +108,7 @@ class KubeletPodWatcher(PodWatcher):
                 raise StreamEnded("the kubelet ended the Pods API watch")
             except grpc.aio.AioRpcError as exc:
                 self._failed(f"podsapi/{exc.code().name}", f"{exc.code().name}: {exc.details()}")
-            except (StreamEnded, ValueError) as exc:  # ValueError: pod bytes that do not decode
+            except (StreamEnded, DecodeError) as exc:  # DecodeError: pod bytes that do not decode
                 self._failed(f"podsapi/{type(exc).__name__}", str(exc))
             await _sleep(stop, self._jittered(retry.failure()))
 
