@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter.cli.flags import parse_config
 from exporter.kubeapi import build_watchers
 from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.podsapi import SOURCE_KUBELET, KubeletPodWatcher, decode_pod
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
-from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.podsapi_server import FakePodsApi, encode
 from tests.test_kubeapi import NODE, running, until
