@@ -10,19 +10,27 @@ Tier: simulated node (the Pods API) + loopback API server (owners).
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter.cli.flags import parse_config
 from exporter.kubeapi import build_watchers
 from exporter.kubeapi.client import KubeApi, http_client, load_config
-from exporter.kubeapi.podsapi import SOURCE_KUBELET, KubeletPodWatcher, decode_pod
+from exporter.kubeapi.podsapi import (
+    DEFAULT_PODS_API_SOCKET,
+    SOURCE_KUBELET,
+    KubeletPodWatcher,
+    decode_pod,
+)
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
+from tests import kustomize
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.podsapi_server import FakePodsApi, encode
 from tests.test_kubeapi import NODE, running, until
@@ -197,3 +205,26 @@ def test_the_socket_chooses_the_source(server: FakeApiServer, tmp_path: Path) ->
     assert type(build_watchers(parse_config(args, {}))[0]) is KubeletPodWatcher
     off = [*args[:-1], ""]
     assert type(build_watchers(parse_config(off, {}))[0]) is PodWatcher
+
+
+def test_the_kit_component_mounts_the_folder_the_flag_names(tmp_path: Path) -> None:
+    """deploy/components/pods-api mounts the folder of --kubernetes.pods-api-socket's
+    default, beside kubernetes-api's token and RBAC."""
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    overlay = tmp_path / "mine"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(deploy / "base", overlay)],
+        "components": [os.path.relpath(deploy / "components" / c, overlay)
+                       for c in ("kubernetes-api", "pods-api")],
+    }))  # fmt: skip
+    (daemonset,) = [r for r in kustomize.build(overlay) if r["kind"] == "DaemonSet"]
+    spec = daemonset["spec"]["template"]["spec"]
+    folder = str(DEFAULT_PODS_API_SOCKET.parent)
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "pods-api"]
+    assert volume["hostPath"]["path"] == folder
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pods-api"]
+    assert (mount["mountPath"], mount["readOnly"]) == (folder, True)
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["KDE_KUBERNETES_API"] == "true"
