@@ -974,6 +974,15 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
     ),
     MetricSpec(
+        "kube_device_exporter.kubernetes.pods.source",
+        G,
+        "",
+        "1 for where the pod cache comes from (`--kubernetes.api`): `kubernetes-api` (the API "
+        "server's pod watch) or `kubelet-pods-api` (the kubelet's Pods API, KEP-4188).",
+        scope=_E,
+        attributes=("source",),
+    ),
+    MetricSpec(
         "kube_device_exporter.dra.unidentified",
         G,
         "{device}",

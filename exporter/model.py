@@ -310,6 +310,9 @@ class KubeApiHealth:
     """Pods of this node in the cache."""
     requests_total: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     """(verb, resource, HTTP status code or error) -> count."""
+    source: str = "kubernetes-api"
+    """Where the pods come from: `kubernetes-api` (the API server's pod watch) or
+    `kubelet-pods-api` (the kubelet's Pods API; owners above ReplicaSet/Job still from the API)."""
 
 
 @dataclass(frozen=True, slots=True)

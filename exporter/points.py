@@ -236,6 +236,9 @@ def _pod_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         yield Point(SPECS["kube_device_exporter.kubernetes.requests"], attrs, float(count))
     yield Point(SPECS["kube_device_exporter.kubernetes.up"], node, float(api.up))
     yield Point(SPECS["kube_device_exporter.kubernetes.pods"], node, float(api.pods))
+    yield Point(
+        SPECS["kube_device_exporter.kubernetes.pods.source"], (("source", api.source), *node), 1.0
+    )
 
 
 def _workload_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:

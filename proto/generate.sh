@@ -32,10 +32,14 @@ gen() {
     "$dest/$dir/api_pb2_grpc.py" "$dest/$dir/api_pb2_grpc.pyi"
   touch "$dest/$dir/__init__.py" "$dest/${dir%%/*}/__init__.py"
 }
-rm -rf "$out/podresources"
+rm -rf "$out/podresources" "$out/podsapi"
 mkdir -p "$out"
 for version in v1 v1alpha1; do
   gen "$out" exporter._proto "podresources/$version"
+done
+# The kubelet Pods API (KEP-4188) and the few v1.Pod fields read from its pod bytes.
+for dir in podsapi/v1alpha1 podsapi/corev1; do
+  gen "$out" exporter._proto "$dir"
 done
 touch "$out/__init__.py"
 # Test peers' protos: never shipped (tests/ is not in the wheel).

@@ -64,6 +64,8 @@ class Config:
     """Create a Kubernetes Event on each pod a device event hits (exporter/k8sevents.py)."""
     kubeconfig: Path | None = None
     """None: in-cluster configuration (the pod's ServiceAccount)."""
+    pods_api_socket: str = "/var/lib/kubelet/pods-api/pods-api.sock"
+    """The kubelet Pods API socket, used for the pod cache when it exists at start; empty: never."""
     pod_label_patterns: tuple[str, ...] = ()
     """Regexes; pod label keys matching one in full go onto k8s.pod.workload.info."""
     notices: tuple[str, ...] = ()

@@ -307,6 +307,7 @@ def parse_config(
         kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
         kubernetes_events=kubernetes_events,
         kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api or kubernetes_events),
+        pods_api_socket=get("pods_api_socket", "/var/lib/kubelet/pods-api/pods-api.sock"),
         pod_label_patterns=tuple(get("pod_label_patterns", [])),
         notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )

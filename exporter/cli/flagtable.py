@@ -19,6 +19,7 @@ from exporter.cli.values import (
     choice,
     choices,
     duration,
+    file_path,
     listen_address,
     positive_int,
     regex,
@@ -144,6 +145,17 @@ FLAGS: tuple[Flag, ...] = (
         "in-cluster: the pod's ServiceAccount",
         "kubeconfig for --kubernetes.api and --kubernetes.events (development outside a cluster)",
         metavar="FILE",
+    ),
+    Flag(
+        "kubeapi",
+        "--kubernetes.pods-api-socket",
+        "pods_api_socket",
+        file_path,
+        "/var/lib/kubelet/pods-api/pods-api.sock",
+        "with --kubernetes.api, read this node's pods from the kubelet's Pods API (KEP-4188, "
+        "gate PodsAPI) when this socket exists at start, not from an API server pod watch; "
+        "empty: always the API server",
+        metavar="PATH",
     ),
     Flag(
         "kubeapi",

@@ -48,7 +48,7 @@ class ClusterNode:
                             plane.pki.ca, pair)  # fmt: skip
         self.kubelet.config = merge(self.kubelet.config, {
             "failCgroupV1": False,
-            "featureGates": {},
+            "featureGates": {"PodsAPI": True},  # the Pods API (test_real_cluster_podsapi.py)
             "tlsCertFile": str(pair.cert),
             "tlsPrivateKeyFile": str(pair.key),
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
