@@ -31,6 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.nvml import STATE_ENV, library_dir
+from tests.image import daemonset
 from tests.peers import free_port
 from tests.realcluster import image
 from tests.realcluster.api import Api, ApiStatus, namespace, path_of
@@ -293,3 +294,19 @@ def test_the_chart_with_the_api_runs_the_same(
     objects = image.chart(built, cluster_node, port, "kube-device-exporter", "kde-chart",
                           server=control_plane.server, driver=driver)  # fmt: skip
     _deploy_and_check(scene, cluster_node, built, "chart-api", objects, port=port, api=True)
+
+
+API_WATCH_MIB = 14.0
+"""What the API watch may add to the pod's RSS: measured +10.4 MiB (docs/kubernetes-api.md)."""
+
+
+def test_memory_in_the_pod_with_and_without_the_api_watch(scene: Api) -> None:
+    """Reads the RSS the three deployments above left in RSS (so it runs after them): each
+    under the DaemonSet's memory request, and the API watch within its documented cost."""
+    assert set(RSS) == {"kit", "kit-api", "chart-api"}, f"a deployment above failed: {RSS}"
+    _, container = daemonset.load(image.DEPLOY / "base" / "daemonset.yaml")
+    request_kib = int(container["resources"]["requests"]["memory"].removesuffix("Mi")) * 1024
+    assert all(kib < request_kib for kib in RSS.values()), RSS
+    added_mib = (RSS["kit-api"] - RSS["kit"]) / 1024
+    assert 0 < added_mib < API_WATCH_MIB, RSS
+    assert abs(RSS["chart-api"] - RSS["kit-api"]) / 1024 < 2.0, "the chart runs the same pod"
