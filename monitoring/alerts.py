@@ -798,6 +798,56 @@ KSM_DAEMONSET = 'daemonset=~".*kube-device-exporter.*"'
 kit, `<release>-kube-device-exporter` from the Helm chart."""
 
 
+KSM_DEVICE_RESOURCES = (
+    'resource=~"nvidia_com_gpu|nvidia_com_mig_.+|amd_com_gpu|gpu_intel_com_.+|habana_ai_gaudi.*"'
+)
+"""Device-plugin resources in kube-state-metrics' `kube_node_status_allocatable` (it writes
+`nvidia.com/gpu` as `nvidia_com_gpu`): NVIDIA's GPUs and MIG strategy `mixed`, AMD's, Intel's
+i915 and xe, Habana's Gaudi."""
+
+
+def _coverage_alert() -> Alert:
+    """A device node that the DaemonSet's node affinity does not select gets no pod, and
+    nothing else says so: DESIRED counts only the nodes selected (seen on a real 1.36
+    cluster, tests/test_real_cluster_kit.py)."""
+    allocatable = "kube_node_status_allocatable"
+    pod_info = "kube_pod_info"
+    gpus = (
+        f'{allocatable}{{job="kube-state-metrics", node="gpu-1", resource="nvidia_com_gpu",'
+        ' unit="integer"}'
+    )
+    cpus = f'{allocatable}{{job="kube-state-metrics", node="cpu-1", resource="cpu", unit="core"}}'
+    pod = (
+        f'{pod_info}{{job="kube-state-metrics", namespace="kube-device-exporter",'
+        ' pod="kube-device-exporter-x7k2p", node="gpu-1", created_by_kind="DaemonSet",'
+        ' created_by_name="kube-device-exporter"}'
+    )
+    return Alert(
+        "KubeDeviceExporterNodeNotSelected",
+        f"count by (node) ({allocatable}{{{KSM_DEVICE_RESOURCES}}} > 0)"
+        f' unless on (node) {pod_info}{{created_by_kind="DaemonSet",'
+        f' created_by_name=~".*kube-device-exporter.*"}}',
+        "15m",
+        "warning",
+        "{node} has devices but no kube-device-exporter pod",
+        "Node {node} advertises devices (kube-state-metrics' kube_node_status_allocatable) "
+        "but runs no pod of the kube-device-exporter DaemonSet: its node affinity matches none "
+        "of the node's labels (no GPU feature discovery, NFD or cloud GPU label, and not "
+        "kube-device-exporter.io/enabled=true), so the DaemonSet does not count the node and "
+        "nothing else says so.",
+        (
+            Case(
+                "a GPU node no term selects",
+                {gpus: "8+0x30", cpus: "4+0x30"},
+                "20m",
+                ({"node": "gpu-1"},),
+            ),
+            Case("the exporter runs there", {gpus: "8+0x30", pod: "1+0x30"}, "20m"),
+            Case("scheduled within 5m", {gpus: "8+0x30", pod: "_x5 1+0x25"}, "20m"),
+        ),
+    )
+
+
 def _rollout_alerts() -> list[Alert]:
     unavailable = "kube_daemonset_status_number_unavailable"
     series = (
@@ -876,7 +926,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_unrequested_alerts(),
         *_dra_alerts(),
     ],
-    "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts()],
+    "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts(), _coverage_alert()],
 }
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")

@@ -368,6 +368,20 @@ RUNBOOKS: dict[str, Runbook] = {
             f"CrashLoopBackOff: `{LOGS} --previous`.",
         ),
     ),
+    "KubeDeviceExporterNodeNotSelected": Runbook(
+        "A node advertises devices but the DaemonSet has no pod there: its required node "
+        "affinity selects nodes by device labels (GPU feature discovery, Node Feature "
+        "Discovery, the vendor operators, the managed clouds' GPU labels) and this node has "
+        "none of them. The DaemonSet does not count such a node, so `kubectl get ds` shows "
+        "DESIRED without it and no event is written.",
+        (
+            "`kubectl get node NODE --show-labels` lists what the node carries; docs/deploy.md "
+            "(Node selection) lists what the DaemonSet selects.",
+            "Label it: `kubectl label node NODE kube-device-exporter.io/enabled=true`, or deploy "
+            "GPU feature discovery or NFD, which label every device node.",
+            "Chart: `affinity` replaces the selection; `nodeSelector` adds to it.",
+        ),
+    ),
     "KubeDeviceExporterDevicesUnseen": Runbook(
         "The kubelet lists devices as allocatable for a resource (e.g. nvidia.com/gpu) that "
         "no source of the exporter can see: the pod has no NVML, so those devices have no "

@@ -23,12 +23,15 @@ RULES = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "alerts" / "kube-device-exporter.rules.test.yaml"
 PROMETHEUS_RULE = ROOT / "deploy" / "prometheusrule" / "prometheusrule.yaml"
 
-PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "kube_daemonset_status_number_unavailable"}
-"""Series Prometheus itself makes per target, and the one kube-state-metrics series the
-rules read; the only non-spec names the kit may use."""
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "kube_daemonset_status_number_unavailable",
+                     "kube_node_status_allocatable", "kube_pod_info"}  # fmt: skip
+"""Series Prometheus itself makes per target, and the kube-state-metrics series the rules
+read; the only non-spec names the kit may use."""
 TARGET_LABELS = {
     "job", "instance", "namespace", "pod", "container", "service", "endpoint", "daemonset",
     "cluster",
+    # kube-state-metrics' own labels on the series above.
+    "node", "resource", "unit", "created_by_kind", "created_by_name",
 }  # fmt: skip
 """Labels Prometheus (and kube-prometheus) put on every target's series; `cluster`: the
 external label that tells clusters apart in a Prometheus holding several (Thanos, Mimir)."""

@@ -7,9 +7,13 @@ shows which nodes the DaemonSet selects.
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests import kustomize
 from tests.realcluster import rbac
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
@@ -70,6 +74,8 @@ def test_a_node_without_an_expected_label_gets_no_exporter_and_the_opt_in_label_
         assert desired() == 0
         events = admin.get(f"/api/v1/namespaces/{meta['namespace']}/events")["items"]
         assert [e for e in events if e["involvedObject"].get("name") == meta["name"]] == []
+        # docs/deploy.md's check by hand (real kubectl) names the node and its devices.
+        assert _unselected(control_plane) == [[cluster_node.name, "8"]]
         admin.request("PATCH", node_path, {"metadata": {"labels": {OPT_IN: "true"}}},
                       content_type="application/strategic-merge-patch+json")  # fmt: skip
         wait_for("the labelled node selected", lambda: desired() == 1, 20)
@@ -78,3 +84,19 @@ def test_a_node_without_an_expected_label_gets_no_exporter_and_the_opt_in_label_
         admin.request("PATCH", node_path, {"metadata": {"labels": {OPT_IN: None}}},
                       content_type="application/strategic-merge-patch+json")  # fmt: skip
     assert OPT_IN in (ROOT / "README.md").read_text()
+    assert _unselected(control_plane) == [[cluster_node.name, "8"]]
+
+
+def _unselected(control_plane: ControlPlane) -> list[list[str]]:
+    """The rows of docs/deploy.md's `kubectl get nodes -l '!...'` (label contract)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    match = re.search(r"^  (kubectl get nodes -l .*?\\\n.*?)$", text, re.M | re.S)
+    assert match, "docs/deploy.md has no `kubectl get nodes -l` check"
+    argv = shlex.split(match.group(1).replace("\\\n", " "))
+    done = subprocess.run(
+        [kustomize.kubectl(), *argv[1:], "--no-headers",
+         f"--kubeconfig={control_plane.dir / 'admin.kubeconfig'}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [line.split() for line in done.stdout.splitlines()]
