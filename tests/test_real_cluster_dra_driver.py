@@ -15,6 +15,7 @@ Tier: real cluster (the session's control plane and 1.36 kubelet).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ SHARED = {"allowMultipleAllocations": True,
           "capacity": {"memory": {"value": "80Gi",
                                   "requestPolicy": {"default": "20Gi",
                                                     "validRange": {"min": "1Gi"}}}}}  # fmt: skip
+SHARE = {"requests": {"memory": "20Gi"}}
 PCI_DEVICE = {"name": "0000-12-00-0",
               "attributes": {"resource.kubernetes.io/pciBusID": {"string": BUS[GPUS[2]]}}}  # fmt: skip
 
@@ -81,6 +83,7 @@ class Dra:
 def _objects() -> list[dict[str, Any]]:
     """Device classes (CEL on the driver and the `index` attribute) and one claim template
     each: a whole GPU, the shared GPU (20Gi of its memory), the PCI driver's device."""
+
     def klass(name: str, cel: str) -> dict[str, Any]:
         return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": cel}}]}}  # fmt: skip
@@ -96,8 +99,7 @@ def _objects() -> list[dict[str, Any]]:
         klass("kde-shared", f'device.driver == "{GPU_DRIVER}" && {attr} == 1'),
         klass("kde-pci", f'device.driver == "{PCI_DRIVER}"'),
         template("whole", {"deviceClassName": "kde-whole"}),
-        template("shared", {"deviceClassName": "kde-shared",
-                            "capacity": {"requests": {"memory": "20Gi"}}}),  # fmt: skip
+        template("shared", {"deviceClassName": "kde-shared", "capacity": SHARE}),
         template("pci", {"deviceClassName": "kde-pci"}),
     ]
 
@@ -116,8 +118,8 @@ def dra(control_plane: ControlPlane, cluster_node: ClusterNode,
     nvml = StandInNvml(tmp, GPUS, MIG_PARENT, MIGS)
     try:
         for driver in (gpu, pci):
-            wait_for(f"{driver.name} registered", lambda d=driver: d.registered == [(True, "")],
-                     30, interval=0.1)  # fmt: skip
+            wait_for(f"{driver.name} registered", functools.partial(_registered, driver), 30,
+                     interval=0.1)  # fmt: skip
             driver.publish()
         for obj in objects:
             admin.apply(obj)
@@ -134,6 +136,11 @@ def dra(control_plane: ControlPlane, cluster_node: ClusterNode,
             if obj["kind"] == "DeviceClass":
                 admin.delete(obj)
         nvml.close()
+
+
+def _registered(driver: DraDriver) -> bool:
+    """The kubelet called GetInfo, then NotifyRegistrationStatus with success."""
+    return driver.registered == [(True, "")]
 
 
 def _gone(admin: Api) -> bool:
@@ -172,6 +179,14 @@ def _claims(socket: Path) -> dict[str, list[v1.DynamicResource]]:
 def _by_pod(metrics: Metrics) -> dict[str, str]:
     return {dict(s)["k8s_pod_name"]: dict(s).get("hw_id", "")
             for s in metrics.series("hw_allocation_info")
+            if dict(s).get("k8s_namespace_name") == NS}  # fmt: skip
+
+
+def _health(metrics: Metrics) -> dict[str, tuple[str, str, str]]:
+    """Pod -> (claim, hw_id, health) of hw_dra_allocation_health in our namespace."""
+    return {dict(s)["k8s_pod_name"]: (dict(s)["hw_allocation_claim"], dict(s)["hw_id"],
+                                      dict(s)["hw_dra_health"])
+            for s in metrics.series("hw_dra_allocation_health")
             if dict(s).get("k8s_namespace_name") == NS}  # fmt: skip
 
 
@@ -225,3 +240,30 @@ def test_claims_prepared_by_our_driver_are_joined_to_nvml(dra: Dra) -> None:
                 for s in metrics.series("hw_dra_device_info")}  # fmt: skip
         assert info == {"gpu-0": GPUS[0], "gpu-1": GPUS[1], "0000-12-00-0": GPUS[2]}
         assert metrics.value("kube_device_exporter_dra_unidentified") == 0
+
+        # Health (dra-health v1alpha1): the kubelet writes it into the pod's status
+        # (control-plane.md DRA 5), the exporter's pod watch reads it there.
+        dra.gpu.set_health("gpu-0", "Unhealthy", "XID 79")
+        want_status = [{"name": "claim:gpu",
+                        "resources": [{"health": "Unhealthy", "message": "XID 79",
+                                       "resourceID": f"{GPU_DRIVER}/{dra.node.name}/gpu-0"}]}]  # fmt: skip
+        path = f"/api/v1/namespaces/{NS}/pods/trainer"
+        wait_for("the pod's allocatedResourcesStatus Unhealthy",
+                 lambda: admin.get(path)["status"]["containerStatuses"][0].get(
+                     "allocatedResourcesStatus") == want_status, 30, interval=0.25)  # fmt: skip
+        # The status names the pod's claim reference (`claim:gpu`), PodResources the
+        # ResourceClaim made from the template (`trainer-gpu-xxxxx`): the exporter names
+        # both series by the ResourceClaim, through the pod's resourceClaimStatuses.
+        metrics.wait("the claim's health", lambda m: _health(m).get("trainer") == (
+            claim["trainer"], GPUS[0], "Unhealthy"), 30)  # fmt: skip
+        assert _health(metrics) == {
+            "trainer": (claim["trainer"], GPUS[0], "Unhealthy"),
+            "transcoder": (claim["transcoder"], GPUS[2], "Healthy"),
+            "infer-a": (claim["infer-a"], GPUS[1], "Healthy"),
+            "infer-b": (claim["infer-b"], GPUS[1], "Healthy"),
+        }
+        # hw_allocation_info names the same claim, namespace-qualified.
+        claims = {dict(s)["k8s_pod_name"]: dict(s)["hw_allocation_claim"]
+                  for s in metrics.series("hw_allocation_info")
+                  if dict(s).get("k8s_namespace_name") == NS}  # fmt: skip
+        assert claims == {pod: f"{NS}/{name}" for pod, name in claim.items()}
