@@ -16,6 +16,7 @@ Tier: real cluster (the session's control plane and 1.36 kubelet).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,3 +268,52 @@ def test_claims_prepared_by_our_driver_are_joined_to_nvml(dra: Dra) -> None:
                   for s in metrics.series("hw_allocation_info")
                   if dict(s).get("k8s_namespace_name") == NS}  # fmt: skip
         assert claims == {pod: f"{NS}/{name}" for pod, name in claim.items()}
+
+
+def _claim_of(admin: Api, pod: dict[str, Any]) -> dict[str, Any]:
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    path = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{status['resourceClaimName']}"
+    claim: dict[str, Any] = admin.get(path)
+    return claim
+
+
+def _evicted(admin: Api, name: str) -> bool:
+    try:
+        pod = admin.get(f"/api/v1/namespaces/{NS}/pods/{name}")
+    except ApiStatus as exc:
+        return exc.code == 404
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def test_a_no_execute_taint_in_the_slice_evicts_the_pod_and_unprepares_its_claim(
+    dra: Dra,
+) -> None:
+    """control-plane.md DRA 8: NoExecute on a device in use evicts its pod (~1 s), and the
+    kubelet unprepares the claim through the driver; the exporter shows the taint on the
+    device joined to NVML."""
+    admin = dra.admin
+    admin.delete(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "namespace": NS}}
+    )
+    admin.apply(_pod("victim", "whole"))
+    claim = _claim_of(admin, _running(admin, "victim"))
+    with on_node(dra.tmp, dra.node.socket, dra.node.name, dra.kubeconfig,
+                 "--kubernetes.dra", env=dra.nvml.env()) as metrics:  # fmt: skip
+        metrics.wait("the victim joined", lambda m: _by_pod(m).get("victim") == GPUS[0], 60)
+        tainted = dra.gpu.slice()
+        tainted["spec"]["devices"][0] = {**tainted["spec"]["devices"][0], "taints": [
+            {"key": "kde.test/unhealthy", "value": "xid-79", "effect": "NoExecute"}]}  # fmt: skip
+        admin.apply(tainted, manager=dra.gpu.name)
+        began = time.monotonic()
+        wait_for("the victim evicted", lambda: _evicted(admin, "victim"), 30, interval=0.1)
+        evicted = time.monotonic() - began
+        wait_for("its claim unprepared", lambda: claim["metadata"]["uid"] in dra.gpu.unprepared,
+                 30, interval=0.1)  # fmt: skip
+        metrics.wait("the taint on GPU 0", lambda m: {
+            (dict(s)["hw_id"], dict(s)["hw_dra_taint_effect"], dict(s)["hw_dra_taint_source"])
+            for s in m.series("hw_dra_device_taint")} == {(GPUS[0], "NoExecute", "slice")}, 30)  # fmt: skip
+        events = admin.get(f"/api/v1/namespaces/{NS}/events")["items"]
+        reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "victim"}
+        assert "DeviceTaintManagerEviction" in reasons, reasons
+        print(f"NoExecute taint to eviction: {evicted:.2f} s")
+    dra.gpu.publish()  # untainted again
