@@ -139,9 +139,9 @@ def dra(control_plane: ControlPlane, cluster_node: ClusterNode,
         nvml.close()
 
 
-def _registered(driver: DraDriver) -> bool:
-    """The kubelet called GetInfo, then NotifyRegistrationStatus with success."""
-    return driver.registered == [(True, "")]
+def _registered(driver: DraDriver, times: int = 1) -> bool:
+    """The kubelet called GetInfo, then NotifyRegistrationStatus with success, `times` times."""
+    return driver.registered == [(True, "")] * times
 
 
 def _gone(admin: Api) -> bool:
@@ -317,3 +317,69 @@ def test_a_no_execute_taint_in_the_slice_evicts_the_pod_and_unprepares_its_claim
         assert "DeviceTaintManagerEviction" in reasons, reasons
         print(f"NoExecute taint to eviction: {evicted:.2f} s")
     dra.gpu.publish()  # untainted again
+
+
+def _slices(admin: Api, node: str) -> set[str]:
+    """The drivers with a ResourceSlice of `node`."""
+    items = admin.get("/apis/resource.k8s.io/v1/resourceslices",
+                      fieldSelector=f"spec.nodeName={node}")["items"]  # fmt: skip
+    return {s["spec"]["driver"] for s in items}
+
+
+def _health_of(admin: Api, name: str) -> list[str]:
+    pod = admin.get(f"/api/v1/namespaces/{NS}/pods/{name}")
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    return [r["health"] for e in statuses[0].get("allocatedResourcesStatus") or ()
+            for r in e["resources"]]  # fmt: skip
+
+
+def test_kubelet_restart_wipes_the_slices_and_a_driver_gone_loses_them(dra: Dra) -> None:
+    """control-plane.md DRA 6 and 7: a restarted kubelet deletes every slice of its node at
+    start and lists the prepared claims at once from its checkpoint (no new prepare); a
+    driver gone turns its claims' health Unknown, and its slices are deleted after a while.
+    The exporter meanwhile loses the slices' identity and says so, and joins again once the
+    driver publishes."""
+    admin, node = dra.admin, dra.node
+    admin.apply(_pod("survivor", "shared"))
+    _running(admin, "survivor")
+    before = _claims(node.socket)["survivor"]
+    prepared = len(dra.gpu.prepared)
+    with on_node(dra.tmp, node.socket, node.name, dra.kubeconfig,
+                 "--kubernetes.dra", env=dra.nvml.env()) as metrics:  # fmt: skip
+        metrics.wait("the survivor joined", lambda m: _by_pod(m).get("survivor") == GPUS[1], 60)
+        node.kubelet.stop()
+        node.kubelet.start()
+        began = time.monotonic()
+        wait_for("the slices wiped", lambda: not _slices(admin, node.name), 30, interval=0.1)
+        wiped = time.monotonic() - began
+        # The drivers' registration sockets are still there: the new kubelet registers them.
+        for driver in (dra.gpu, dra.pci):
+            wait_for(f"{driver.name} registered again", functools.partial(_registered, driver, 2),
+                     30, interval=0.1)  # fmt: skip
+        wait_for("List back", lambda: _claims(node.socket).get("survivor") == before, 30)
+        assert len(dra.gpu.prepared) == prepared  # from the checkpoint: no new prepare
+        metrics.wait("the survivor unjoined", lambda m: _by_pod(m).get("survivor") == "", 30)
+        assert (metrics.value("kube_device_exporter_dra_unidentified") or 0) >= 1
+        dra.gpu.publish()
+        dra.pci.publish()
+        metrics.wait("joined again", lambda m: _by_pod(m).get("survivor") == GPUS[1], 30)
+
+        # The driver gone: health Unknown soon, its slice deleted by the kubelet later.
+        dra.gpu.stop()
+        began = time.monotonic()
+        wait_for("health Unknown", lambda: _health_of(admin, "survivor") == ["Unknown"], 30,
+                 interval=0.2)  # fmt: skip
+        unknown = time.monotonic() - began
+        wait_for("the driver's slice deleted",
+                 lambda: _slices(admin, node.name) == {PCI_DRIVER}, 60, interval=0.2)  # fmt: skip
+        deleted = time.monotonic() - began
+        assert _claims(node.socket)["survivor"] == before  # List unchanged (checkpoint)
+        metrics.wait("the survivor unjoined again", lambda m: _by_pod(m).get("survivor") == "", 30)
+    dra.gpu.start()
+    wait_for("registered after its return", functools.partial(_registered, dra.gpu, 3), 30,
+             interval=0.1)  # fmt: skip
+    dra.gpu.publish()
+    print(
+        f"slices wiped {wiped:.2f} s after the kubelet's start; driver gone: health "
+        f"Unknown after {unknown:.2f} s, slice deleted after {deleted:.2f} s"
+    )
