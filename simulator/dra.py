@@ -14,7 +14,7 @@ dra:
   health:                       # what the kubelet puts in allocatedResourcesStatus
     - {pod: NS/NAME, device: DRIVER/POOL/DEVICE, health: Unhealthy, message: ..., start: 5}
   templated:                    # claims made from a ResourceClaimTemplate: NS/CLAIM -> the
-    ml-team/trainer-0-gpu: gpu  # pod's reference to it (spec.resourceClaims[].name)
+    ml-team/trainer-0-gpu-7xk2p: gpu  # pod's reference to it (spec.resourceClaims[].name)
 ```
 
 Every container holding a claim gets `allocatedResourcesStatus` entries named

@@ -7,8 +7,10 @@ PodResources lists to a simulated NVML device: by `uuid` (a driver shaped like N
 by `resource.kubernetes.io/pciBusID` (a driver naming its devices by PCI address), and a
 shared device (`allowMultipleAllocations`) held by two pods, each with its share ID.
 
-What the 1.36 kubelet answered is recorded in docs/dra.md ("On a real 1.36 kubelet"); the
-simulated kubelet sends the same shape (simulator/scenarios/dra.yaml).
+What the 1.36 kubelet answered is recorded in docs/dra.md ("On a real 1.36 kubelet"): the
+simulated kubelet's List has the same shape (simulator/scenarios/dra.yaml); the simulated API
+server named a claim's health by the ResourceClaim where the real kubelet names the pod's
+reference (`claim:gpu`), and now does as the real one.
 
 Tier: real cluster (the session's control plane and 1.36 kubelet).
 """
