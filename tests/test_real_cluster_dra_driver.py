@@ -385,3 +385,41 @@ def test_kubelet_restart_wipes_the_slices_and_a_driver_gone_loses_them(dra: Dra)
         f"slices wiped {wiped:.2f} s after the kubelet's start; driver gone: health "
         f"Unknown after {unknown:.2f} s, slice deleted after {deleted:.2f} s"
     )
+
+
+def test_a_claim_not_prepared_yet_is_listed_without_devices(dra: Dra) -> None:
+    """control-plane.md DRA 4: while prepare fails, List already shows the container with
+    the claim's name and no `claim_resources`; the exporter names no device for it; once
+    prepare succeeds the pod runs and the claim gets its device."""
+    admin, node = dra.admin, dra.node
+    dra.pci.fail = "device busy (test)"
+    admin.delete(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "transcoder", "namespace": NS}}
+    )
+    wait_for(
+        "the transcoder gone", lambda: "transcoder" not in _claims(node.socket), 60, interval=0.2
+    )
+    try:
+        admin.apply(_pod("pending", "pci"))
+        wait_for(
+            "the pending pod listed", lambda: "pending" in _claims(node.socket), 60, interval=0.2
+        )
+        (dyn,) = _claims(node.socket)["pending"]
+        assert (dyn.claim_name.startswith("pending-gpu-"), dyn.claim_namespace) == (True, NS)
+        assert list(dyn.claim_resources) == []
+        pod = admin.get(f"/api/v1/namespaces/{NS}/pods/pending")
+        assert pod["status"]["phase"] == "Pending"
+        with on_node(dra.tmp, node.socket, node.name, dra.kubeconfig,
+                     "--kubernetes.dra", env=dra.nvml.env()) as metrics:  # fmt: skip
+            metrics.wait("the PCI slice read", lambda m: m.value(
+                "hw_dra_device_info", hw_allocation_device_id="0000-12-00-0") == 1, 60)  # fmt: skip
+            cycles = metrics.value("kube_device_exporter_cycles_total") or 0.0
+            metrics.wait("two more cycles",
+                         lambda m: (m.value("kube_device_exporter_cycles_total") or 0) >= cycles + 2)  # fmt: skip
+            assert "pending" not in _by_pod(metrics)
+            dra.pci.fail = ""
+            _running(admin, "pending")
+            metrics.wait("the claim joined once prepared",
+                         lambda m: _by_pod(m).get("pending") == GPUS[2], 60)  # fmt: skip
+    finally:
+        dra.pci.fail = ""

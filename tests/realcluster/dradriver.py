@@ -106,6 +106,8 @@ class DraDriver(dra_grpc.DRAPluginServicer):
         self.unprepared: list[str] = []
         self.health: dict[str, tuple[str, str]] = {d["name"]: ("Healthy", "") for d in devices}
         self.health_watchers = 0
+        self.fail = ""
+        """When set, every prepare fails with this error (the kubelet retries)."""
         self.changed = threading.Condition()
         self.version = 0
         self.serving = False
@@ -125,6 +127,8 @@ class DraDriver(dra_grpc.DRAPluginServicer):
         return dra.NodePrepareResourcesResponse(claims=out)
 
     def _prepare(self, claim: dra.Claim) -> dra.NodePrepareResourceResponse:
+        if self.fail:
+            return dra.NodePrepareResourceResponse(error=self.fail)
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
             obj = self.api.get(path)
