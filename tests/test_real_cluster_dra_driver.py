@@ -401,9 +401,18 @@ def test_a_claim_not_prepared_yet_is_listed_without_devices(dra: Dra) -> None:
     )
     try:
         admin.apply(_pod("pending", "pci"))
-        wait_for(
-            "the pending pod listed", lambda: "pending" in _claims(node.socket), 60, interval=0.2
-        )
+        seen: list[int] = []  # how many claims List gave the container, each time it changed
+
+        def claim_listed() -> bool:
+            got = _claims(node.socket).get("pending")
+            if got is not None and (not seen or seen[-1] != len(got)):
+                seen.append(len(got))
+            return bool(got)
+
+        # The pod is listed first with its container and no claim at all (seen here), then,
+        # once the kubelet has tried to prepare it, with the claim and no devices.
+        wait_for("the pending claim listed", claim_listed, 60, interval=0.05)
+        print(f"claims listed for the pending pod, as they changed: {seen}")
         (dyn,) = _claims(node.socket)["pending"]
         assert (dyn.claim_name.startswith("pending-gpu-"), dyn.claim_namespace) == (True, NS)
         assert list(dyn.claim_resources) == []
