@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates exporter/_proto/ (the product's protos) and tests/_proto/ (protos of test
-# peers: the device plugin, ...) from proto/. The generator is pinned: the committed
+# peers: the device plugin, the DRA driver's dra, dra-health and plugin registration) from proto/. The generator is pinned: the committed
 # output must equal what this script writes (tests/test_proto_gen.py).
 #   proto/generate.sh [OUTPUT_DIR [TEST_OUTPUT_DIR]]
 #   (defaults: exporter/_proto and tests/_proto)
@@ -43,7 +43,9 @@ for dir in podsapi/v1alpha1 podsapi/corev1; do
 done
 touch "$out/__init__.py"
 # Test peers' protos: never shipped (tests/ is not in the wheel).
-rm -rf "$tests_out/deviceplugin"
+rm -rf "$tests_out/deviceplugin" "$tests_out/dra" "$tests_out/drahealth" "$tests_out/pluginregistration"
 mkdir -p "$tests_out"
-gen "$tests_out" tests._proto deviceplugin/v1beta1
+for dir in deviceplugin/v1beta1 dra/v1 drahealth/v1alpha1 pluginregistration/v1; do
+  gen "$tests_out" tests._proto "$dir"
+done
 touch "$tests_out/__init__.py"

@@ -13,10 +13,18 @@ dra:
     - {name: ..., selector: {driver: ..., device: ...}, taint: {key:, effect:}, start: 0}
   health:                       # what the kubelet puts in allocatedResourcesStatus
     - {pod: NS/NAME, device: DRIVER/POOL/DEVICE, health: Unhealthy, message: ..., start: 5}
+  templated:                    # claims made from a ResourceClaimTemplate: NS/CLAIM -> the
+    ml-team/trainer-0-gpu-7xk2p: gpu  # pod's reference to it (spec.resourceClaims[].name)
 ```
 
 Every container holding a claim gets `allocatedResourcesStatus` entries named
-`claim:<claim>` with one resource per claimed device (`resourceID` is `driver/pool/device`,
+`claim:<reference>`, the pod's own name for the claim, not the ResourceClaim's (the real 1.36
+kubelet wrote `claim:gpu` for the claim PodResources lists as `trainer-gpu-9dfhr`,
+tests/test_real_cluster_dra_driver.py). A `templated` claim's reference is resolved in the
+pod's `status.resourceClaimStatuses` (`{name: <reference>, resourceClaimName: <claim>}`) and
+its `spec.resourceClaims` names the template; any other claim is referenced by its own name
+(`spec.resourceClaims: [{name: <claim>, resourceClaimName: <claim>}]`). Each entry has one
+resource per claimed device (`resourceID` is `driver/pool/device`,
 control-plane.md DRA item 5); a device no `health:` entry covers reads `Unknown`, what the
 1.36 kubelet reports before a driver's health stream says anything (and after it stops,
 control-plane.md DRA item 6).
@@ -139,6 +147,8 @@ class DraPart:
     def _pod(self, timed: TimedPod, t: float) -> dict[str, Any]:
         pod = timed.pod
         health = [h for h in self.doc.get("health") or () if _active(h, t)]
+        templated = self.doc.get("templated") or {}
+        refs: dict[str, str] = {}  # claim -> the pod's reference to it
         statuses = []
         for c in pod.containers:
             status: dict[str, Any] = {"name": c.name, "ready": True, "restartCount": 0}
@@ -158,7 +168,9 @@ class DraPart:
                         if said[-1].get("message"):
                             res["message"] = str(said[-1]["message"])
                     resources.append(res)
-                entries.append({"name": f"claim:{claim.claim_name}", "resources": resources})
+                ref = str(templated.get(f"{claim.claim_namespace}/{claim.claim_name}", ""))
+                refs[claim.claim_name] = ref or claim.claim_name
+                entries.append({"name": f"claim:{refs[claim.claim_name]}", "resources": resources})
             if entries:
                 status["allocatedResourcesStatus"] = entries
             statuses.append(status)
@@ -174,8 +186,22 @@ class DraPart:
             "spec": {
                 "nodeName": self.scenario.node,
                 "containers": [{"name": c.name, "image": "sim"} for c in pod.containers],
+                "resourceClaims": [
+                    {"name": ref, "resourceClaimTemplateName": ref}
+                    if ref != claim
+                    else {"name": ref, "resourceClaimName": claim}
+                    for claim, ref in refs.items()
+                ],
             },
-            "status": {"phase": "Running", "containerStatuses": statuses},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": statuses,
+                "resourceClaimStatuses": [
+                    {"name": ref, "resourceClaimName": claim}
+                    for claim, ref in refs.items()
+                    if ref != claim
+                ],
+            },
         }
 
 

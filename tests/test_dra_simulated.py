@@ -89,8 +89,8 @@ def test_each_claim_joins_its_device_through_the_slices(prom: PrometheusServer) 
 def test_share_id_device_has_two_holders_and_no_copied_labels(prom: PrometheusServer) -> None:
     held = prom.query(f'hw_allocation_info{{hw_id="{GPU2}"}}')
     assert _by(held, "k8s_pod_name", "hw_allocation_replica", "hw_allocation_shared") == {
-        ("infer-a", "6f1c0d52-share-a", "true"): 1.0,
-        ("infer-b", "8d2e4b17-share-b", "true"): 1.0,
+        ("infer-a", "6f1c0d52-4b1e-4a5c-9d3e-0a1b2c3d4e5f", "true"): 1.0,
+        ("infer-b", "8d2e4b17-2c6f-4e8a-b1d0-5f6e7d8c9b0a", "true"): 1.0,
     }
     util = prom.query(f'hw_gpu_utilization_ratio{{hw_id="{GPU2}", hw_gpu_task="general"}}')
     assert len(util) == 1 and "k8s_pod_name" not in util[0]["metric"]
@@ -105,7 +105,7 @@ def test_unhealthy_claim_makes_its_alert_pending(prom: PrometheusServer) -> None
     assert (metric["k8s_pod_name"], metric["hw_id"], metric["hw_allocation_claim"]) == (
         "transcode-0",
         INTEL,
-        "transcode-0-gpu",
+        "transcode-0-gpu-q9d4m",
     )
 
 

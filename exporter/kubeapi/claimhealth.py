@@ -7,6 +7,14 @@ the pod's status: `status.containerStatuses[].allocatedResourcesStatus` =
 (control-plane.md, DRA item 5; `UpdateAllocatedResourcesStatus` in the kubelet's
 pkg/kubelet/cm/dra/manager.go). PodResources does not carry it.
 
+The entry names the pod's own reference to the claim (`spec.resourceClaims[].name`, e.g.
+`claim:gpu`), not the ResourceClaim, whose name PodResources carries: a claim made from a
+template is `<pod>-<reference>-<5 random characters>` (seen on the real 1.36 cluster,
+tests/test_real_cluster_dra_driver.py: `claim:gpu` in the status, `trainer-gpu-9dfhr` in
+List). The reference is turned into the ResourceClaim's name through the pod's
+`status.resourceClaimStatuses` (template claims) and `spec.resourceClaims[].resourceClaimName`
+(claims made beforehand), so both series name the same claim.
+
 With `--kubernetes.dra` the pod watch asks for whole pods instead of their metadata
 (client.py `KubeApi.full_pods`), and each pod's entries are parsed here on arrival: a health
 change reaches the exporter with the watch event (about a second), at no request of its own.
@@ -22,15 +30,36 @@ from typing import Any
 class ClaimHealth:
     container: str
     claim: str
-    """The status entry's name less `claim:` (`<claim>` or `<claim>/<request>`)."""
+    """The ResourceClaim's name (`<claim>` or `<claim>/<request>`): the status entry's name
+    less `claim:`, its pod's reference turned into the claim it names."""
     resource_id: str
     health: str
     message: str = ""
 
 
+def claim_names(obj: dict[str, Any]) -> dict[str, str]:
+    """A pod's claim references -> the ResourceClaims they name (those known so far)."""
+    names = {}
+    for ref in (obj.get("spec") or {}).get("resourceClaims") or ():
+        if ref.get("resourceClaimName"):
+            names[str(ref.get("name", ""))] = str(ref["resourceClaimName"])
+    for ref in (obj.get("status") or {}).get("resourceClaimStatuses") or ():
+        if ref.get("resourceClaimName"):
+            names[str(ref.get("name", ""))] = str(ref["resourceClaimName"])
+    return names
+
+
+def _claim(entry: str, names: dict[str, str]) -> str:
+    """`<reference>[/<request>]` -> `<claim>[/<request>]`; a reference the pod does not
+    resolve (yet) stays as it is."""
+    ref, slash, request = entry.partition("/")
+    return names.get(ref, ref) + slash + request
+
+
 def parse_pod_health(obj: dict[str, Any]) -> tuple[ClaimHealth, ...]:
     """The claim entries of a pod's `allocatedResourcesStatus`; () for a metadata-only pod."""
     status = obj.get("status") or {}
+    names = claim_names(obj)
     out = []
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or ():
@@ -42,7 +71,7 @@ def parse_pod_health(obj: dict[str, Any]) -> tuple[ClaimHealth, ...]:
                     out.append(
                         ClaimHealth(
                             str(cs.get("name", "")),
-                            name.removeprefix("claim:"),
+                            _claim(name.removeprefix("claim:"), names),
                             str(res.get("resourceID", "")),
                             str(res.get("health", "Unknown")),
                             str(res.get("message", "") or ""),

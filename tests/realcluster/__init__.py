@@ -10,5 +10,7 @@ certificates with openssl; daemons.py starts and stops processes by PID; control
 brings the four components up in order and tears them down; api.py is a small REST client
 for the tests; rbac.py renders the kit's and the chart's identity and asks the authorizer;
 node.py joins a real 1.36 kubelet (tests/realnode's containerd, images and device plugin)
-to the cluster; exporter.py runs the exporter and reads its series.
+to the cluster; dradriver.py is a DRA driver of the tests' own (plugin registration,
+`dra/v1`, `dra-health/v1alpha1`, its ResourceSlice) for that kubelet;
+exporter.py runs the exporter and reads its series.
 """

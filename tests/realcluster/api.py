@@ -30,6 +30,9 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "CronJob": ("batch/v1", "cronjobs", True),
     "RuntimeClass": ("node.k8s.io/v1", "runtimeclasses", False),
     "ResourceSlice": ("resource.k8s.io/v1", "resourceslices", False),
+    "DeviceClass": ("resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceClaim": ("resource.k8s.io/v1", "resourceclaims", True),
+    "ResourceClaimTemplate": ("resource.k8s.io/v1", "resourceclaimtemplates", True),
 }
 """kind -> (apiVersion, resource, namespaced)."""
 

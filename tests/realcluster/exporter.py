@@ -85,16 +85,17 @@ class Metrics:
 
 @contextlib.contextmanager
 def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
-            *flags: str) -> Iterator[Metrics]:  # fmt: skip
+            *flags: str, env: dict[str, str] | None = None) -> Iterator[Metrics]:  # fmt: skip
     """The exporter as the DaemonSet runs it, on the real kubelet's PodResources socket, with
-    an empty sysfs (this machine's devices are not the test's) and no NVML (absent here)."""
+    an empty sysfs (this machine's devices are not the test's) and no NVML (absent here)
+    unless `env` loads the NVML stand-in (tests/realnode/nvml.py)."""
     sysfs = workdir / "sysfs-empty"
     (sysfs / "class").mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "exporter", "--kubelet-socket", str(socket),
             "--node-name", node, "--path.sysfs", str(sysfs),
             "--collector.netdev.vf-netlink", "false", "--collect-interval", "1s",
             "--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
-    with _running(workdir, "exporter-node", argv, {}) as metrics:
+    with _running(workdir, "exporter-node", argv, env or {}) as metrics:
         yield metrics
 
 
