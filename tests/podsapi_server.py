@@ -4,7 +4,7 @@ socket, in the test's event loop.
 What it copies, and from where:
 - the stream: an ADDED event per pod it holds, then INITIAL_SYNC_COMPLETE with no pod, then
   ADDED/MODIFIED/DELETED as pods change (proto/podsapi/v1alpha1/api.proto, the kubelet's own
-  comment on WatchPods and on WatchPodsEvent.pod; /work/shared/reference/control-plane.md item 5);
+  comment on WatchPods and on WatchPodsEvent.pod; observed on the real 1.36 kubelet: tests/test_real_cluster_podsapi.py, docs/kubernetes-api.md);
 - pods are `v1.Pod#Marshal()` bytes; it writes only the metadata fields of
   proto/podsapi/corev1 (the real kubelet's pods carry spec and status too: the real-cluster
   test, tests/test_real_cluster_podsapi.py, decodes those);
