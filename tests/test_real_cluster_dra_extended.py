@@ -3,6 +3,14 @@ on the real 1.36 cluster: a DeviceClass with `spec.extendedResourceName`, a pod 
 that name in `resources.limits` with no claim of its own, the real scheduler making the
 special claim, the tests' own DRA driver (tests/realcluster/dradriver.py) preparing it.
 
+What it answered (docs/dra.md): the pod's `status.extendedResourceClaimStatus` names the
+claim (`<pod>-extended-resources-xxxxx`) and maps each container to `example.com/gpu` and its
+request; PodResources List and Get carry the claim in `dynamic_resources` of every mapped
+container, each with all of the claim's devices, and nothing names the resource; the kubelet
+writes no `allocatedResourcesStatus` for it. The exporter names those allocations by the
+resource, joined to the NVML stand-in through the slice's `uuid`; an ordinary claim of the
+same DeviceClass keeps the driver.
+
 Tier: real cluster (the session's control plane and 1.36 kubelet).
 """
 
