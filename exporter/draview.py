@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exporter.dra import (
@@ -60,6 +61,32 @@ class DraView:
         if self._identity is None or self.slices is None:
             return None
         return numa_nodes(self._identity[1].slices)
+
+    def extended(self, allocations: Sequence[Allocation]) -> list[Allocation]:
+        """DRA allocations of a claim the scheduler made for an extended resource (KEP-5004)
+        named by that resource, as a device-plugin pod's are: `hw_allocation_resource` is
+        what the container asked for (`example.com/gpu`), from the pod's
+        `extendedResourceClaimStatus` (exporter/kubeapi/extended.py); kind, claim, pool and
+        device stay the DRA ones. A container holding two such resources through one claim
+        keeps the driver: PodResources names no request, so which device serves which
+        resource is not known here."""
+        if self.pods is None:
+            return list(allocations)
+        pods = {(p.namespace, p.name): p.extended for p in list(self.pods.pods.values())}
+        out = []
+        for a in allocations:
+            claims = pods.get((a.holder.namespace, a.holder.pod), ())
+            if a.kind is AllocationKind.DRA and claims:
+                claim = a.claim.partition("/")[2]
+                names = {
+                    c.resource
+                    for c in claims
+                    if (c.claim, c.container) == (claim, a.holder.container)
+                }
+                if len(names) == 1:
+                    a = replace(a, resource_name=names.pop())
+            out.append(a)
+        return out
 
     def observe(self, allocations: Sequence[Allocation]) -> None:
         """After the join: what containers hold, and which DRA devices stayed unjoined

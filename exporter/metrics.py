@@ -255,7 +255,8 @@ ATTRIBUTES: dict[str, str] = {
     # allocation series
     "hw.allocation.kind": "`device_plugin` or `dra`.",
     "hw.allocation.resource": "Extended resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`"
-    ", `rdma/hca_shared_devices_a`...); the DRA driver for claims.",
+    ", `rdma/hca_shared_devices_a`...); the DRA driver for claims, the extended resource for "
+    "a claim the scheduler made for one (KEP-5004).",
     "hw.allocation.device_id": "The device ID exactly as the kubelet reported it.",
     "hw.allocation.replica": "Replica of a shared device (`::N` time-slicing/MPS, GKE `vgpuN`).",
     "hw.allocation.shared": "`true` when the device is shared between containers.",

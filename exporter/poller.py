@@ -173,6 +173,7 @@ class Poller:
         healths = [health for _, health in results]
         joined = self._join([r for r, _ in results if r is not None], state, cpu_nodes)
         if self.dra is not None:
+            joined = replace(joined, allocations=tuple(self.dra.extended(joined.allocations)))
             self.dra.observe(joined.allocations)
         self._resources.update(
             (d.reading.device.id, d.resource) for d in joined.devices if d.resource

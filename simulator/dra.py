@@ -15,7 +15,20 @@ dra:
     - {pod: NS/NAME, device: DRIVER/POOL/DEVICE, health: Unhealthy, message: ..., start: 5}
   templated:                    # claims made from a ResourceClaimTemplate: NS/CLAIM -> the
     ml-team/trainer-0-gpu-7xk2p: gpu  # pod's reference to it (spec.resourceClaims[].name)
+  extended:                     # claims the scheduler made for an extended resource a
+    ml-team/ext-0-extended-resources-4x7kq: example.com/gpu  # DeviceClass serves (KEP-5004)
 ```
+
+An `extended` claim is what the real 1.36 cluster made for a pod asking for
+`example.com/gpu` in its limits (tests/test_real_cluster_dra_extended.py, docs/dra.md): the
+pod names no claim (`spec.resourceClaims` empty), its status says
+`extendedResourceClaimStatus: {resourceClaimName: <claim>, requestMappings: [{containerName,
+resourceName, requestName: container-<i>-request-0}]}` for each container holding it (the
+scenario lists the whole claim under each, as the kubelet's List does,
+`GetContainerClaimInfos` in pkg/kubelet/cm/dra/manager.go), the container asks for as many
+of the resource as the claim lists devices, and no `allocatedResourcesStatus` entry is
+written for it (`UpdateAllocatedResourcesStatus` skips containers with no
+`resources.claims`; seen on the real cluster too).
 
 Every container holding a claim gets `allocatedResourcesStatus` entries named
 `claim:<reference>`, the pod's own name for the claim, not the ResourceClaim's (the real 1.36
@@ -148,12 +161,25 @@ class DraPart:
         pod = timed.pod
         health = [h for h in self.doc.get("health") or () if _active(h, t)]
         templated = self.doc.get("templated") or {}
+        extended = self.doc.get("extended") or {}
         refs: dict[str, str] = {}  # claim -> the pod's reference to it
         statuses = []
-        for c in pod.containers:
+        containers: list[dict[str, Any]] = []
+        mappings: list[dict[str, str]] = []
+        extended_claim = ""
+        for index, c in enumerate(pod.containers):
             status: dict[str, Any] = {"name": c.name, "ready": True, "restartCount": 0}
+            containers.append({"name": c.name, "image": "sim"})
             entries = []
             for claim in c.dynamic_resources:
+                resource = str(extended.get(f"{claim.claim_namespace}/{claim.claim_name}", ""))
+                if resource:
+                    extended_claim = claim.claim_name
+                    count = str(len(claim.claim_resources))
+                    containers[-1]["resources"] = {"limits": {resource: count}}
+                    mappings.append({"containerName": c.name, "resourceName": resource,
+                                     "requestName": f"container-{index}-request-0"})  # fmt: skip
+                    continue
                 resources = []
                 for r in claim.claim_resources:
                     rid = f"{r.driver_name}/{r.pool_name}/{r.device_name}"
@@ -174,7 +200,7 @@ class DraPart:
             if entries:
                 status["allocatedResourcesStatus"] = entries
             statuses.append(status)
-        return {
+        obj: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -185,7 +211,7 @@ class DraPart:
             },
             "spec": {
                 "nodeName": self.scenario.node,
-                "containers": [{"name": c.name, "image": "sim"} for c in pod.containers],
+                "containers": containers,
                 "resourceClaims": [
                     {"name": ref, "resourceClaimTemplateName": ref}
                     if ref != claim
@@ -203,6 +229,12 @@ class DraPart:
                 ],
             },
         }
+        if extended_claim:
+            obj["status"]["extendedResourceClaimStatus"] = {
+                "requestMappings": mappings,
+                "resourceClaimName": extended_claim,
+            }
+        return obj
 
 
 def make_part(scenario: Scenario, workdir: Path) -> DraPart:

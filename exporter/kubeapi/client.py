@@ -31,6 +31,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
 from exporter.kubeapi.claimhealth import ClaimHealth, parse_pod_health
+from exporter.kubeapi.extended import ExtendedClaim, parse_extended
 
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -69,6 +70,8 @@ class PodMeta:
     """The controlling owner reference (`controller: true`), if any."""
     health: tuple[ClaimHealth, ...] = ()
     """Its claims' `allocatedResourcesStatus`, when whole pods are read (`full_pods`)."""
+    extended: tuple[ExtendedClaim, ...] = ()
+    """Its `extendedResourceClaimStatus` (KEP-5004), when whole pods are read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ def pod_meta(obj: dict[str, Any]) -> PodMeta:
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         owner=controller_of(meta),
         health=parse_pod_health(obj),
+        extended=parse_extended(obj),
     )
 
 
