@@ -45,6 +45,18 @@ class NotConfigured(Exception):
     """No usable kubeconfig or in-cluster configuration (only an operator fixes that)."""
 
 
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    httpx.HTTPError,
+    OSError,
+    ValueError,
+    KeyError,
+    TimeoutError,
+    NotConfigured,
+)
+"""What a watch catches as "the API server is unavailable for now": transport errors, a
+body that does not parse, no configuration yet; retried with back-off, never fatal."""
+
+
 class ApiError(Exception):
     """An answer the API server gave: an HTTP status or a watch ERROR event's Status."""
 

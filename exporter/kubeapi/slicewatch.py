@@ -27,10 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx2 as httpx
-
 from exporter.backoff import Backoff
-from exporter.kubeapi.client import ApiError, KubeApi, NotConfigured, describe
+from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi, describe
 from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.log import StateLog
 
@@ -130,14 +128,7 @@ class SliceWatcher:
                 )
                 wait = retry.failure()
                 await _sleep(stop, (self.denied_backoff if denied else wait) * self._jitter())
-            except (
-                httpx.HTTPError,
-                OSError,
-                ValueError,
-                KeyError,
-                TimeoutError,
-                NotConfigured,
-            ) as exc:
+            except UNAVAILABLE as exc:
                 self.up = False
                 self._states.failed(
                     f"slices/{type(exc).__name__}",
@@ -236,14 +227,7 @@ class SliceWatcher:
                     message = f"cannot list DeviceTaintRules ({exc})"
                     self._states.failed(f"rules/{exc.code}", message)
                     wait = self.denied_backoff if exc.code in (401, 403) else wait
-            except (
-                httpx.HTTPError,
-                OSError,
-                ValueError,
-                KeyError,
-                TimeoutError,
-                NotConfigured,
-            ) as exc:
+            except UNAVAILABLE as exc:
                 self._states.failed(
                     f"rules/{type(exc).__name__}", f"DeviceTaintRules unavailable ({describe(exc)})"
                 )

@@ -32,6 +32,7 @@ import httpx2 as httpx
 from exporter.backoff import Backoff
 from exporter.kubeapi.client import (
     OWNER_RESOURCES,
+    UNAVAILABLE,
     ApiError,
     KubeApi,
     NotConfigured,
@@ -191,14 +192,7 @@ class PodWatcher:
             except ShortWatch as exc:
                 log.debug("%s", exc)
                 await _sleep(stop, self._delay(retry, denied=False))
-            except (
-                httpx.HTTPError,
-                OSError,
-                ValueError,
-                KeyError,
-                TimeoutError,
-                NotConfigured,
-            ) as exc:
+            except UNAVAILABLE as exc:
                 self._up = False
                 denied = isinstance(exc, NotConfigured)  # only an operator fixes that
                 self._states.failed(
