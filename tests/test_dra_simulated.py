@@ -65,6 +65,9 @@ def test_free_devices_before_the_taint(prom: PrometheusServer) -> None:
     assert _by(result, "hw_allocation_resource", "hw_dra_kind") == expected
 
 
+INTEL_RATE_SLACK = 0.01
+
+
 @pytest.mark.peer
 def test_each_claim_joins_its_device_through_the_slices(prom: PrometheusServer) -> None:
     query = (
@@ -78,8 +81,18 @@ def test_each_claim_joins_its_device_through_the_slices(prom: PrometheusServer) 
         ("transcode-0", "0000-4d-00-0-0x56c0", INTEL): 0.64,
     }
     labels = ("k8s_pod_name", "hw_allocation_device_id", "hw_id")
-    result = prom.wait_for(query, lambda r: _by(r, *labels) == expected, timeout=20)
-    assert _by(result, *labels) == expected
+
+    def joined(r: list[dict[str, Any]]) -> bool:
+        return _by(r, *labels) == pytest.approx(expected, abs=INTEL_RATE_SLACK)
+
+    result = prom.wait_for(query, joined, timeout=20)
+    # NVML and amdgpu report the scenario's utilization as it is; Intel's is a rate of the
+    # engines' busy counters between two reads, which a loaded machine's read timing moves
+    # by a little (0.6366 for 0.64 seen under load)
+    assert _by(result, *labels) == pytest.approx(expected, abs=INTEL_RATE_SLACK)
+    assert {k: v for k, v in _by(result, *labels).items() if k[2] != INTEL} == {
+        k: v for k, v in expected.items() if k[2] != INTEL
+    }
     assert _by(prom.query("kube_device_exporter_dra_unidentified"), "k8s_node_name") == {
         ("dra-node-1",): 0.0
     }
