@@ -42,6 +42,7 @@ from bench import (
     podresources,
     scrape,
     startup,
+    threads,
 )
 from bench.procs import ExporterProcess, NodeProcess
 from bench.report import Results, fleet_section, write
@@ -119,9 +120,21 @@ def run_all(args: argparse.Namespace) -> Results:
             )
             print(f"wake-ups: {results.wakeups}", flush=True)
             results.floor = asyncio.run(
-                cost.floor_ratios("dense", work / "floor", warmup=args.warmup, window=args.window)
+                cost.floor_ratios(
+                    "dense", work / "floor", warmup=args.warmup, window=max(args.window, 90.0)
+                )
             )
             print(f"floor: {results.floor}", flush=True)
+            results.threads = asyncio.run(
+                threads.measure(
+                    "dense",
+                    work / "threads",
+                    interval="1s",
+                    warmup=args.warmup,
+                    window=args.window,
+                )
+            )
+            print(threads.table(results.threads), flush=True)
             results.grpc_idle = grpc_idle.measure((1.0, 10.0), args.grpc_idle_window)
             print(f"grpc idle: {results.grpc_idle}", flush=True)
         results.startup = startup.measure()
@@ -162,6 +175,27 @@ def run_all(args: argparse.Namespace) -> Results:
     return results
 
 
+def _floor_only(argv: list[str]) -> int:
+    """`python -m bench floor-ratios [--window S]`: only the exporter-against-floor rows (on
+    a GPU node's CPU, say), printed, not written to the docs."""
+    parser = argparse.ArgumentParser(prog="python -m bench floor-ratios")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--window", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kde-floor-") as tmp:
+        rows = asyncio.run(
+            cost.floor_ratios("dense", Path(tmp), warmup=args.warmup, window=args.window)
+        )
+    print("| interval | exporter | floor | ratio | a process that only wakes |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r.interval} | {r.exporter_share:.3%} | {r.floor_share:.3%} | {r.ratio:.2f}x "
+            f"| {r.wake_share:.3%} |"
+        )
+    return 0
+
+
 def _fleet_only(argv: list[str]) -> int:
     """Measure the fleet alone and rewrite only its Prometheus part of the report."""
     parser = argparse.ArgumentParser(prog="python -m bench fleet")
@@ -194,6 +228,10 @@ def main(argv: list[str]) -> int:
         return startup.main(argv[1:])
     if argv[:1] == ["floor"]:
         return floor.main(argv[1:])
+    if argv[:1] == ["threads"]:
+        return threads.main(argv[1:])
+    if argv[:1] == ["floor-ratios"]:
+        return _floor_only(argv[1:])
     if argv[:1] == ["grpc-idle"]:
         return grpc_idle.main(argv[1:])
     if argv[:1] == ["scrape"]:

@@ -185,6 +185,9 @@ class FloorRatio:
     interval: str
     exporter_share: float
     floor_share: float
+    wake_share: float = 0.0
+    """A process that only wakes every interval (bench/floor.py `wake`): the machine's
+    own price of waking, which neither the exporter nor the floor can go below."""
 
     @property
     def ratio(self) -> float:
@@ -215,6 +218,10 @@ async def floor_ratios(
                 seconds = interval.removesuffix("s")
                 argv = [sys.executable, "-m", "bench", "floor", seconds, socket, str(body)]
                 floors.append(Process([*argv, str(port)], node.env))
+            for interval in FLOOR_INTERVALS:
+                seconds = interval.removesuffix("s")
+                wake = [sys.executable, "-m", "bench", "floor", "wake", seconds]
+                floors.append(Process(wake, node.env))
             for f in floors:
                 assert f.proc.stdout is not None
                 if f.proc.stdout.readline().strip() != "ready":
@@ -238,4 +245,7 @@ async def floor_ratios(
             e.stop()
         node.stop()
     n = len(FLOOR_INTERVALS)
-    return [FloorRatio(i, shares[k], shares[n + k]) for k, i in enumerate(FLOOR_INTERVALS)]
+    return [
+        FloorRatio(i, shares[k], shares[n + k], shares[2 * n + k])
+        for k, i in enumerate(FLOOR_INTERVALS)
+    ]

@@ -9,12 +9,19 @@ scraped) from a bare aiohttp handler. It is scraped as the exporter is. Its CPU 
 same work costs with nothing of ours in it.
 
     python -m bench floor INTERVAL SOCKET BODY PORT    (the node's NVML environment set)
+    python -m bench floor wake INTERVAL
+
+The second does nothing but wake every INTERVAL seconds (an asyncio sleep): what the
+machine charges a process for waking at all. On a VM whose vCPUs halt when idle that is
+not small (the 2-CPU VM of docs/performance.md: about 0.3-0.6 % of a core at 1 s), and no
+exporter that collects every second can cost less.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import logging
 import sys
 import threading
@@ -91,7 +98,16 @@ async def _serve(interval: float, socket: str, body: bytes, port: int) -> None:
         await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
 
+async def _wake(interval: float) -> None:
+    print("ready", flush=True)
+    for _ in itertools.count():  # until killed: the waking is the point
+        await asyncio.sleep(interval)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["wake"]:
+        asyncio.run(_wake(float(argv[1])))
+        return 0
     interval, socket, body, port = float(argv[0]), argv[1], Path(argv[2]), int(argv[3])
     asyncio.run(_serve(interval, socket, body.read_bytes(), port))
     return 0

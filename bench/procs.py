@@ -37,22 +37,24 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of a process, all its threads: the sum of each thread's time on a CPU in
-    nanoseconds (/proc/PID/task/*/schedstat), where the kernel keeps it; else user +
-    system from /proc/PID/stat, in 10 ms ticks (0.03 % of a core over a 30 s window: the
-    size of the differences measured here). Only live threads count in the first: the
-    exporter's threads live as long as it does (a source's worker, the executor's, gRPC's)."""
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                total += int((task / "schedstat").read_text().split()[0])
-    except (FileNotFoundError, ValueError, IndexError):
-        total = 0
-    if total:
-        return total / 1e9
+    """CPU time of a process: user + system of every thread it ran, the threads that ended
+    included (/proc/PID/stat, in 10 ms ticks: 0.03 % of a core over a 60 s window). Not the
+    sum of the live threads' /proc/PID/task/*/schedstat, though that counts nanoseconds:
+    threads end while the exporter runs (gRPC's, after each kubelet poll: the channel is
+    closed between polls, exporter/podresources/schedule.py), and their CPU would be lost."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
+    """(TID, name as the kernel shows it) -> CPU seconds on a CPU so far, of each live
+    thread (/proc/PID/task/*/schedstat, nanoseconds)."""
+    out: dict[tuple[int, str], float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):  # just ended
+            ns = int((task / "schedstat").read_text().split()[0])
+            out[(int(task.name), (task / "comm").read_text().strip())] = ns / 1e9
+    return out
 
 
 def threads_and_switches(pid: int) -> tuple[int, int]:

@@ -12,6 +12,8 @@ from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
 from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, Latency, table
 from bench.startup import IMPORT, Startup
+from bench.threads import Threads
+from bench.threads import table as threads_table
 
 MIB = 2**20
 BUDGET_SHARE = 0.01
@@ -42,6 +44,8 @@ class Results:
     startup: Startup | None = None
     grpc_idle: list[dict[str, float]] = field(default_factory=list)
     """bench/grpc_idle.py: a channel kept open vs closed between `List` calls."""
+    threads: Threads | None = None
+    """bench/threads.py: dense at 1 s, CPU per cycle thread by thread."""
 
 
 def _cost(results: Results, scenario: str, interval: str) -> Cost:
@@ -189,7 +193,20 @@ def _wakeups(r: Results) -> list[str]:
         "poller: 6 on 2 CPUs, up to 16 event-engine threads on a big node) live only\n"
         "during a poll: the channel is closed after each.\n\n"
     )
-    return [*out, *_grpc_idle(r), *_floor(r)]
+    return [*out, *_threads(r), *_grpc_idle(r), *_floor(r)]
+
+
+def _threads(r: Results) -> list[str]:
+    if r.threads is None:
+        return []
+    return [
+        f"Where a {r.threads.interval} cycle's CPU goes, thread by thread (`python -m bench "
+        "threads`: one exporter\non `dense`, scraped every 15 s; each live thread's time on a "
+        "CPU under the name the\nkernel shows, the threads that ended in the window as the "
+        "rest of the process's CPU):\n\n",
+        threads_table(r.threads),
+        "\n",
+    ]
 
 
 def _grpc_idle(r: Results) -> list[str]:
@@ -221,12 +238,16 @@ def _floor(r: Results) -> list[str]:
         "ctypes with nothing around them, and a static aiohttp handler serving a gzipped\n"
         "/metrics body of the same size. Exporter and floor side by side on one `dense`\n"
         "node, scraped every 15 s. (The exporter asks the kubelet every 5 s, the floor every\n"
-        "cycle: that difference is part of what the exporter saves.)\n\n",
-        "| interval | exporter, share of a core | floor | ratio | |\n|---|---|---|---|---|\n",
+        "cycle: that difference is part of what the exporter saves.) The last column is a\n"
+        "process that does nothing but wake once per interval (`bench/floor.py` `wake`),\n"
+        "in the same run: what this machine charges for waking at all, below which neither\n"
+        "can go.\n\n",
+        "| interval | exporter, share of a core | floor | ratio | | a process that only wakes |\n",
+        "|---|---|---|---|---|---|\n",
     ]
     out += [
         f"| {f.interval} | {f.exporter_share:.2%} | {f.floor_share:.2%} | {f.ratio:.2f}x | "
-        f"{_verdict(f.ratio <= 2.0)} |\n"
+        f"{_verdict(f.ratio <= 2.0)} | {f.wake_share:.2%} |\n"
         for f in r.floor
     ]
     return [*out, "\n"]

@@ -9,18 +9,51 @@ as long as the source and runs its calls one at a time (starting a thread per ca
 more CPU per cycle than a small source's whole collect). The poller never queues a call
 behind a stuck one (it skips a source whose last call is still running), so a worker
 stuck in a driver call strands nothing but that call.
+
+Every thread here carries its name into the kernel too (`/proc/PID/task/TID/comm`), so
+`top -H`, `ps -L` and the benchmark's per-thread table (`python -m bench threads`) say
+which part of the exporter a thread's CPU belongs to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+_PR_SET_NAME = 15
+"""prctl(2): set the calling thread's name (16 bytes with the NUL)."""
+
+
+def _prctl() -> Any:
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+class Thread(threading.Thread):
+    """A daemon thread whose name the kernel shows (cut to its 15 bytes)."""
+
+    def __init__(self, target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()) -> None:
+        super().__init__(target=target, args=args, name=name, daemon=True)
+
+    def run(self) -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_NAME, self.name.encode()[:15], 0, 0, 0)
+        super().run()
 
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -56,9 +89,7 @@ def in_daemon_thread(fn: Callable[[], T], name: str = "blocking-call") -> asynci
     """Run `fn()` in a new daemon thread; the future resolves on the calling loop."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-    threading.Thread(
-        target=_run_and_settle, args=(fn, loop, future), name=name, daemon=True
-    ).start()
+    Thread(_run_and_settle, name, (fn, loop, future)).start()
     return future
 
 
@@ -75,7 +106,7 @@ class DaemonWorker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._thread = Thread(self._serve, self.name)
             self._thread.start()
         self._jobs.put((fn, loop, future))
         return future
@@ -120,7 +151,7 @@ class BoundedWorker:
             self._jobs.put((fn, future))
             if not self._thread:
                 self._thread = True
-                threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+                Thread(self._serve, self.name).start()
         return future
 
     def call(self, fn: Callable[[], T], timeout: float) -> T:
@@ -178,7 +209,7 @@ class DaemonExecutor(ThreadPoolExecutor):
                 if self._started < self.max_workers:
                     self._started += 1
                     name = f"{self.name}-{self._started}"
-                    threading.Thread(target=self._serve, name=name, daemon=True).start()
+                    Thread(self._serve, name).start()
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -13,6 +13,7 @@ import pynvml
 
 from exporter.sources.nvml.calls import Calls, DriverGone
 from exporter.sources.nvml.discovery import Gpu
+from exporter.threads import Thread
 
 NO_INSTANCE = 0xFFFFFFFF
 
@@ -91,7 +92,7 @@ class XidWatcher:
         except DriverGone:
             self._free()
             raise
-        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        self._thread = Thread(self._run, "nvml-xid-events")
         self._thread.start()
 
     def _register(self, gpu: Gpu, calls: Calls) -> None:
