@@ -8,9 +8,10 @@
 #  5. with FLOOR=1 (the stand-in built: make fakenvml): on the simulated `dense` node, the
 #     exporter against the floor of the same work at 1 s and 30 s, and the per-thread table,
 #     on this machine's CPU (a GPU node's CPU, not the 2-core VM of make bench).
-# Writes under $OUT (default ./bench-out). Deps installed or on PYTHONPATH.
+# Writes $OUT/gpu-node.md (bench/gpu_node.py: copy it to docs/) and $OUT/raw.tgz, the files
+# it was made from (default OUT: ./bench-out). Deps installed or on PYTHONPATH.
 set -u
-OUT=${OUT:-bench-out}; mkdir -p "$OUT"
+FINAL=${OUT:-bench-out}; OUT=$FINAL/raw; mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 step() { echo "== $(date +%T) $*"; }
@@ -67,4 +68,6 @@ if [ -n "${FLOOR:-}" ]; then
   timeout 150 $PY -m bench threads --window 45 > "$OUT/threads.md" 2>&1
   cat "$OUT/threads.md"
 fi
+$PY -m bench.gpu_node "$OUT" "$(date -u +%F)" > "$FINAL/gpu-node.md"
+tar czf "$FINAL/raw.tgz" -C "$FINAL" raw && rm -r "$OUT"
 step done
