@@ -439,7 +439,8 @@ def _gpm(r: Results) -> list[str]:
         "nvmlGpmMetricsGet (12 metrics) per device, GPUs and MIG slices alike; the cycle it\n"
         "falls in pays for all devices. The H100 columns apply the per-call costs measured on a\n"
         "real H100 (nvmlGpmSampleGet 0.04 ms, nvmlGpmMetricsGet 1.5 ms for 5 metrics; issue 28,\n"
-        "docs/nvml.md) to the calls counted here; no H100 was at hand for this run.\n\n",
+        "docs/nvml.md) to the calls counted here; an H200 answers the 12 metrics in the same\n"
+        "time as 5 (docs/gpu-node.md).\n\n",
         r.gpm.split("\n", 1)[-1].strip() + "\n",
     ]
 
