@@ -265,6 +265,8 @@ SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
              "otlp", ()),
     "Kubernetes API": ({"kubernetesApi": {"enabled": True}}, "kube-prometheus-stack",
                        ("kubernetes-api",)),
+    "Pods API": ({"kubernetesApi": {"enabled": True, "podsApi": True}},
+                 "kube-prometheus-stack", ("kubernetes-api", "pods-api")),
     "Kubernetes Events": ({"kubernetesEvents": {"enabled": True}}, "kube-prometheus-stack",
                           ("kubernetes-events",)),
     "hostPID": ({"hostPID": True}, "kube-prometheus-stack", ("host-pid",)),
@@ -290,7 +292,7 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
     env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
     assert env.get("KDE_METRICS_SCHEMA") == ("native,dcgm" if choice == "dcgm schema" else None)
     rbac = ("ClusterRole", "ClusterRoleBinding")
-    if choice in ("Kubernetes API", "Kubernetes Events"):
+    if choice in ("Kubernetes API", "Pods API", "Kubernetes Events"):
         assert _one(ours, "ClusterRole")["rules"] == _one(theirs, "ClusterRole")["rules"]
         binding = [_one(x, "ClusterRoleBinding") for x in (ours, theirs)]
         assert binding[0]["subjects"] == binding[1]["subjects"]
