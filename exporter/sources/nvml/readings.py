@@ -317,10 +317,11 @@ class Reader:
         process on a device whose list was empty shows within `slow-interval`."""
         memory: dict[int, float | None] = {}
         # Before a device's first read, every list is read.
-        used = self._lists_used.get(device_id, {f.__name__ for f in PROCESS_LISTS})
+        used = self._lists_used.get(device_id)
         listed: set[str] = set()
         for fn in PROCESS_LISTS:
-            if fn is not PROCESS_LISTS[0] and not slow and fn.__name__ not in used:
+            skip = not slow and used is not None and fn.__name__ not in used
+            if skip and fn is not PROCESS_LISTS[0]:
                 continue
             for proc in self.calls.get(fn, handle, handle=True) or []:
                 pid = int(proc.pid)
@@ -334,6 +335,8 @@ class Reader:
             if gpu.slow_now or gpu.device.id not in self._busy:
                 self._busy[gpu.device.id] = self.process_utilization(gpu)
             busy = self._busy[gpu.device.id]
+        if not memory and not busy:
+            return []
         found = []
         for pid in sorted(memory.keys() | (busy or {}).keys()):
             # When the driver returned samples, a listed process without one was idle in
