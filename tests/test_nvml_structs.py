@@ -25,6 +25,8 @@ ANSWERS = (
     (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 65535),
     (99, "ullVal", 123456789),  # a type this binding does not know: read as unsigned 64-bit
 )
+SUCCESS: int = pynvml.NVML_SUCCESS
+GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 REQUEST = tuple((100 + i, i % 3) for i in range(len(ANSWERS) + 1))
 """One field per answer, and a last one the driver does not support."""
 
@@ -48,7 +50,7 @@ class _Driver:
         values[-1].value.ullVal = 42  # what a field in error holds is never read
         for v in values:
             v.fieldId, v.scopeId = 0, 0
-        return pynvml.NVML_SUCCESS
+        return SUCCESS
 
 
 def test_every_value_type_reads_as_the_binding_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +67,7 @@ def test_every_value_type_reads_as_the_binding_holds_it(monkeypatch: pytest.Monk
 
 def test_a_failed_call_raises_the_bindings_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def lost(*_: Any) -> int:
-        return pynvml.NVML_ERROR_GPU_IS_LOST
+        return GPU_IS_LOST
 
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lambda name: lost)
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
