@@ -106,4 +106,9 @@ def registry() -> dict[str, SourceInfo]:
 def add(samples: list[Sample], metric: str, value: float | None, *attrs: tuple[str, str]) -> None:
     """Append a sample when the value is known: None means "no series", never 0."""
     if value is not None:
-        samples.append(Sample(metric, float(value), tuple(attrs)))
+        samples.append(_new(Sample, (metric, float(value), attrs)))
+
+
+_new = tuple.__new__
+"""`_new(Sample, (metric, value, attributes))`: a Sample without NamedTuple's Python-level
+`__new__` (the hot paths of the sources build hundreds a cycle)."""

@@ -61,11 +61,11 @@ class Calls:
             self.interpret(exc, name, quiet)
             return None
 
-    def newest(self, *calls: tuple[str, Callable[[], Any]]) -> Any:
-        """The value of the first (NVML function, call) this driver has: newer functions
+    def newest(self, calls: tuple[tuple[str, Callable[..., Any]], ...], *args: Any) -> Any:
+        """call(*args) of the first (NVML function, call) this driver has: newer functions
         first, older drivers fall through to the older ones."""
         for name, call in calls:
-            value = self.get(call, name=name)
+            value = self.get(call, *args, name=name)
             if name not in self.missing:
                 return value
         return None

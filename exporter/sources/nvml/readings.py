@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import pynvml
@@ -58,6 +57,31 @@ PROCESS_LISTS = (
 
 CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
 GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
+
+# What a cycle builds for every GPU, built once: metric names and attribute tuples do not
+# change between cycles, only the values do (a dense node makes ~450 samples a cycle).
+_new = tuple.__new__
+"""`_new(Sample, (metric, value, attributes))`: a Sample without a Python-level call."""
+_SUCCESS, _GPU_IS_LOST = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_GPU_IS_LOST
+_UTILIZATION, _BANDWIDTH = "hw.gpu.utilization", "hw.gpu.memory.bandwidth.utilization"
+_GENERAL = (("hw.gpu.task", "general"),)
+_CODECS = (
+    (pynvml.nvmlDeviceGetEncoderUtilization, (("hw.gpu.task", "encoder"),)),
+    (pynvml.nvmlDeviceGetDecoderUtilization, (("hw.gpu.task", "decoder"),)),
+)
+_CLOCKS = tuple((clock, (("hw.gpu.clock.type", kind),)) for kind, clock in CLOCKS)
+_GPU_SENSOR = (("hw.sensor_location", "gpu"),)
+_THROTTLE = "hw.gpu.clock.throttled"
+_THROTTLED = tuple((bit, (("hw.gpu.clock.throttle_reason", r),)) for r, bit in THROTTLE_REASONS)
+_TEMPERATURE = (
+    # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); before R550 it is all there is.
+    ("nvmlDeviceGetTemperatureV", pynvml.nvmlDeviceGetTemperatureV),
+    ("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature),
+)
+_THROTTLE_REASONS = (  # renamed in R535
+    ("nvmlDeviceGetCurrentClocksEventReasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons),
+    ("nvmlDeviceGetCurrentClocksThrottleReasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +165,11 @@ class Reader:
         self.gpm_interval = gpm_interval
         self._gpm_read_at: dict[str, float] = {}
         """Per device: when its GPM sample was last taken on the GPM interval."""
-        self._memory = MemoryRead()
+        memory = MemoryRead()
+        self._memory_calls = (  # drivers before R510 have only v1 (reserved counted as used)
+            ("nvmlDeviceGetMemoryInfo_v2", memory.v2),
+            ("nvmlDeviceGetMemoryInfo", memory.v1),
+        )
         self._all, self._fast = FieldBatch(_REQUEST_ALL), FieldBatch(_REQUEST_FAST)
         """Reused on every call: a Reader is used by one thread at a time (collect())."""
         self._busy: dict[str, dict[int, float] | None] = {}
@@ -160,105 +188,83 @@ class Reader:
     def gpu_samples(self, gpu: Gpu) -> tuple[list[Sample], bool]:
         get, h = self.calls.get, gpu.handle
         samples: list[Sample] = []
+        put = samples.append
         if not gpu.mig_mode:
             util = get(pynvml.nvmlDeviceGetUtilizationRates, h, handle=True)
             if util is not None:
-                add(samples, "hw.gpu.utilization", util.gpu / 100, ("hw.gpu.task", "general"))
-                add(samples, "hw.gpu.memory.bandwidth.utilization", util.memory / 100)
+                put(_new(Sample, (_UTILIZATION, float(util.gpu / 100), _GENERAL)))
+                put(_new(Sample, (_BANDWIDTH, float(util.memory / 100), ())))
         if gpu.gpm is not None:
             samples += self._gpm(
                 gpu.device.id, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm, mig=gpu.mig_mode
             )
-        for task, fn in (
-            ("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
-            ("decoder", pynvml.nvmlDeviceGetDecoderUtilization),
-        ):
+        for fn, task in _CODECS:
             value = get(fn, h)
-            add(samples, "hw.gpu.utilization", value and value[0] / 100, ("hw.gpu.task", task))
+            if value is not None:
+                put(_new(Sample, (_UTILIZATION, float(value and value[0] / 100), task)))
         self.memory_samples(h, samples)
         power = get(pynvml.nvmlDeviceGetPowerUsage, h)
         add(samples, "hw.power", power and power / 1000)
         limit = get(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         add(samples, "hw.power.limit", limit and limit / 1000)
-        add(samples, "hw.temperature", self._temperature(h), ("hw.sensor_location", "gpu"))
-        for kind, clock in CLOCKS:
+        temp = self.calls.newest(_TEMPERATURE, h, GPU_SENSOR)
+        if temp is not None:
+            put(_new(Sample, ("hw.temperature", float(temp), _GPU_SENSOR)))
+        for clock, kind in _CLOCKS:
             mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
-            add(samples, "hw.gpu.clock", mhz and mhz * 1e6, ("hw.gpu.clock.type", kind))
-        reasons = self.calls.newest(  # renamed in R535
-            (
-                "nvmlDeviceGetCurrentClocksEventReasons",
-                lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-            ),
-            (
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-                lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
-            ),
-        )
+            if mhz is not None:
+                put(_new(Sample, ("hw.gpu.clock", float(mhz and mhz * 1e6), kind)))
+        reasons = self.calls.newest(_THROTTLE_REASONS, h)
         if reasons is not None:
-            for reason, bit in THROTTLE_REASONS:
-                add(
-                    samples,
-                    "hw.gpu.clock.throttled",
-                    1.0 if reasons & bit else 0.0,
-                    ("hw.gpu.clock.throttle_reason", reason),
-                )
+            for bit, reason in _THROTTLED:
+                put(_new(Sample, (_THROTTLE, 1.0 if reasons & bit else 0.0, reason)))
         degraded = self.field_samples(gpu, samples)
         return samples, degraded
 
-    def _temperature(self, handle: Any) -> float | None:
-        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); before R550 it is all
-        # there is.
-        temp = self.calls.newest(
-            (
-                "nvmlDeviceGetTemperatureV",
-                lambda: pynvml.nvmlDeviceGetTemperatureV(handle, GPU_SENSOR),
-            ),
-            (
-                "nvmlDeviceGetTemperature",
-                lambda: pynvml.nvmlDeviceGetTemperature(handle, GPU_SENSOR),
-            ),
-        )
-        return None if temp is None else float(temp)
-
     def memory_samples(self, handle: Any, samples: list[Sample]) -> None:
-        # Drivers before R510 have only v1, which counts the reserved memory as used.
-        memory = self._memory
-        mem = self.calls.newest(
-            ("nvmlDeviceGetMemoryInfo_v2", partial(memory.v2, handle)),
-            ("nvmlDeviceGetMemoryInfo", partial(memory.v1, handle)),
-        )
+        mem = self.calls.newest(self._memory_calls, handle)
         if mem is None:
             return
         total, free, used, reserved = mem
-        add(samples, "hw.gpu.memory.usage", used)
-        add(samples, "hw.gpu.memory.limit", total)
-        add(samples, "hw.gpu.memory.free", free)
-        add(samples, "hw.gpu.memory.reserved", reserved)
+        put = samples.append
+        put(_new(Sample, ("hw.gpu.memory.usage", float(used), ())))
+        put(_new(Sample, ("hw.gpu.memory.limit", float(total), ())))
+        put(_new(Sample, ("hw.gpu.memory.free", float(free), ())))
+        if reserved is not None:
+            put(_new(Sample, ("hw.gpu.memory.reserved", float(reserved), ())))
 
     def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
         """The batched counters; True when a row remap is pending or has failed."""
         fields, batch = (FIELDS, self._all) if gpu.slow_now else (_FAST, self._fast)
+        device_id, put, counters = gpu.device.id, samples.append, self.counters
         for spec in () if gpu.slow_now else _SLOW:  # between slow reads: the last value
-            last = self.counters.last((gpu.device.id, spec.field_id))
-            add(samples, spec.metric, last, *spec.attributes)
+            last = counters.last((device_id, spec.field_id))
+            if last is not None:
+                put(_new(Sample, (spec.metric, float(last), spec.attributes)))
         values = self.calls.get(batch.read, gpu.handle, name="nvmlDeviceGetFieldValues")
         degraded = False
-        for i, spec in enumerate(fields):
-            key = (gpu.device.id, spec.field_id)
-            ret, number = _UNREAD if values is None else values[i]
-            if ret == pynvml.NVML_SUCCESS:
+        for spec, (ret, number) in zip(
+            fields, (_UNREAD,) * len(fields) if values is None else values, strict=True
+        ):
+            if ret == _SUCCESS:
                 raw = number * spec.scale
-                number = self.counters.update(key, raw) if spec.counter else raw
-                add(samples, spec.metric, number, *spec.attributes)
-                degraded |= spec.field_id in _REMAP_FLAGS and (number or 0.0) > 0
-            elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+                total = counters.update((device_id, spec.field_id), raw) if spec.counter else raw
+                if total is not None:
+                    put(_new(Sample, (spec.metric, float(total), spec.attributes)))
+                degraded |= spec.field_id in _REMAP_FLAGS and (total or 0.0) > 0
+            elif ret == _GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:
                 if values is not None:  # (a failed call was counted once, not per field)
                     self.calls.errors += 1
                 if spec.counter:
                     # A counter that failed to read keeps its last value; it does not vanish.
-                    add(samples, spec.metric, self.counters.last(key), *spec.attributes)
+                    add(
+                        samples,
+                        spec.metric,
+                        counters.last((device_id, spec.field_id)),
+                        *spec.attributes,
+                    )
         return degraded
 
     def mig_samples(self, gpu: Gpu, mig: Mig) -> list[Sample]:
@@ -311,10 +317,11 @@ class Reader:
         process on a device whose list was empty shows within `slow-interval`."""
         memory: dict[int, float | None] = {}
         # Before a device's first read, every list is read.
-        used = self._lists_used.get(device_id, {f.__name__ for f in PROCESS_LISTS})
+        used = self._lists_used.get(device_id)
         listed: set[str] = set()
         for fn in PROCESS_LISTS:
-            if fn is not PROCESS_LISTS[0] and not slow and fn.__name__ not in used:
+            skip = not slow and used is not None and fn.__name__ not in used
+            if skip and fn is not PROCESS_LISTS[0]:
                 continue
             for proc in self.calls.get(fn, handle, handle=True) or []:
                 pid = int(proc.pid)
@@ -328,6 +335,8 @@ class Reader:
             if gpu.slow_now or gpu.device.id not in self._busy:
                 self._busy[gpu.device.id] = self.process_utilization(gpu)
             busy = self._busy[gpu.device.id]
+        if not memory and not busy:
+            return []
         found = []
         for pid in sorted(memory.keys() | (busy or {}).keys()):
             # When the driver returned samples, a listed process without one was idle in

@@ -107,6 +107,7 @@ class NvmlSource:
         self._watcher: XidWatcher | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
         self._xid_latest: dict[str, tuple[int, int]] = {}
+        self._xids_by_device: dict[str, list[Sample]] = {}
         self._lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------
@@ -115,6 +116,7 @@ class NvmlSource:
         with self._lock:
             self.calls.errors = 0
             self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
+            self._xids_by_device = self._group_xids()
             try:
                 gpus = self._ready()
                 if gpus is None:
@@ -333,11 +335,16 @@ class NvmlSource:
         readings += migs
 
     def _xid_samples(self, device_id: str) -> list[Sample]:
-        return [
-            Sample("hw.gpu.xid.errors", float(n), (("hw.gpu.xid", str(xid)),))
-            for (dev, xid), n in sorted(self._xids_now.items())
-            if dev == device_id
-        ]
+        return self._xids_by_device.get(device_id, [])
+
+    def _group_xids(self) -> dict[str, list[Sample]]:
+        """This cycle's XID counts as samples, per device (once, not once per device)."""
+        found: dict[str, list[Sample]] = {}
+        for (dev, xid), n in sorted(self._xids_now.items()):
+            found.setdefault(dev, []).append(
+                Sample("hw.gpu.xid.errors", float(n), (("hw.gpu.xid", str(xid)),))
+            )
+        return found
 
     def _last_xid(self, gpu: Gpu) -> list[Sample]:
         """The last XID of the GPU or any of its slices, on the GPU and on each slice (DCGM's

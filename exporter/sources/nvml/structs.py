@@ -14,6 +14,7 @@ re-initialized one included, is the one called, and errors become the binding's
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Any
 
 import pynvml
@@ -67,16 +68,26 @@ class MemoryV1(ctypes.Structure):
     ]
 
 
-_VALUE_MEMBER = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+_VALUE_FORMAT = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "d",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "I",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "L",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "Q",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "q",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "i",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "H",
 }
-"""nvmlValueType_t -> the member of nvmlValue_t that holds it."""
+"""nvmlValueType_t -> the C type (native `struct` code) of the member of nvmlValue_t that
+holds it; an unknown type reads as unsigned long long."""
+_VALUE_AT = FieldValue.value.offset
+_UNPACK_VALUE = {
+    kind: struct.Struct("@" + code).unpack_from for kind, code in _VALUE_FORMAT.items()
+}
+_UNPACK_ULL = _UNPACK_VALUE[pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG]
+_UNPACK_TYPE_AND_RETURN = struct.Struct("@II").unpack_from
+"""valueType and nvmlReturn, adjacent in nvmlFieldValue_t."""
+_TYPE_AT = FieldValue.valueType.offset
+assert FieldValue.nvmlReturn.offset == _TYPE_AT + ctypes.sizeof(ctypes.c_uint)
 
 
 def _check(ret: int) -> None:
@@ -85,11 +96,20 @@ def _check(ret: int) -> None:
 
 
 class FieldBatch:
-    """One GPU's field-value request, as a ctypes array made once and reused."""
+    """One GPU's field-value request, as a ctypes array made once and reused; the answers
+    are read from one copy of its bytes (a ctypes member read per value costs more than
+    the C call)."""
 
     def __init__(self, request: tuple[tuple[int, int], ...]) -> None:
         self.request = request
         self._array = (FieldValue * len(request))()
+        self._requests = (FieldValue * len(request))()
+        """The requests alone, copied over the array before each call."""
+        for value, (field_id, scope) in zip(self._requests, request, strict=True):
+            value.fieldId = field_id
+            value.scopeId = scope
+        self._size = ctypes.sizeof(self._array)
+        self._offsets = range(0, self._size, ctypes.sizeof(FieldValue))
         self._count = ctypes.c_int32(len(request))
         self._ref = ctypes.byref(self._array)
 
@@ -97,21 +117,19 @@ class FieldBatch:
         """(nvmlReturn, number) per requested field, in request order; the call's own
         failure raises NVMLError. The requests are written again on every call: nvml.h
         says the driver fills the outputs, not that it leaves the inputs alone."""
-        array = self._array
-        for value, (field_id, scope) in zip(array, self.request, strict=True):
-            value.fieldId = field_id
-            value.scopeId = scope
+        ctypes.memmove(self._array, self._requests, self._size)
         _check(
             pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")(
                 handle, self._count, self._ref
             )
         )
+        raw = bytes(self._array)
         found: list[tuple[int, float]] = []
-        for value in array:
-            ret = value.nvmlReturn
+        for at in self._offsets:
+            value_type, ret = _UNPACK_TYPE_AND_RETURN(raw, at + _TYPE_AT)
             if ret == pynvml.NVML_SUCCESS:
-                member = _VALUE_MEMBER.get(value.valueType, "ullVal")
-                found.append((ret, float(getattr(value.value, member))))
+                unpack = _UNPACK_VALUE.get(value_type, _UNPACK_ULL)
+                found.append((ret, float(unpack(raw, at + _VALUE_AT)[0])))
             else:
                 found.append((ret, 0.0))
         return found
