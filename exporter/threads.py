@@ -55,6 +55,7 @@ class Thread(threading.Thread):
             _PRCTL(_PR_SET_NAME, self.name.encode()[:15], 0, 0, 0)
         super().run()
 
+
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 

@@ -3,7 +3,8 @@ DeviceTaintRules, list and watch, as kube-apiserver answers them.
 
 The protocol is the one the exporter's watches rely on, as k8s.io/apiserver implements it
 (pkg/endpoints/handlers/get.go ListResource, watch.go serveWatch, pkg/storage/cacher), and as
-tests/kubeapi_server.py (the pod watch's own test peer) does it:
+tests/kubeapi_server.py (the pod watch's own test peer) does it, on the same server plumbing
+(loopback.py):
 - list: `fieldSelector=spec.nodeName=X` filters (pods and resourceslices both have that
   selectable field: pkg/registry/core/pod/strategy.go, pkg/registry/resource/resourceslice/
   strategy.go), `limit`/`continue` pages, the list's `metadata.resourceVersion` is the store's;
@@ -28,16 +29,14 @@ worker thread) changes objects with `put()` / `delete()`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import json
 import socket
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from simulator.loopback import LoopbackServer, list_page, metadata_only, status
 
 TOKEN = "simulated-node-token"
 RESOURCES = {
@@ -55,25 +54,6 @@ RESOURCES = {
 }
 
 
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
-def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "kind": "PartialObjectMetadata",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj["metadata"],
-    }
-
-
 def _key(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
     return f"{meta.get('namespace', '')}/{meta['name']}"
@@ -83,7 +63,9 @@ def _node(obj: dict[str, Any]) -> str | None:
     return (obj.get("spec") or {}).get("nodeName")
 
 
-class ApiServer:
+class ApiServer(LoopbackServer):
+    context = "sim"
+
     def __init__(self, *, serve_taint_rules: bool = True, history: int = 1000) -> None:
         self.serve_taint_rules = serve_taint_rules
         self.keep = history
@@ -93,48 +75,11 @@ class ApiServer:
         """(version, resource, event type, object)."""
         self.oldest = 0
         self.requests: list[tuple[str, str]] = []
-        self.max_watch_seconds = 1800.0
-        """The server's own cap on a watch (--min-request-timeout); 0 is a proxy cutting
-        every watch at once."""
         self.forbidden: set[str] = set()
         """Resources every request of which is answered 403 (RBAC without the rule)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self._loop = asyncio.new_event_loop()
-        self._changed: asyncio.Condition | None = None
-        self._runner: web.AppRunner | None = None
-        self._closing = 0
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "sim",
-                    "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
-                    "users": [{"name": "sim", "user": {"token": TOKEN}}],
-                    "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
-                }
-            )
-        )
-        return path
-
-    def start(self) -> ApiServer:
-        self._thread.start()
-        self._call(self._start)
-        return self
-
-    def stop(self) -> None:
-        self._call(self._stop)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+            super().__init__(int(s.getsockname()[1]), TOKEN)
 
     def put(self, resource: str, obj: dict[str, Any]) -> None:
         """Create or replace an object (ADDED or MODIFIED to watchers)."""
@@ -152,41 +97,17 @@ class ApiServer:
             await self._change(resource, obj, deleted=deleted, notify=False)
             self.oldest = self.version + 1
             self.history.clear()
-            self._closing += 1
-            await self._notify()
+            await self._close_watches()
 
         self._call(gone)
 
-    def close_watches(self) -> None:
-        """End every open watch, as an API server restart or a proxy does."""
-
-        async def close() -> None:
-            self._closing += 1
-            await self._notify()
-
-        self._call(close)
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout=10)
-
-    async def _start(self) -> None:
-        self._changed = asyncio.Condition()
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         for resource, (path, _, _) in RESOURCES.items():
             app.router.add_get(path, self._handler(resource))
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         app.router.add_get(
             "/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}", self._not_found
         )
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def _stop(self) -> None:
-        self._closing += 1
-        await self._notify()
-        assert self._runner is not None
-        await self._runner.cleanup()
 
     async def _change(
         self, resource: str, obj: dict[str, Any], *, deleted: bool, notify: bool = True
@@ -208,42 +129,32 @@ class ApiServer:
         if notify:
             await self._notify()
 
-    async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
-
-    def _denied(self, request: web.Request) -> web.Response | None:
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
-        return None
-
     def _handler(self, resource: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
             watch = request.query.get("watch") == "true"
             self.requests.append(("watch" if watch else "list", resource))
-            denied = self._denied(request)
+            denied = self._unauthorized(request)
             if denied is not None:
                 return denied
             if resource in self.forbidden:
                 message = f"{resource} is forbidden: cannot {'watch' if watch else 'list'} it"
-                return web.json_response(_status(403, "Forbidden", message), status=403)
+                return web.json_response(status(403, "Forbidden", message), status=403)
             if resource == "devicetaintrules" and not self.serve_taint_rules:
                 return web.json_response(
-                    _status(404, "NotFound", "the server could not find the requested resource"),
+                    status(404, "NotFound", "the server could not find the requested resource"),
                     status=404,
                 )
             selector = request.query.get("fieldSelector", "")
             node = selector.removeprefix("spec.nodeName=") if selector else None
-            metadata_only = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
-            shape = _metadata_only if metadata_only else (lambda o: o)
+            partial = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
+            shape = metadata_only if partial else (lambda o: o)
 
             def matches(obj: dict[str, Any]) -> bool:
                 return node is None or _node(obj) == node
 
             if watch:
                 return await self._watch(request, resource, matches, shape)
-            return self._list(request, resource, matches, shape, metadata_only)
+            return self._list(request, resource, matches, shape, partial)
 
         return handle
 
@@ -253,26 +164,12 @@ class ApiServer:
         resource: str,
         matches: Callable[[dict[str, Any]], bool],
         shape: Callable[[dict[str, Any]], dict[str, Any]],
-        metadata_only: bool,
+        partial: bool,
     ) -> web.Response:
         items = [shape(o) for _, o in sorted(self.store[resource].items()) if matches(o)]
-        start = int(request.query.get("continue") or 0)
-        limit = int(request.query.get("limit") or 0) or len(items) or 1
-        more = start + limit < len(items)
-        meta = {
-            "resourceVersion": str(self.version),
-            **({"continue": str(start + limit)} if more else {}),
-        }
         _, kind, api_version = RESOURCES[resource]
-        kind = "PartialObjectMetadataList" if metadata_only else f"{kind}List"
-        return web.json_response(
-            {
-                "kind": kind,
-                "apiVersion": api_version,
-                "metadata": meta,
-                "items": items[start : start + limit],
-            }
-        )
+        kind = "PartialObjectMetadataList" if partial else f"{kind}List"
+        return list_page(request, items, self.version, kind, api_version)
 
     async def _watch(
         self,
@@ -281,19 +178,13 @@ class ApiServer:
         matches: Callable[[dict[str, Any]], bool],
         shape: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> web.StreamResponse:
-        assert self._changed is not None
         closing = self._closing
         since = int(request.query.get("resourceVersion") or self.version)
-        timeout = min(float(request.query.get("timeoutSeconds") or 1800), self.max_watch_seconds)
+        timeout = self._watch_seconds(request)
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-
-        async def send(kind: str, obj: dict[str, Any]) -> None:
-            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
-
+        response, send = await self._open_watch(request)
         if since < self.oldest:
-            await send("ERROR", _status(410, "Expired", f"too old resource version: {since}"))
+            await send("ERROR", status(410, "Expired", f"too old resource version: {since}"))
             return response
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -317,27 +208,22 @@ class ApiServer:
                     },
                 )
                 next_bookmark = now + 60.0
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    wait = min(deadline, next_bookmark) - now
-                    await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wait))
+            await self._wait_change(min(deadline, next_bookmark) - now)
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         self.requests.append(("get", "pods"))
-        denied = self._denied(request)
+        denied = self._unauthorized(request)
         if denied is not None:
             return denied
         key = f"{request.match_info['ns']}/{request.match_info['name']}"
         obj = self.store["pods"].get(key)
         if obj is None:
-            return web.json_response(
-                _status(404, "NotFound", f'pods "{key}" not found'), status=404
-            )
+            return web.json_response(status(404, "NotFound", f'pods "{key}" not found'), status=404)
         if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
-            return web.json_response(_metadata_only(obj))
+            return web.json_response(metadata_only(obj))
         return web.json_response(obj)
 
     async def _not_found(self, request: web.Request) -> web.Response:
         self.requests.append(("get", request.match_info["resource"]))
         name = request.match_info["name"]
-        return web.json_response(_status(404, "NotFound", f"{name} not found"), status=404)
+        return web.json_response(status(404, "NotFound", f"{name} not found"), status=404)

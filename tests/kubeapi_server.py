@@ -29,17 +29,14 @@ tests use it alike. `requests` records (verb, resource) of every call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import json
 import re
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from simulator.loopback import LoopbackServer, list_page, metadata_only, status
 from tests.peers import free_port
 
 TOKEN = "test-token"
@@ -94,22 +91,13 @@ def _ref(kind: str, name: str, uid: str) -> dict[str, Any]:
             "blockOwnerDeletion": True}  # fmt: skip
 
 
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "code": code}  # fmt: skip
+class FakeApiServer(LoopbackServer):
+    context = "test"
 
-
-def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-            "metadata": obj["metadata"]}  # fmt: skip
-
-
-class FakeApiServer:
     def __init__(self, bookmark_every: float = 60.0, max_watch_seconds: float = 1800.0) -> None:
+        super().__init__(free_port(), TOKEN)
         self.bookmark_every = bookmark_every
         self.max_watch_seconds = max_watch_seconds
-        """The server's own cap on a watch (kube-apiserver: --min-request-timeout, 1800 s,
-        randomized up to twice that); 0 is a proxy that cuts every watch at once."""
         self.always_gone = False
         """Every watch answers 410, whatever its version (a watch cache that cannot serve)."""
         self.owners_forbidden = False
@@ -128,56 +116,11 @@ class FakeApiServer:
         self.metadata_only_requests = 0
         self.watch_versions: list[int] = []
         """The resourceVersion each watch started from."""
-        self.port = free_port()
-        self._loop = asyncio.new_event_loop()
-        self._changed: asyncio.Condition | None = None
-        self._closing = 0
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def kubeconfig(self, path: Path, token: str = TOKEN) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }))  # fmt: skip
-        return path
-
-    # --- lifecycle ------------------------------------------------------------------
-
-    def start(self) -> FakeApiServer:
-        self._thread.start()
-        self._call(self._start)
-        return self
-
-    def stop(self) -> None:
-        self._call(self._stop)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-
-    async def _start(self) -> None:
-        self._changed = asyncio.Condition()
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{resource}/{name}", self._owner)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def _stop(self) -> None:
-        self._closing += 1
-        await self._notify()
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout=10)
 
     # --- what tests do to the cluster --------------------------------------------------
 
@@ -204,20 +147,12 @@ class FakeApiServer:
             self.version += 1
             self.oldest = self.version
             self.history.clear()
-            self._closing += 1
-            await self._notify()
+            await self._close_watches()
 
         self._call(gone)
 
     def forbid(self, forbidden: bool = True) -> None:
         self.forbidden = forbidden
-
-    def close_watches(self) -> None:
-        async def close() -> None:
-            self._closing += 1
-            await self._notify()
-
-        self._call(close)
 
     def count(self, verb: str, resource: str = "pods") -> int:
         return self.requests.count((verb, resource))
@@ -234,19 +169,15 @@ class FakeApiServer:
         self.history.append((self.version, kind, obj))
         await self._notify()
 
-    async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
-
     # --- handlers -----------------------------------------------------------------------
 
     def _denied(self, request: web.Request) -> web.Response | None:
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+        unauthorized = self._unauthorized(request)
+        if unauthorized is not None:
+            return unauthorized
         if self.forbidden:
             return web.json_response(
-                _status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:'
+                status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:'
                         'kube-device-exporter:kube-device-exporter" cannot list resource "pods"'),
                 status=403,
             )  # fmt: skip
@@ -263,7 +194,7 @@ class FakeApiServer:
         ns = request.match_info["ns"]
         if self.events_forbidden:
             return web.json_response(
-                _status(403, "Forbidden", f'events is forbidden: cannot create resource "events" '
+                status(403, "Forbidden", f'events is forbidden: cannot create resource "events" '
                         f'in API group "" in the namespace "{ns}"'),
                 status=403,
             )  # fmt: skip
@@ -283,11 +214,11 @@ class FakeApiServer:
         if not obj.get("reason") or not involved.get("kind") or not involved.get("name"):
             problems.append("reason, involvedObject.kind and .name: Required value")
         if problems:
-            return web.json_response(_status(422, "Invalid", "; ".join(problems)), status=422)
+            return web.json_response(status(422, "Invalid", "; ".join(problems)), status=422)
         if any(e["metadata"]["name"] == name and e["metadata"]["namespace"] == ns
                for e in self.events):  # fmt: skip
             return web.json_response(
-                _status(409, "AlreadyExists", f'events "{name}" already exists'), status=409
+                status(409, "AlreadyExists", f'events "{name}" already exists'), status=409
             )
         self.version += 1
         stored = copy.deepcopy(obj)
@@ -311,8 +242,8 @@ class FakeApiServer:
             if selector.startswith("spec.nodeName=")
             else None
         )
-        metadata_only = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
-        shape = _metadata_only if metadata_only else (lambda o: o)
+        partial = "as=PartialObjectMetadata" in request.headers.get("Accept", "")
+        shape = metadata_only if partial else (lambda o: o)
 
         def matches(obj: dict[str, Any]) -> bool:
             return node is None or obj["spec"]["nodeName"] == node
@@ -320,38 +251,22 @@ class FakeApiServer:
         if watch:
             return await self._watch(request, matches, shape, closing)
         items = [shape(o) for _, o in sorted(self.pods.items()) if matches(o)]
-        start = int(request.query.get("continue") or 0)
-        limit = int(request.query.get("limit") or 0) or len(items) or 1
-        page = items[start : start + limit]
-        more = start + limit < len(items)
-        meta = {
-            "resourceVersion": str(self.version),
-            **({"continue": str(start + limit)} if more else {}),
-        }
-        kind = "PartialObjectMetadataList" if metadata_only else "PodList"
-        return web.json_response(
-            {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page}
-        )
+        kind = "PartialObjectMetadataList" if partial else "PodList"
+        return list_page(request, items, self.version, kind, "v1")
 
     async def _watch(
         self, request: web.Request, matches: Callable[[dict[str, Any]], bool],
         shape: Callable[[dict[str, Any]], dict[str, Any]], closing: int,
     ) -> web.StreamResponse:  # fmt: skip
-        assert self._changed is not None
         since = int(request.query.get("resourceVersion") or self.version)
-        timeout = min(float(request.query.get("timeoutSeconds") or 1800), self.max_watch_seconds)
+        timeout = self._watch_seconds(request)
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-
-        async def send(kind: str, obj: dict[str, Any]) -> None:
-            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
-
+        response, send = await self._open_watch(request)
         self.watch_versions.append(since)
         if since < self.oldest or self.always_gone:
             await send(
                 "ERROR",
-                _status(410, "Expired", f"too old resource version: {since} ({self.oldest})"),
+                status(410, "Expired", f"too old resource version: {since} ({self.oldest})"),
             )
             return response
         loop = asyncio.get_running_loop()
@@ -370,10 +285,7 @@ class FakeApiServer:
                                         "metadata": {"resourceVersion": str(self.version)}})  # fmt: skip
                 since = max(since, self.version)
                 next_bookmark = now + self.bookmark_every
-            wait = min(deadline, next_bookmark if bookmarks else deadline) - now
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wait))
+            await self._wait_change(min(deadline, next_bookmark if bookmarks else deadline) - now)
 
     async def _owner(self, request: web.Request) -> web.Response:
         resource = request.match_info["resource"]
@@ -383,13 +295,13 @@ class FakeApiServer:
             return denied
         if self.owners_forbidden:
             message = f'{resource}.apps is forbidden: cannot get resource "{resource}"'
-            return web.json_response(_status(403, "Forbidden", message), status=403)
+            return web.json_response(status(403, "Forbidden", message), status=403)
         key = (resource, request.match_info["ns"], request.match_info["name"])
         if key not in self.owners:
             return web.json_response(
-                _status(404, "NotFound", f"{resource} {key[2]} not found"), status=404
+                status(404, "NotFound", f"{resource} {key[2]} not found"), status=404
             )
         obj = self.owners[key]
         if "as=PartialObjectMetadata" in request.headers.get("Accept", ""):
-            return web.json_response(_metadata_only(obj))
+            return web.json_response(metadata_only(obj))
         return web.json_response(obj)

@@ -35,7 +35,8 @@ from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
 from exporter.backoff import Backoff
 from exporter.kubeapi.client import KubeApi, OwnerRef, PodMeta
-from exporter.kubeapi.watcher import BACKOFF_SECONDS, PodWatcher, _sleep
+from exporter.kubeapi.listwatch import BACKOFF_SECONDS, pause
+from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from exporter.log import StateLog
 from exporter.model import KubeApiHealth
@@ -110,7 +111,7 @@ class KubeletPodWatcher(PodWatcher):
                 self._failed(f"podsapi/{exc.code().name}", f"{exc.code().name}: {exc.details()}")
             except (StreamEnded, DecodeError) as exc:  # DecodeError: pod bytes that do not decode
                 self._failed(f"podsapi/{type(exc).__name__}", str(exc))
-            await _sleep(stop, self._jittered(retry.failure()))
+            await pause(stop, self._jittered(retry.failure()))
 
     def _failed(self, key: str, why: str) -> None:
         self._up = False

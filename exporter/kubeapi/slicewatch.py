@@ -1,6 +1,6 @@
 """This node's ResourceSlices, kept current by one list and a watch; DeviceTaintRules, listed.
 
-Beside the pod watch (`--kubernetes.api`), the same Reflector protocol (watcher.py): list
+Beside the pod watch (`--kubernetes.api`), the same Reflector loop (listwatch.py): list
 `/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>` page by page,
 then watch from the list's resourceVersion with bookmarks; a watch the server ends resumes
 from the newest version; `410 Gone` re-lists; other failures back off (1 s to 60 s, 5 min
@@ -23,12 +23,17 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from exporter.backoff import Backoff
 from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi, describe
+from exporter.kubeapi.listwatch import (
+    BACKOFF_SECONDS,
+    DENIED_BACKOFF_SECONDS,
+    WATCH_TIMEOUT_SECONDS,
+    ListWatch,
+    pause,
+)
 from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.log import StateLog
 
@@ -36,13 +41,11 @@ log = logging.getLogger("exporter.kubeapi.slices")
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 RULES_PATH = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
-WATCH_TIMEOUT_SECONDS = (300, 600)
-WATCH_GRACE_SECONDS = 60.0
 RULE_INTERVAL_SECONDS = 60.0
 RULES_ABSENT_SECONDS = 300.0
-DENIED_BACKOFF_SECONDS = 300.0
-SHORT_WATCH_SECONDS = 1.0
-"""A watch that ends sooner with no event backs off (client-go's "very short watch")."""
+
+ObjectEvent = tuple[str, str, dict[str, Any]]
+"""A watch event of a whole object: (type, resourceVersion, object)."""
 
 
 class SliceWatcher:
@@ -52,7 +55,7 @@ class SliceWatcher:
         node: str,
         *,
         watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
-        backoff: tuple[float, float] = (1.0, 60.0),
+        backoff: tuple[float, float] = BACKOFF_SECONDS,
         denied_backoff: float = DENIED_BACKOFF_SECONDS,
         rule_interval: float = RULE_INTERVAL_SECONDS,
         rules_absent: float = RULES_ABSENT_SECONDS,
@@ -60,8 +63,6 @@ class SliceWatcher:
     ) -> None:
         self._connect = connect
         self.node = node
-        self.watch_timeout = watch_timeout
-        self.backoff = backoff
         self.denied_backoff = denied_backoff
         self.rule_interval = rule_interval
         self.rules_absent = rules_absent
@@ -76,6 +77,13 @@ class SliceWatcher:
         self.synced = asyncio.Event()
         self._states = StateLog(log)
         self._current: tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]] = (0, (), ())
+        self._loop = ListWatch(
+            "ResourceSlice", connect, list_into=self._list, events=self._events,
+            apply=self._apply, gone=self._watch_gone, failed=self._watch_failed,
+            states=self._states, key="slices/", relist_at_once=False,
+            watch_timeout=watch_timeout, backoff=backoff, denied_backoff=denied_backoff,
+            rng=self._rng,
+        )  # fmt: skip
 
     def current(self) -> tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]]:
         """What the cache holds now; no request. One immutable tuple, replaced on the event
@@ -99,43 +107,24 @@ class SliceWatcher:
     # --- slices ---------------------------------------------------------------------
 
     async def _watch_forever(self, stop: asyncio.Event) -> None:
-        version = ""
-        retry = Backoff(*self.backoff)
-        while not stop.is_set():
-            try:
-                api = self._connect()
-                if not version:
-                    version = await self._list(api)
-                started = time.monotonic()
-                version, events = await self._watch(api, version, stop)
-                if events or time.monotonic() - started >= SHORT_WATCH_SECONDS:
-                    retry.success()
-                else:  # cut at once with nothing said (a proxy): no loop of requests
-                    await _sleep(stop, retry.failure() * self._jitter())
-            except ApiError as exc:
-                self.up = False
-                if exc.code == 410:
-                    log.info("ResourceSlice watch expired (410 Gone); listing again")
-                    version = ""
-                    await _sleep(stop, retry.failure() * self._rng.uniform(0.0, 0.2))
-                    continue
-                denied = exc.code in (401, 403)
-                self._states.failed(
-                    f"slices/{exc.code}",
-                    f"cannot watch ResourceSlices ({exc})"
-                    + ("; check the ServiceAccount's RBAC (the dra component)" if denied else "")
-                    + "; DRA devices are joined by name only until it answers",
-                )
-                wait = retry.failure()
-                await _sleep(stop, (self.denied_backoff if denied else wait) * self._jitter())
-            except UNAVAILABLE as exc:
-                self.up = False
-                self._states.failed(
-                    f"slices/{type(exc).__name__}",
-                    f"ResourceSlices unavailable ({describe(exc)}); DRA devices are joined by "
-                    "name only until they are",
-                )
-                await _sleep(stop, retry.failure() * self._jitter())
+        await self._loop.run(stop)
+
+    def _watch_gone(self, exc: ApiError) -> None:
+        self.up = False
+        log.info("ResourceSlice watch expired (410 Gone); listing again")
+
+    def _watch_failed(self, exc: BaseException, denied: bool) -> str:
+        self.up = False
+        if isinstance(exc, ApiError):
+            return (
+                f"cannot watch ResourceSlices ({exc})"
+                + ("; check the ServiceAccount's RBAC (the dra component)" if denied else "")
+                + "; DRA devices are joined by name only until it answers"
+            )
+        return (
+            f"ResourceSlices unavailable ({describe(exc)}); DRA devices are joined by "
+            "name only until they are"
+        )
 
     def _jitter(self) -> float:
         return self._rng.uniform(0.8, 1.0)
@@ -154,32 +143,24 @@ class SliceWatcher:
         self._changed()
         return version
 
-    async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> tuple[str, int]:
-        """Apply events until the server ends the watch: the version to resume from, and how
-        many events came."""
-        timeout = self._rng.randint(*self.watch_timeout)
-        events = 0
+    def _events(self, api: KubeApi, version: str, timeout: int) -> AsyncIterator[ObjectEvent]:
         params = {**self._params(), "resourceVersion": version}
-        async with asyncio.timeout(timeout + WATCH_GRACE_SECONDS):
-            async for kind, new_version, obj in api.watch_objects(
-                "resourceslices", SLICES_PATH, params, timeout
-            ):
-                if stop.is_set():
-                    break
-                events += 1
-                version = new_version or version
-                if kind == "BOOKMARK":
-                    continue
-                name = str((obj.get("metadata") or {}).get("name", ""))
-                if kind == "DELETED":
-                    self.slices.pop(name, None)
-                else:
-                    parsed = self._parse(obj)
-                    if parsed is None:
-                        continue
-                    self.slices[parsed.name] = parsed
-                self._changed()
-        return version, events
+        return api.watch_objects("resourceslices", SLICES_PATH, params, timeout)
+
+    def _apply(self, event: ObjectEvent) -> str:
+        kind, version, obj = event
+        if kind == "BOOKMARK":
+            return version
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED":
+            self.slices.pop(name, None)
+        else:
+            parsed = self._parse(obj)
+            if parsed is None:
+                return version
+            self.slices[parsed.name] = parsed
+        self._changed()
+        return version
 
     def _parse(self, obj: dict[str, Any]) -> Slice | None:
         try:
@@ -231,9 +212,4 @@ class SliceWatcher:
                 self._states.failed(
                     f"rules/{type(exc).__name__}", f"DeviceTaintRules unavailable ({describe(exc)})"
                 )
-            await _sleep(stop, wait * self._jitter())
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+            await pause(stop, wait * self._jitter())

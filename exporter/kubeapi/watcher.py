@@ -11,6 +11,9 @@ A background task, never part of a cycle: the poller reads the latest cache with
   operator fixes) and is logged once per state change; the cache is kept meanwhile and the
   exporter goes on exporting what PodResources gives.
 
+That loop is listwatch.py's, shared with the slice watch; this module says what is listed,
+how an event changes the cache and what is logged.
+
 Owners: a pod's controller is in its own metadata; the workload above a ReplicaSet or Job
 (Deployment, CronJob) needs that owner's metadata, read once per owner UID and re-read
 after `owner_ttl` while a pod still refers to it. Steady state is one watch request per
@@ -24,21 +27,28 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import httpx2 as httpx
 
-from exporter.backoff import Backoff
 from exporter.kubeapi.client import (
     OWNER_RESOURCES,
-    UNAVAILABLE,
     ApiError,
     KubeApi,
     NotConfigured,
     OwnerRef,
     PodMeta,
+    WatchEvent,
     describe,
+)
+from exporter.kubeapi.listwatch import (
+    BACKOFF_SECONDS,
+    DENIED_BACKOFF_SECONDS,
+    SHORT_WATCH_SECONDS,
+    WATCH_GRACE_SECONDS,
+    WATCH_TIMEOUT_SECONDS,
+    ListWatch,
 )
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.log import StateLog
@@ -46,21 +56,8 @@ from exporter.model import KubeApiHealth, PodInfo
 
 log = logging.getLogger("exporter.kubeapi")
 
-WATCH_TIMEOUT_SECONDS = (300, 600)
-"""client-go's reflector: minWatchTimeout 5 min, times 1 to 2 at random."""
-WATCH_GRACE_SECONDS = 60.0
-"""A watch the server did not end this long after its timeout is a dead connection."""
-BACKOFF_SECONDS = (1.0, 60.0)
-DENIED_BACKOFF_SECONDS = 300.0
-SHORT_WATCH_SECONDS = 1.0
-"""A watch that ends sooner with no event is a failure (client-go's "very short watch"): a
-proxy cutting every watch at once must not turn into a loop of requests."""
 OWNER_TTL_SECONDS = 3600.0
 OWNER_RETRY_SECONDS = 60.0
-
-
-class ShortWatch(Exception):
-    """The server ended a watch at once, without an event."""
 
 
 @dataclass(slots=True)
@@ -89,11 +86,7 @@ class PodWatcher:
         self._connect = connect
         self.node = node
         self.labels = labels or LabelFilter()
-        self.watch_timeout = watch_timeout
-        self.watch_grace = watch_grace
-        self.short_watch = short_watch
         self.backoff = backoff
-        self.denied_backoff = denied_backoff
         self.owner_ttl = owner_ttl
         self.owner_retry = owner_retry
         self._clock = clock
@@ -109,6 +102,13 @@ class PodWatcher:
         self._states = StateLog(log)
         self.synced = asyncio.Event()
         """Set once the first list has answered."""
+        self._loop = ListWatch(
+            "pod", self._client, list_into=self._list, events=self._events, apply=self._apply,
+            gone=self._watch_gone, failed=self._watch_failed, states=self._states, key="api/",
+            relist_at_once=True, operator_only=(NotConfigured,),
+            watch_timeout=watch_timeout, watch_grace=watch_grace, short_watch=short_watch,
+            backoff=backoff, denied_backoff=denied_backoff, clock=clock, rng=self._rng,
+        )  # fmt: skip
 
     # --- read by the poller (the event loop, no request) ---------------------------------
 
@@ -157,60 +157,32 @@ class PodWatcher:
                 await self.api.close()
 
     async def _watch_forever(self, stop: asyncio.Event) -> None:
-        version = ""
-        retry = Backoff(*self.backoff)
-        relist = Backoff(*self.backoff)  # a watch cache that cannot serve the list's version
-        gone = False  # a 410 since the last success: the next one waits
-        while not stop.is_set():
-            try:
-                if self.api is None:
-                    self.api = self._connect()
-                if not version:
-                    version = await self._list(self.api)
-                version = await self._watch(self.api, version, stop)
-                retry.success()
-                relist.success()
-                gone = False
-            except ApiError as exc:
-                self._up = False
-                if exc.code == 410:
-                    log.info("pod watch expired (410 Gone: %s); listing again", exc)
-                    version = ""
-                    if gone:
-                        await _sleep(stop, self._jittered(relist.failure()))
-                    gone = True
-                    continue
-                denied = exc.code in (401, 403)
-                self._states.failed(
-                    f"api/{exc.code}",
-                    f"Kubernetes API answers {exc}"
-                    + ("; check the ServiceAccount's RBAC" if denied else "")
-                    + "; pod UIDs, owners and labels are missing until it answers, devices are "
-                    "exported as PodResources gives them",
-                )
-                await _sleep(stop, self._delay(retry, denied))
-            except ShortWatch as exc:
-                log.debug("%s", exc)
-                await _sleep(stop, self._delay(retry, denied=False))
-            except UNAVAILABLE as exc:
-                self._up = False
-                denied = isinstance(exc, NotConfigured)  # only an operator fixes that
-                self._states.failed(
-                    f"api/{type(exc).__name__}",
-                    f"Kubernetes API unavailable ({describe(exc)}); pod UIDs, "
-                    "owners and labels are missing until it answers, devices are exported as "
-                    "PodResources gives them",
-                )
-                await _sleep(stop, self._delay(retry, denied))
+        await self._loop.run(stop)
 
-    def _delay(self, retry: Backoff, denied: bool) -> float:
-        """The next wait; a denied request still counts as a failure in the schedule."""
-        wait = retry.failure()
-        return self._jittered(self.denied_backoff if denied else wait)
+    def _client(self) -> KubeApi:
+        """The one client, made at the first attempt (a retry after NotConfigured makes it)."""
+        if self.api is None:
+            self.api = self._connect()
+        return self.api
+
+    def _watch_gone(self, exc: ApiError) -> None:
+        self._up = False
+        log.info("pod watch expired (410 Gone: %s); listing again", exc)
+
+    def _watch_failed(self, exc: BaseException, denied: bool) -> str:
+        self._up = False
+        if isinstance(exc, ApiError):
+            rbac = "; check the ServiceAccount's RBAC" if denied else ""
+            why = f"Kubernetes API answers {exc}{rbac}"
+        else:
+            why = f"Kubernetes API unavailable ({describe(exc)})"
+        return (
+            f"{why}; pod UIDs, owners and labels are missing until it answers, devices are "
+            "exported as PodResources gives them"
+        )
 
     def _jittered(self, seconds: float) -> float:
-        """The agents of many nodes that failed together do not retry together."""
-        return seconds * self._rng.uniform(0.8, 1.0)
+        return self._loop.jittered(seconds)
 
     async def _list(self, api: KubeApi) -> str:
         pods, version = await api.list_pods(self.node)
@@ -220,28 +192,20 @@ class PodWatcher:
         self._synced()
         return version
 
-    async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> str:
-        """Apply events until the server ends the watch; the version to resume from."""
-        timeout = self._rng.randint(*self.watch_timeout)
-        started, events = self._clock(), 0
-        async with asyncio.timeout(timeout + self.watch_grace):
-            async for event in api.watch_pods(self.node, version, timeout):
-                if stop.is_set():
-                    break
-                events += 1
-                self._synced()
-                version = event.resource_version or version
-                if event.pod is None:  # BOOKMARK: only the version moves
-                    continue
-                if event.type == "DELETED":
-                    self.pods.pop(event.pod.uid, None)
-                    self._infos.pop(event.pod.uid, None)
-                else:
-                    self.pods[event.pod.uid] = event.pod
-                    self._want_owners((event.pod,))
-        if events == 0 and self._clock() - started < self.short_watch:
-            raise ShortWatch(f"the pod watch ended after {self._clock() - started:.3f}s, no event")
-        return version
+    def _events(self, api: KubeApi, version: str, timeout: int) -> AsyncIterator[WatchEvent]:
+        return api.watch_pods(self.node, version, timeout)
+
+    def _apply(self, event: WatchEvent) -> str:
+        self._synced()
+        if event.pod is None:  # BOOKMARK: only the version moves
+            return event.resource_version
+        if event.type == "DELETED":
+            self.pods.pop(event.pod.uid, None)
+            self._infos.pop(event.pod.uid, None)
+        else:
+            self.pods[event.pod.uid] = event.pod
+            self._want_owners((event.pod,))
+        return event.resource_version
 
     def _synced(self) -> None:
         if not self._up:
@@ -300,8 +264,3 @@ class PodWatcher:
                 self._states.ok_all("owner/", "owners readable again")
             ttl = self.owner_ttl * self._rng.uniform(0.9, 1.1)
             self.owners[uid] = _Owner(parent, self._clock() + ttl)
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
