@@ -134,10 +134,62 @@ def test_the_floor_table_gives_the_exporter_as_a_multiple_of_the_floor() -> None
     from bench.report import Results, _floor
 
     r = Results(machine="test")
-    r.floor = [FloorRatio("1s", 0.0051, 0.0034), FloorRatio("30s", 0.0030, 0.0012)]
+    r.floor = [FloorRatio("1s", 0.0051, 0.0034, 0.0022), FloorRatio("30s", 0.0030, 0.0012)]
     table = "".join(_floor(r))
-    assert "| 1s | 0.51% | 0.34% | 1.50x | met |" in table
-    assert "| 30s | 0.30% | 0.12% | 2.50x | **not met** |" in table
+    assert "| 1s | 0.51% | 0.34% | 1.50x | met | 0.22% |" in table
+    assert "| 30s | 0.30% | 0.12% | 2.50x | **not met** | 0.00% |" in table
+
+
+def test_process_cpu_counts_a_thread_that_has_ended() -> None:
+    """gRPC's threads live only during a kubelet poll: their CPU must stay in the figure
+    after they end (summing the live threads' schedstat lost it)."""
+    import os
+    import threading
+    import time
+
+    from bench.procs import cpu_seconds, thread_cpu
+
+    def burn() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    before = cpu_seconds(os.getpid())
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    assert cpu_seconds(os.getpid()) - before >= 0.25
+    assert worker.native_id not in {tid for tid, _ in thread_cpu(os.getpid())}
+
+
+def test_the_exporters_threads_carry_their_names_into_the_kernel() -> None:
+    """What `top -H` and `python -m bench threads` show (cut to the kernel's 15 bytes)."""
+    import os
+    import threading
+
+    from bench.procs import thread_cpu
+    from exporter.threads import Thread
+
+    seen: list[set[str]] = []
+    release = threading.Event()
+
+    def look() -> None:
+        seen.append({name for _, name in thread_cpu(os.getpid())})
+        release.set()
+
+    Thread(look, "nvml-xid-events-and-more").start()
+    assert release.wait(5)
+    assert "nvml-xid-events" in seen[0]
+
+
+def test_the_thread_table_adds_up_to_the_whole_process() -> None:
+    from bench.threads import ThreadCost, Threads, table
+
+    result = Threads("1s", 60, 60.0, [ThreadCost("collect-nvml", 3.0, 0.003),
+                                      ThreadCost("main (event loop)", 2.0, 0.002)])  # fmt: skip
+    text = table(result)
+    assert "| collect-nvml | 3.00 | 0.300% |" in text
+    assert "| **whole process** | **5.00** | **0.500%** |" in text
 
 
 def test_importtime_lines_give_each_module_its_own_and_cumulative_seconds() -> None:
