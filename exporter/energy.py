@@ -57,6 +57,9 @@ class EnergyLedger:
         self._accounts: dict[str, _Account] = {}
         self._holders: dict[str, dict[Holder, set[str]]] = {}
         """Last cycle's holders of each metered device's family."""
+        self._families: tuple[object, dict[str, dict[Holder, set[str]]]] | None = None
+        """(what `_family_holders` read, its answer): the same while the metered devices,
+        the devices and the allocations are (never mutated: read as `previous` only)."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
         return replace(snapshot, container_energy=self.account(snapshot))
@@ -71,12 +74,13 @@ class EnergyLedger:
                     metered[joined.reading.device.id] = joined
                     readings[joined.reading.device.id] = sample.value
                     break
-        holders = _family_holders(snapshot, metered)
+        holders = self._family_holders(snapshot, metered)
+        sizes = _SliceSizes(snapshot)
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                for holder, share in _shares(snapshot, joined, previous).items():
+                for holder, share in _shares(snapshot, joined, previous, sizes).items():
                     account.pending[holder] += share
             self._settle(account, readings[device_id])
             for holder in (*holders.get(device_id, {}), None):
@@ -84,6 +88,20 @@ class EnergyLedger:
                 account.seen[holder] = now
         self._holders = holders
         return self._series(now)
+
+    def _family_holders(
+        self, snapshot: Snapshot, metered: Mapping[str, JoinedDevice]
+    ) -> dict[str, dict[Holder, set[str]]]:
+        key = (
+            tuple(metered),
+            tuple(j.reading.device for j in snapshot.devices),
+            snapshot.allocations,
+        )
+        if self._families is not None and self._families[0] == key:
+            return self._families[1]
+        holders = _family_holders(snapshot, metered)
+        self._families = (key, holders)
+        return holders
 
     @staticmethod
     def _settle(account: _Account, reading: float) -> None:
@@ -133,7 +151,10 @@ def _family_holders(
 
 
 def _shares(
-    snapshot: Snapshot, joined: JoinedDevice, previous: Mapping[Holder, set[str]]
+    snapshot: Snapshot,
+    joined: JoinedDevice,
+    previous: Mapping[Holder, set[str]],
+    sizes: _SliceSizes,
 ) -> dict[Holder | None, float]:
     """This cycle's shares (summing to 1) among the holders at the interval's start."""
     if not previous:
@@ -148,20 +169,30 @@ def _shares(
             used[owner.holder] += usage.utilization or 0.0
     weights: dict[Holder, float] = dict(used) if sum(used.values()) > 0 else {}
     if not weights:
-        sizes = _sizes(snapshot, joined.reading.device.id)
-        weights = {h: sum(sizes.get(d, 1.0) for d in held) for h, held in previous.items()}
+        of_parent = sizes.of(joined.reading.device.id)
+        weights = {h: sum(of_parent.get(d, 1.0) for d in held) for h, held in previous.items()}
     total = sum(weights.values())
     return {h: w / total for h, w in weights.items() if w > 0}
 
 
-def _sizes(snapshot: Snapshot, parent: str) -> dict[str, float]:
-    """Slices of `parent` by their memory (`hw.gpu.memory.limit`): their share of it."""
-    sizes: dict[str, float] = {}
-    for joined in snapshot.devices:
-        device = joined.reading.device
-        if device.parent != parent:
-            continue
-        for sample in joined.reading.samples:
-            if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
-                sizes[device.id] = sample.value
-    return sizes
+class _SliceSizes:
+    """Slices by their memory (`hw.gpu.memory.limit`), per parent: their share of it. Read
+    from the snapshot in one pass, on the first ask (only shared devices with no measured
+    use ask), not once per parent."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._by_parent: dict[str, dict[str, float]] | None = None
+
+    def of(self, parent: str) -> dict[str, float]:
+        if self._by_parent is None:
+            self._by_parent = {}
+            for joined in self.snapshot.devices:
+                device = joined.reading.device
+                if not device.parent:
+                    continue
+                sizes = self._by_parent.setdefault(device.parent, {})
+                for sample in joined.reading.samples:
+                    if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
+                        sizes[device.id] = sample.value
+        return self._by_parent.get(parent, {})
