@@ -49,8 +49,9 @@ log = logging.getLogger("exporter.budget")
 _HolderKey = tuple[str, str, str]
 _NO_POD: _HolderKey = ("\uffff", "", "")
 """The processes of no pod (host processes): after every container."""
-_Shape = tuple[tuple[str, Attributes], ...]
-_shape_of = attrgetter("metric", "attributes")
+_Shape = tuple[tuple[str, ...], tuple[Attributes, ...]]
+_metric_of = attrgetter("metric")
+_attributes_of = attrgetter("attributes")
 _MAX_SHAPES = 1024
 """Distinct sample layouts remembered (one per device model and configuration: a handful;
 the memo starts over past this many, so it never grows with the node's history)."""
@@ -121,7 +122,9 @@ class Budgeted:
         """The device with the samples of groups that are off left out (built directly, as
         the poller does: `dataclasses.replace` was most of this step's cost)."""
         samples = joined.reading.samples
-        shape = tuple(map(_shape_of, samples))
+        # Two tuples of what the samples already hold: no object made per sample (with
+        # glibc's malloc, as the image runs, each one costs).
+        shape = (tuple(map(_metric_of, samples)), tuple(map(_attributes_of, samples)))
         try:
             mask = self._masks[shape]
         except KeyError:
