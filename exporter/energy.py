@@ -32,10 +32,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
 
 ENERGY = "hw.energy"
+_Shares = dict[Holder | None, float]
+_holder_order = attrgetter("namespace", "pod", "container")
+"""`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
 LINGER_SECONDS = 600.0
 
 
@@ -60,6 +64,10 @@ class EnergyLedger:
         self._families: tuple[object, dict[str, dict[Holder, set[str]]]] | None = None
         """(what `_family_holders` read, its answer): the same while the metered devices,
         the devices and the allocations are (never mutated: read as `previous` only)."""
+        self._by_size: dict[str, tuple[Mapping[Holder, set[str]], dict[str, float], _Shares]] = {}
+        """Metered device -> (holders, slice sizes, shares) of its last split by size: the
+        same holders (the same `previous` object, kept above) and sizes give the same
+        shares."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
         return replace(snapshot, container_energy=self.account(snapshot))
@@ -80,13 +88,15 @@ class EnergyLedger:
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                for holder, share in _shares(snapshot, joined, previous, sizes).items():
+                for holder, share in self._shares(snapshot, joined, previous, sizes).items():
                     account.pending[holder] += share
             self._settle(account, readings[device_id])
             for holder in (*holders.get(device_id, {}), None):
                 account.totals.setdefault(holder, 0.0)
                 account.seen[holder] = now
         self._holders = holders
+        if len(self._by_size) > len(metered):  # a device gone: its split goes with it
+            self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
         return self._series(now)
 
     def _family_holders(
@@ -102,6 +112,33 @@ class EnergyLedger:
         holders = _family_holders(snapshot, metered)
         self._families = (key, holders)
         return holders
+
+    def _shares(
+        self,
+        snapshot: Snapshot,
+        joined: JoinedDevice,
+        previous: Mapping[Holder, set[str]],
+        sizes: _SliceSizes,
+    ) -> _Shares:
+        """This cycle's shares (summing to 1) among the holders at the interval's start:
+        by measured use when any of them used the device, else by what each holds."""
+        if not previous:
+            return {None: 1.0}
+        if len(previous) == 1:
+            return {next(iter(previous)): 1.0}
+        used = _used(snapshot, previous)
+        if used:
+            return _split(used)
+        device_id = joined.reading.device.id
+        of_parent = sizes.of(device_id)
+        last = self._by_size.get(device_id)
+        if last is not None and last[0] is previous and last[1] == of_parent:
+            return last[2]
+        shares = _split(
+            {h: sum(of_parent.get(d, 1.0) for d in held) for h, held in previous.items()}
+        )
+        self._by_size[device_id] = (previous, of_parent, shares)
+        return shares
 
     @staticmethod
     def _settle(account: _Account, reading: float) -> None:
@@ -127,8 +164,11 @@ class EnergyLedger:
             if not account.seen:
                 del self._accounts[device_id]
                 continue
-            keys = sorted(account.totals, key=lambda h: (h is not None, h or Holder("", "", "")))
-            out += [ContainerEnergy(device_id, h, account.totals[h]) for h in keys]
+            totals = account.totals
+            keys = sorted((h for h in totals if h is not None), key=_holder_order)
+            if None in totals:
+                out.append(ContainerEnergy(device_id, None, totals[None]))
+            out += [ContainerEnergy(device_id, h, totals[h]) for h in keys]
         return tuple(out)
 
 
@@ -150,27 +190,19 @@ def _family_holders(
     return out
 
 
-def _shares(
-    snapshot: Snapshot,
-    joined: JoinedDevice,
-    previous: Mapping[Holder, set[str]],
-    sizes: _SliceSizes,
-) -> dict[Holder | None, float]:
-    """This cycle's shares (summing to 1) among the holders at the interval's start."""
-    if not previous:
-        return {None: 1.0}
-    if len(previous) == 1:
-        return {next(iter(previous)): 1.0}
+def _used(snapshot: Snapshot, previous: Mapping[Holder, set[str]]) -> dict[Holder, float]:
+    """The utilization each holder's processes had on the device's family; empty when
+    none of them used it."""
     family = set().union(*previous.values())
     used: dict[Holder, float] = defaultdict(float)
     for usage in snapshot.container_usage:
         owner = usage.owner
         if owner is not None and owner.holder in previous and usage.device_id in family:
             used[owner.holder] += usage.utilization or 0.0
-    weights: dict[Holder, float] = dict(used) if sum(used.values()) > 0 else {}
-    if not weights:
-        of_parent = sizes.of(joined.reading.device.id)
-        weights = {h: sum(of_parent.get(d, 1.0) for d in held) for h, held in previous.items()}
+    return dict(used) if sum(used.values()) > 0 else {}
+
+
+def _split(weights: Mapping[Holder, float]) -> _Shares:
     total = sum(weights.values())
     return {h: w / total for h, w in weights.items() if w > 0}
 

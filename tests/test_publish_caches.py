@@ -134,6 +134,7 @@ class Twin:
         self.poller._held._last = None
         self.budget._masks.clear()
         self.ledger._families = None
+        self.ledger._by_size.clear()
         self.placement._last = None
 
 
@@ -179,6 +180,7 @@ async def test_every_kept_result_follows_its_inputs(tmp_path: Path) -> None:
     kept, fresh = _twin(node, sysfs, proc, logs), _twin(node, sysfs, proc, logs)
 
     async def cycle() -> str:
+        node.joules += 100.0  # each GPU's counter moves every cycle: shares settle each time
         texts = []
         for twin in (kept, fresh):
             twin.kubelet.state, twin.source.result = node.state(), node.result()
@@ -221,8 +223,10 @@ async def test_every_kept_result_follows_its_inputs(tmp_path: Path) -> None:
         text = await cycle()
         assert _value(text, usage, k8s_pod_name="b", hw_allocation_requested="true") == 2.0**30
 
-        # c leaves and d takes its devices: as many allocations, another holder.
+        # c leaves and d takes its devices: as many allocations, another holder; b's process
+        # exits, so nobody's use is measured and GPU-0's energy goes by what each holds.
         node.pods["d"] = node.pods.pop("c")
+        node.processes = ()
         text = await cycle()
         assert _value(text, "hw_allocation_info", k8s_pod_name="c") is None
         assert _value(text, "hw_container_pcie_placement", k8s_pod_name="d") is not None
@@ -232,6 +236,7 @@ async def test_every_kept_result_follows_its_inputs(tmp_path: Path) -> None:
         node.errors_type = "pcie_replay"
         text = await cycle()
         assert _value(text, "hw_errors_total", hw_id="GPU-0") is None
+        assert (_value(text, "hw_container_energy_joules_total", k8s_pod_name="d") or 0) > 0
         assert _value(text, "hw_gpu_memory_usage_bytes", hw_id="GPU-0") == 2.0**30
 
         # GPU-1 disappears: its series go, b's allocation of it is no longer joined.
