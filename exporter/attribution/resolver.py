@@ -151,9 +151,9 @@ class ProcessResolver:
         return identity
 
     def _unavailable(self) -> str:
-        if not self.procfs.is_dir():
+        if not os.path.isdir(self._pid_dirs):
             reason = f"no host /proc at {self.procfs} (--path.procfs)"
-        elif not self.logs.path.is_dir():
+        elif not os.path.isdir(self.logs.path):
             reason = f"no container-log directory at {self.logs.path} (--path.container-logs)"
         else:
             reason = own_pid_namespace(self.procfs)
