@@ -32,12 +32,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
+from operator import attrgetter, indexOf
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
+_metric_of = attrgetter("metric")
 _holder_order = attrgetter("namespace", "pod", "container")
 """`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
 LINGER_SECONDS = 600.0
@@ -77,11 +78,13 @@ class EnergyLedger:
         metered: dict[str, JoinedDevice] = {}
         readings: dict[str, float] = {}
         for joined in snapshot.devices:
-            for sample in joined.reading.samples:
-                if sample.metric == ENERGY:
-                    metered[joined.reading.device.id] = joined
-                    readings[joined.reading.device.id] = sample.value
-                    break
+            samples = joined.reading.samples
+            try:  # the first energy sample, looked for in C: most devices (slices) have none
+                at = indexOf(map(_metric_of, samples), ENERGY)
+            except ValueError:
+                continue
+            metered[joined.reading.device.id] = joined
+            readings[joined.reading.device.id] = samples[at].value
         holders = self._family_holders(snapshot, metered)
         sizes = _SliceSizes(snapshot)
         for device_id, joined in metered.items():
@@ -91,9 +94,14 @@ class EnergyLedger:
                 for holder, share in self._shares(snapshot, joined, previous, sizes).items():
                     account.pending[holder] += share
             self._settle(account, readings[device_id])
-            for holder in (*holders.get(device_id, {}), None):
-                account.totals.setdefault(holder, 0.0)
-                account.seen[holder] = now
+            # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
+            # it stored, so every holder is marked seen, and the new ones given a total,
+            # without hashing one again (the order of `totals` is never read: `_series` sorts).
+            present: dict[Holder | None, float] = dict.fromkeys(holders.get(device_id, {}), now)
+            present[None] = now
+            account.seen.update(present)
+            for holder in set(present).difference(account.totals):
+                account.totals[holder] = 0.0
         self._holders = holders
         if len(self._by_size) > len(metered):  # a device gone: its split goes with it
             self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
