@@ -24,12 +24,15 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import compress
+from operator import attrgetter, is_not
 
 from exporter.log import StateLog
 from exporter.metrics import DEFAULT_GROUPS, DEFAULT_MAX_SERIES, GROUP_NAMES, SPECS, MetricSpec
 from exporter.model import (
     Allocation,
     AllocationKind,
+    Attributes,
     ContainerNuma,
     ContainerUsage,
     DeviceReading,
@@ -46,6 +49,12 @@ log = logging.getLogger("exporter.budget")
 _HolderKey = tuple[str, str, str]
 _NO_POD: _HolderKey = ("\uffff", "", "")
 """The processes of no pod (host processes): after every container."""
+_Shape = tuple[tuple[str, ...], tuple[Attributes, ...]]
+_metric_of = attrgetter("metric")
+_attributes_of = attrgetter("attributes")
+_MAX_SHAPES = 1024
+"""Distinct sample layouts remembered (one per device model and configuration: a handful;
+the memo starts over past this many, so it never grows with the node's history)."""
 
 
 class Budgeted:
@@ -68,6 +77,10 @@ class Budgeted:
         """metric -> every series kept (True), none (False), or decided by a label (None)."""
         self._states = StateLog(log)
         self.last: Snapshot | None = None
+        self._masks: dict[_Shape, tuple[bool, ...] | None] = {}
+        """Sample layout (each sample's metric and attributes) -> which samples the groups
+        keep, None for all: the decision reads nothing else, and a device's layout is the
+        same cycle after cycle, only the values change."""
 
     def update(self, snapshot: Snapshot) -> None:
         out = self.apply(snapshot)
@@ -78,9 +91,10 @@ class Budgeted:
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the groups that are off left out, trimmed to the budget, and the
         budget's own series added."""
-        devices = tuple(self._grouped(d) for d in snapshot.devices)
+        devices = tuple(map(self._grouped, snapshot.devices))
         energy = snapshot.container_energy if "energy" in self.groups else ()
-        snapshot = replace(snapshot, devices=devices, container_energy=energy)
+        if energy is not snapshot.container_energy or any(map(is_not, devices, snapshot.devices)):
+            snapshot = replace(snapshot, devices=devices, container_energy=energy)
         trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)))
         if dropped:
             self._states.failed(
@@ -108,17 +122,30 @@ class Budgeted:
         """The device with the samples of groups that are off left out (built directly, as
         the poller does: `dataclasses.replace` was most of this step's cost)."""
         samples = joined.reading.samples
-        whole, groups = self._whole, self.groups
-        kept = tuple(
-            s
-            for s in samples
-            if (keep := whole[s.metric]) or (keep is None and _label_keeps(s, groups))
-        )
-        if len(kept) == len(samples):
+        # Two tuples of what the samples already hold: no object made per sample (with
+        # glibc's malloc, as the image runs, each one costs).
+        shape = (tuple(map(_metric_of, samples)), tuple(map(_attributes_of, samples)))
+        try:
+            mask = self._masks[shape]
+        except KeyError:
+            mask = self._mask(samples)
+            if len(self._masks) >= _MAX_SHAPES:
+                self._masks.clear()
+            self._masks[shape] = mask
+        if mask is None:
             return joined
         j = joined
-        reading = DeviceReading(j.reading.device, kept)
+        reading = DeviceReading(j.reading.device, tuple(compress(samples, mask)))
         return JoinedDevice(reading, j.holder, j.holders, j.allocatable, j.resource)
+
+    def _mask(self, samples: Sequence[Sample]) -> tuple[bool, ...] | None:
+        """Which of `samples` the groups keep; None when every one is kept."""
+        whole, groups = self._whole, self.groups
+        mask = tuple(
+            bool(keep := whole[s.metric]) or (keep is None and _label_keeps(s, groups))
+            for s in samples
+        )
+        return None if all(mask) else mask
 
 
 def _label_keeps(sample: Sample, groups: frozenset[str]) -> bool:

@@ -32,10 +32,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter, indexOf
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
 
 ENERGY = "hw.energy"
+_Shares = dict[Holder | None, float]
+_metric_of = attrgetter("metric")
+_holder_order = attrgetter("namespace", "pod", "container")
+"""`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
 LINGER_SECONDS = 600.0
 
 
@@ -57,6 +62,13 @@ class EnergyLedger:
         self._accounts: dict[str, _Account] = {}
         self._holders: dict[str, dict[Holder, set[str]]] = {}
         """Last cycle's holders of each metered device's family."""
+        self._families: tuple[object, dict[str, dict[Holder, set[str]]]] | None = None
+        """(what `_family_holders` read, its answer): the same while the metered devices,
+        the devices and the allocations are (never mutated: read as `previous` only)."""
+        self._by_size: dict[str, tuple[Mapping[Holder, set[str]], dict[str, float], _Shares]] = {}
+        """Metered device -> (holders, slice sizes, shares) of its last split by size: the
+        same holders (the same `previous` object, kept above) and sizes give the same
+        shares."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
         return replace(snapshot, container_energy=self.account(snapshot))
@@ -66,24 +78,75 @@ class EnergyLedger:
         metered: dict[str, JoinedDevice] = {}
         readings: dict[str, float] = {}
         for joined in snapshot.devices:
-            for sample in joined.reading.samples:
-                if sample.metric == ENERGY:
-                    metered[joined.reading.device.id] = joined
-                    readings[joined.reading.device.id] = sample.value
-                    break
-        holders = _family_holders(snapshot, metered)
+            samples = joined.reading.samples
+            try:  # the first energy sample, looked for in C: most devices (slices) have none
+                at = indexOf(map(_metric_of, samples), ENERGY)
+            except ValueError:
+                continue
+            metered[joined.reading.device.id] = joined
+            readings[joined.reading.device.id] = samples[at].value
+        holders = self._family_holders(snapshot, metered)
+        sizes = _SliceSizes(snapshot)
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                for holder, share in _shares(snapshot, joined, previous).items():
+                for holder, share in self._shares(snapshot, joined, previous, sizes).items():
                     account.pending[holder] += share
             self._settle(account, readings[device_id])
-            for holder in (*holders.get(device_id, {}), None):
-                account.totals.setdefault(holder, 0.0)
-                account.seen[holder] = now
+            # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
+            # it stored, so every holder is marked seen, and the new ones given a total,
+            # without hashing one again (the order of `totals` is never read: `_series` sorts).
+            present: dict[Holder | None, float] = dict.fromkeys(holders.get(device_id, {}), now)
+            present[None] = now
+            account.seen.update(present)
+            for holder in set(present).difference(account.totals):
+                account.totals[holder] = 0.0
         self._holders = holders
+        if len(self._by_size) > len(metered):  # a device gone: its split goes with it
+            self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
         return self._series(now)
+
+    def _family_holders(
+        self, snapshot: Snapshot, metered: Mapping[str, JoinedDevice]
+    ) -> dict[str, dict[Holder, set[str]]]:
+        key = (
+            tuple(metered),
+            tuple(j.reading.device for j in snapshot.devices),
+            snapshot.allocations,
+        )
+        if self._families is not None and self._families[0] == key:
+            return self._families[1]
+        holders = _family_holders(snapshot, metered)
+        self._families = (key, holders)
+        return holders
+
+    def _shares(
+        self,
+        snapshot: Snapshot,
+        joined: JoinedDevice,
+        previous: Mapping[Holder, set[str]],
+        sizes: _SliceSizes,
+    ) -> _Shares:
+        """This cycle's shares (summing to 1) among the holders at the interval's start:
+        by measured use when any of them used the device, else by what each holds."""
+        if not previous:
+            return {None: 1.0}
+        if len(previous) == 1:
+            return {next(iter(previous)): 1.0}
+        used = _used(snapshot, previous)
+        if used:
+            return _split(used)
+        device_id = joined.reading.device.id
+        of_parent = sizes.of(device_id)
+        last = self._by_size.get(device_id)
+        if last is not None and last[0] is previous and last[1] == of_parent:
+            return last[2]
+        shares = _split(
+            {h: sum(of_parent.get(d, 1.0) for d in held) for h, held in previous.items()}
+        )
+        self._by_size[device_id] = (previous, of_parent, shares)
+        return shares
 
     @staticmethod
     def _settle(account: _Account, reading: float) -> None:
@@ -109,8 +172,11 @@ class EnergyLedger:
             if not account.seen:
                 del self._accounts[device_id]
                 continue
-            keys = sorted(account.totals, key=lambda h: (h is not None, h or Holder("", "", "")))
-            out += [ContainerEnergy(device_id, h, account.totals[h]) for h in keys]
+            totals = account.totals
+            keys = sorted((h for h in totals if h is not None), key=_holder_order)
+            if None in totals:
+                out.append(ContainerEnergy(device_id, None, totals[None]))
+            out += [ContainerEnergy(device_id, h, totals[h]) for h in keys]
         return tuple(out)
 
 
@@ -132,36 +198,41 @@ def _family_holders(
     return out
 
 
-def _shares(
-    snapshot: Snapshot, joined: JoinedDevice, previous: Mapping[Holder, set[str]]
-) -> dict[Holder | None, float]:
-    """This cycle's shares (summing to 1) among the holders at the interval's start."""
-    if not previous:
-        return {None: 1.0}
-    if len(previous) == 1:
-        return {next(iter(previous)): 1.0}
+def _used(snapshot: Snapshot, previous: Mapping[Holder, set[str]]) -> dict[Holder, float]:
+    """The utilization each holder's processes had on the device's family; empty when
+    none of them used it."""
     family = set().union(*previous.values())
     used: dict[Holder, float] = defaultdict(float)
     for usage in snapshot.container_usage:
         owner = usage.owner
         if owner is not None and owner.holder in previous and usage.device_id in family:
             used[owner.holder] += usage.utilization or 0.0
-    weights: dict[Holder, float] = dict(used) if sum(used.values()) > 0 else {}
-    if not weights:
-        sizes = _sizes(snapshot, joined.reading.device.id)
-        weights = {h: sum(sizes.get(d, 1.0) for d in held) for h, held in previous.items()}
+    return dict(used) if sum(used.values()) > 0 else {}
+
+
+def _split(weights: Mapping[Holder, float]) -> _Shares:
     total = sum(weights.values())
     return {h: w / total for h, w in weights.items() if w > 0}
 
 
-def _sizes(snapshot: Snapshot, parent: str) -> dict[str, float]:
-    """Slices of `parent` by their memory (`hw.gpu.memory.limit`): their share of it."""
-    sizes: dict[str, float] = {}
-    for joined in snapshot.devices:
-        device = joined.reading.device
-        if device.parent != parent:
-            continue
-        for sample in joined.reading.samples:
-            if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
-                sizes[device.id] = sample.value
-    return sizes
+class _SliceSizes:
+    """Slices by their memory (`hw.gpu.memory.limit`), per parent: their share of it. Read
+    from the snapshot in one pass, on the first ask (only shared devices with no measured
+    use ask), not once per parent."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._by_parent: dict[str, dict[str, float]] | None = None
+
+    def of(self, parent: str) -> dict[str, float]:
+        if self._by_parent is None:
+            self._by_parent = {}
+            for joined in self.snapshot.devices:
+                device = joined.reading.device
+                if not device.parent:
+                    continue
+                sizes = self._by_parent.setdefault(device.parent, {})
+                for sample in joined.reading.samples:
+                    if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
+                        sizes[device.id] = sample.value
+        return self._by_parent.get(parent, {})

@@ -161,8 +161,13 @@ class PlacementReader:
         self._clock = clock
         self._paths: dict[str, PciPath | None] = {}
         self._read_at = 0.0
+        self._looked_up = 0
+        """Calls of `path` so far: a result that made none does not age with the paths."""
+        self._last: tuple[object, bool, tuple[PairPlacement, ...]] | None = None
+        """(what the last pairs were made of, whether they read PCI paths, the pairs)."""
 
     def path(self, address: str) -> PciPath | None:
+        self._looked_up += 1
         now = self._clock()
         if now - self._read_at > self.refresh:
             self._paths.clear()
@@ -172,9 +177,24 @@ class PlacementReader:
         return self._paths[address]
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
-        """A snapshot step (Poller `steps`): adds `placements`."""
-        pairs = self.placements(snapshot.allocations, snapshot.devices, cpu_nodes)
-        return replace(snapshot, placements=pairs)
+        """A snapshot step (Poller `steps`): adds `placements`. The pairs are made again
+        only when the allocations, the devices or the CPU map changed, or when the PCI
+        paths they were made from are due to be read again (`refresh`)."""
+        key = (
+            snapshot.allocations,
+            tuple(j.reading.device for j in snapshot.devices),
+            len(set(cpu_nodes.values())) == 1,
+        )
+        last = self._last
+        if (
+            last is None
+            or last[0] != key
+            or (last[1] and self._clock() - self._read_at > self.refresh)
+        ):
+            looked_up = self._looked_up
+            pairs = self.placements(snapshot.allocations, snapshot.devices, cpu_nodes)
+            last = self._last = (key, self._looked_up != looked_up, pairs)
+        return replace(snapshot, placements=last[2])
 
     def placements(
         self,

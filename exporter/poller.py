@@ -19,7 +19,7 @@ from functools import partial
 from typing import Protocol
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.attribution.usage import container_usage
+from exporter.attribution.usage import HeldIndex, container_usage
 from exporter.checks import warn_unseen
 from exporter.draview import DraView
 from exporter.ids import ResourceMatcher
@@ -142,6 +142,7 @@ class Poller:
         )
         self._last_duration: float | None = None
         self._join_cache: tuple[object, JoinResult] | None = None
+        self._held = HeldIndex()
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
         self.restart_required: dict[str, str] = {}
@@ -185,7 +186,8 @@ class Poller:
         usage: tuple[ContainerUsage, ...] = ()
         if owners is not None:
             devices = [d.reading.device for d in joined.devices]
-            usage = container_usage(processes, owners, joined.allocations, devices)
+            held = partial(self._held.held, joined.allocations, devices)
+            usage = container_usage(processes, owners, joined.allocations, devices, held=held)
         self._cycles += 1
         self._last_success = self._wall_clock()
         self_samples: list[Sample] = []

@@ -41,7 +41,7 @@ bytes. Longer is not the kernel's file."""
 log = logging.getLogger("exporter.attribution")
 
 
-def read_small(path: Path, limit: int = _READ_LIMIT) -> str | None:
+def read_small(path: str | Path, limit: int = _READ_LIMIT) -> str | None:
     """A procfs file, read once with one bounded read that never blocks; None when it
     cannot be read (the process exited, or we may not), is not a regular file, or is
     longer than `limit`."""
@@ -83,6 +83,9 @@ def own_pid_namespace(procfs: Path) -> str:
 class ProcessResolver:
     def __init__(self, procfs: Path, container_logs: Path, *, timeout: float = 5.0) -> None:
         self.procfs = procfs
+        self._pid_dirs = os.path.join(procfs, "")
+        """`procfs` and a slash, as a string: a PID's files are joined to it every cycle
+        (pathlib's `/` was most of the resolution's own cost)."""
         self.logs = ContainerLogDirectory(container_logs)
         self.timeout = timeout
         self._cgroups: dict[int, tuple[int, CgroupIdentity | None]] = {}
@@ -134,7 +137,7 @@ class ProcessResolver:
     def _identity(self, pid: int) -> CgroupIdentity | None:
         if pid <= 0:
             return None
-        stat = read_small(self.procfs / str(pid) / "stat", STAT_LIMIT)
+        stat = read_small(f"{self._pid_dirs}{pid}/stat", STAT_LIMIT)
         started = start_time(stat) if stat is not None else None
         if started is None:
             self._cgroups.pop(pid, None)
@@ -142,15 +145,15 @@ class ProcessResolver:
         cached = self._cgroups.get(pid)
         if cached is not None and cached[0] == started:
             return cached[1]
-        text = read_small(self.procfs / str(pid) / "cgroup")
+        text = read_small(f"{self._pid_dirs}{pid}/cgroup")
         identity = parse_cgroup_file(text) if text is not None else None
         self._cgroups[pid] = (started, identity)
         return identity
 
     def _unavailable(self) -> str:
-        if not self.procfs.is_dir():
+        if not os.path.isdir(self._pid_dirs):
             reason = f"no host /proc at {self.procfs} (--path.procfs)"
-        elif not self.logs.path.is_dir():
+        elif not os.path.isdir(self.logs.path):
             reason = f"no container-log directory at {self.logs.path} (--path.container-logs)"
         else:
             reason = own_pid_namespace(self.procfs)

@@ -9,7 +9,7 @@ that have the reading; a group where none has it has no value (not 0).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from exporter.model import Allocation, ContainerUsage, Device, Holder, Owner, ProcessUsage
 
@@ -19,11 +19,20 @@ def container_usage(
     owners: Mapping[int, Owner],
     allocations: Sequence[Allocation],
     devices: Sequence[Device],
+    *,
+    held: Callable[[], Mapping[str, set[Holder]]] | None = None,
 ) -> tuple[ContainerUsage, ...]:
+    """`held`: device -> its holders (`HeldIndex.held`), asked only when a process has an
+    owner; by default worked out from `allocations` and `devices`."""
     groups: dict[tuple[str, Owner | None], list[ProcessUsage]] = defaultdict(list)
     for proc in processes:
         groups[(proc.device_id, owners.get(proc.pid))].append(proc)
-    held = _held(allocations, devices)
+    if not any(owner is not None for _, owner in groups):
+        held_by: Mapping[str, set[Holder]] = {}  # nobody's processes: nothing is requested
+    elif held is None:
+        held_by = _held(allocations, devices)
+    else:
+        held_by = held()
     out = [
         ContainerUsage(
             device_id=device_id,
@@ -31,12 +40,28 @@ def container_usage(
             processes=len(procs),
             memory_bytes=_sum(p.memory_bytes for p in procs),
             utilization=_sum(p.utilization for p in procs),
-            requested=owner is not None and owner.holder in held.get(device_id, ()),
+            requested=owner is not None and owner.holder in held_by.get(device_id, ()),
         )
         for (device_id, owner), procs in groups.items()
     ]
     out.sort(key=lambda u: (u.device_id, u.owner is not None, _key(u.owner)))
     return tuple(out)
+
+
+class HeldIndex:
+    """`_held`, worked out again only when the allocations or the devices changed (the
+    poller's join keeps both from cycle to cycle while the node does not change)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[object, dict[str, set[Holder]]] | None = None
+
+    def held(
+        self, allocations: Sequence[Allocation], devices: Sequence[Device]
+    ) -> dict[str, set[Holder]]:
+        key = (tuple(allocations), tuple(devices))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, _held(allocations, devices))
+        return self._last[1]
 
 
 def _held(allocations: Sequence[Allocation], devices: Sequence[Device]) -> dict[str, set[Holder]]:
