@@ -21,9 +21,11 @@ _GROUPS_HEAD = """## Metric groups
 
 As node_exporter's collectors and dcgm-exporter's counter files: the default (`core`)
 answers the first questions (utilization, memory, power, temperature, errors, who holds
-what) at no more series per whole GPU than dcgm-exporter's default counters (25 series:
-`etc/default-counters.csv`, 26 fields of which `DCGM_FI_DRIVER_VERSION` is a label; ours: 23
-or 24 on `dense`'s time-sliced GPUs, 3 holders each, counted by
+what) at no more series of a whole GPU than dcgm-exporter's default counters (25 series:
+`etc/default-counters.csv`, 26 fields of which `DCGM_FI_DRIVER_VERSION` is a label; ours: 21
+or 22 on `dense`'s time-sliced GPUs), plus 3 for each container holding it (its allocation,
+and its own GPU use and processes from process attribution), where dcgm-exporter has no
+per-holder series but one pod's labels on the GPU's (counted by
 `tests/test_metric_groups.py`). Each other group is one flag away, `--metrics.group.NAME`
 (`KDE_METRICS_GROUP_NAME=true`; chart `metricGroups.NAME`; kit
 `deploy/components/metric-groups`). `kube_device_exporter_metric_group_enabled{group}`
