@@ -30,6 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import (
+    ab,
     churn,
     cost,
     fleet,
@@ -228,6 +229,8 @@ def main(argv: list[str]) -> int:
         return startup.main(argv[1:])
     if argv[:1] == ["floor"]:
         return floor.main(argv[1:])
+    if argv[:1] == ["ab"]:
+        return ab.main(argv[1:])
     if argv[:1] == ["threads"]:
         return threads.main(argv[1:])
     if argv[:1] == ["floor-ratios"]:

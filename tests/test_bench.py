@@ -223,3 +223,18 @@ def test_the_wakeup_section_shows_the_channel_kept_and_closed_and_the_start_up()
     r.startup = Startup(0.215, (("aiohttp.connector", 0.0366),))
     assert "takes 215 ms" in "".join(_startup(r))
     assert "`aiohttp.connector` 36.6 ms" in "".join(_startup(r))
+
+
+def test_ab_runs_the_other_revision_from_its_own_copy(tmp_path: Path) -> None:
+    """`python -m bench ab REV` imports REV's exporter, not this tree's: the copy holds the
+    package as git has it at that revision."""
+
+    from bench.ab import ROOT, export
+
+    export("HEAD", tmp_path)
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "show", "HEAD:exporter/poller.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert (tmp_path / "exporter" / "poller.py").read_text() == head
+    assert not (tmp_path / "bench").exists()
