@@ -455,7 +455,9 @@ def write(r: Results, args: argparse.Namespace) -> None:
         "measured side by side in the same run. This machine is shared and noisy: rerun for\n"
         "your own numbers. It is also a nested VM whose vCPUs halt when idle, so waking costs\n"
         "far more here than on a GPU node: docs/gpu-node.md has the same `dense` measurements\n"
-        "(and the real driver's) on a GPU node's CPU, from `bench/real_gpu.sh`.\n\n",
+        "(and the real driver's) on a GPU node's CPU, from `bench/real_gpu.sh`. Whether a\n"
+        "change made the exporter cheaper: `python -m bench ab REV` runs REV's exporter and\n"
+        "this tree's side by side on one node.\n\n",
         f"Machine: {r.machine}. Dense 1 s: {_ms(dense.cpu_per_cycle_s)} per cycle, "
         f"{dense.core_share:.2%} of a core, {dense.rss_bytes / MIB:.0f} MiB.\n\n",
         *_budget(r),
