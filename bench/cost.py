@@ -136,7 +136,7 @@ BREAKDOWN: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (  # (name,
     ("everything", (), {}),
     ("without the kubelet (no socket)", ("--kubelet-socket", "/nonexistent/kubelet.sock"), {}),
     ("without NVML", ("--no-collector.nvml",), {}),
-    ("without the XID event thread", ("--collector.nvml.xid-events", "false"), {}),
+    ("without XID events", ("--collector.nvml.xid-events", "false"), {}),
     ("on Python's own allocator", (), {"PYTHONMALLOC": "pymalloc"}),
 )
 """Exporters run side by side on one node at 1 s, each without one part (the last on

@@ -89,7 +89,7 @@ def _costs(r: Results) -> list[str]:
         "10 s collection), scraped every 15 s (OpenMetrics, gzip) as Prometheus does. CPU is\n"
         "user + system of the exporter process over the window, all threads, the stand-in NVML\n"
         "library included; per cycle = CPU / cycles run in the window (so it includes the\n"
-        "process's background: the XID event thread, the HTTP server, the scrapes).\n\n",
+        "process's background: the HTTP server, the scrapes).\n\n",
         "| node | series | CPU per cycle, 1 s | core share, 1 s | CPU per cycle, 10 s "
         "| core share, 10 s | RSS after warm-up | start-up to ready |\n",
         "|---|---|---|---|---|---|---|---|\n",
@@ -134,8 +134,8 @@ def _breakdown(r: Results) -> list[str]:
     malloc = whole - r.breakdown[names[4]]
     rows = [
         ("the kubelet: `List` and `GetAllocatableResources`, every 5 s, over gRPC", kubelet),
-        ("NVML: collect(), the stand-in library, the XID event thread", nvml),
-        ("of which the XID event thread (the stand-in re-reads its state there)", xid),
+        ("NVML: collect(), the stand-in library, XID events", nvml),
+        ("of which XID events (an event set collect() empties)", xid),
         ("the rest: the cycle, the join, the snapshot, HTTP, scrapes", whole - kubelet - nvml),
         ("of the whole: glibc's malloc rather than Python's own allocator", malloc),
     ]
@@ -186,10 +186,9 @@ def _wakeups(r: Results) -> list[str]:
     ]
     out.append(
         "\nThe threads: the event loop, one per source's collect() (five on a GPU node, four\n"
-        "of them asked once a minute when they find nothing), the XID event thread (blocked\n"
-        "in the driver; the stand-in wakes it at every write of its state, a real driver\n"
-        "once a second), the publish step, the attribution's host reads, the NUMA map's and\n"
-        "the loop's executor. gRPC's own (its event engine, timer and completion-queue\n"
+        "of them asked once a minute when they find nothing; XID events are taken there too,\n"
+        "from an event set each cycle empties), the publish step, the attribution's host\n"
+        "reads, the NUMA map's and the loop's executor. gRPC's own (its event engine, timer and completion-queue\n"
         "poller: 6 on 2 CPUs, up to 16 event-engine threads on a big node) live only\n"
         "during a poll: the channel is closed after each.\n\n"
     )

@@ -7,10 +7,8 @@ clocks, so the output is reproducible byte for byte. `pytest --update-golden` re
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,8 +18,6 @@ from exporter.ids import ResourceMatcher
 from exporter.metrics import Kind
 from exporter.model import Snapshot
 from exporter.sinks.dcgm import FIELDS
-from exporter.sources import Source
-from exporter.sources.nvml import NvmlSource
 from simulator import nvml as simnvml
 from simulator.node import SimulatedNode
 from simulator.scenario import Scenario, bundled_names, load_scenario
@@ -97,7 +93,6 @@ async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.Monke
             source.collect()
         clock.now = T1
         node.advance()
-        await _xids_delivered(sources, scenario.sections.get("nvidia", {}))
         sysfs = config.sysfs if "sysfs" in scenario.sections else None
         resolver = None
         if scenario.has_processes:
@@ -112,20 +107,6 @@ async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.Monke
             part.close()
     assert all(h.success for h in snapshot.sources), snapshot.sources
     return snapshot
-
-
-async def _xids_delivered(sources: dict[str, Source], nvidia: dict[str, Any]) -> None:
-    """XIDs arrive on the NVML source's event thread: wait (bounded) until every event of
-    (T0, T1] has been counted, so the golden output does not depend on thread timing."""
-    expected = sum(1 for e in nvidia.get("xid", []) if T0 < e["at"] <= T1)
-    source = sources.get("nvml")
-    if not expected or not isinstance(source, NvmlSource):
-        return
-    for _ in range(100):
-        if sum(source.xids.snapshot().values()) >= expected:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{expected} XID events not delivered: {source.xids.snapshot()}")
 
 
 def _value(text: str, family: str, **labels: str) -> float | None:

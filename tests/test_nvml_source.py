@@ -17,7 +17,8 @@ import yaml
 from exporter.metrics import ATTRIBUTES, SPECS, Kind
 from exporter.model import DeviceReading, SourceResult
 from exporter.sources import registry
-from exporter.sources.nvml import NvmlSource, NvmlUnavailable
+from exporter.sources.nvml import NvmlUnavailable
+from exporter.sources.nvml.xid import XidEvents
 from simulator.nvml import STATE_ENV
 from simulator.nvml_scenario import parse_nvidia
 from simulator.scenario import load_scenario
@@ -70,16 +71,6 @@ def status(r: DeviceReading) -> str:
         if s.metric == "hw.status" and s.value == 1
     ]
     return state
-
-
-def wait_xids(source: NvmlSource, total: int, timeout: float = 10.0) -> bool:
-    """The event thread counts asynchronously: wait until `total` events were counted."""
-    deadline = time.monotonic() + timeout
-    while sum(source.xids.snapshot().values()) < total:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_registered_with_options() -> None:
@@ -280,9 +271,7 @@ nvidia:
     assert not [s for r in result.readings for s in r.samples if s.metric == "hw.gpu.xid.errors"]
     # dcgm-exporter's DCGM_FI_DEV_XID_ERRORS before any XID: 0 on every GPU and slice
     assert {value(r, "hw.gpu.xid.last") for r in result.readings} == {0.0}
-    node.at(10.0)
-    assert wait_xids(source, 4)
-    for t in (10.0, 15.0, 20.0):
+    for t in (10.0, 15.0, 20.0):  # the cycle after the events counts each once
         result = node.collect_at(source, t)
         gpu0 = reading(result, "GPU-00000000-0000-4000-8000-000000000000")
         mig = reading(result, "MIG-00000000-0000-5000-8000-000000000101")
@@ -294,9 +283,7 @@ nvidia:
         # the last XID: 31 on GPU 0 (after two 13s); the slice's 43 on its GPU and the slice
         assert value(gpu0, "hw.gpu.xid.last") == 31
         assert (value(gpu1, "hw.gpu.xid.last"), value(mig, "hw.gpu.xid.last")) == (43, 43)
-    node.at(31.0)
-    assert wait_xids(source, 5)
-    result = source.collect()
+    result = node.collect_at(source, 31.0)
     gpu1 = reading(result, "GPU-00000000-0000-4000-8000-000000000001")
     assert value(gpu1, "hw.gpu.xid.errors", hw__gpu__xid="79") == 1
     assert value(gpu1, "hw.gpu.xid.last") == 79
@@ -431,14 +418,45 @@ def test_processes_option_turns_per_process_reads_off(
     assert node.calls("nvmlDeviceGetProcessUtilization") == 0
 
 
-def test_close_stops_the_event_thread(nvidia_node: Callable[[str], NvidiaNode]) -> None:
+def test_xid_events_need_no_thread_and_close_frees_the_event_set(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
     node = nvidia_node("demo")
+    before = set(threading.enumerate())
     source = node.source()
     node.collect_at(source, 1.0)
-    watcher = source._watcher
-    assert watcher is not None and watcher._thread.is_alive()
+    node.collect_at(source, 2.0)
+    assert source._events is not None
+    assert set(threading.enumerate()) == before  # collect() empties the set: no waiting thread
+    assert node.calls("nvmlEventSetWait_v2") >= 2  # once a cycle at least (until it times out)
     source.close()
-    assert not watcher._thread.is_alive()
+    assert source._events is None
+    assert node.calls("nvmlEventSetFree") == 1
+
+
+def test_an_xid_storm_is_taken_over_cycles_and_none_is_lost(
+    nvidia_node: Callable[[str], NvidiaNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storm = "\n".join(f"    - {{at: 5, device: 0, xid: {13 + i % 2}}}" for i in range(10))
+    node = nvidia_node(f"""
+nvidia:
+  gpus:
+    - uuid: GPU-00000000-0000-4000-8000-000000000000
+  xid:
+{storm}
+""")
+    monkeypatch.setattr(XidEvents, "MAX_PER_CYCLE", 4)
+    source = node.source()
+    node.collect_at(source, 1.0)
+    seen = []
+    for t in (6.0, 7.0, 8.0):
+        node.collect_at(source, t)
+        seen.append(sum(source.xids.snapshot().values()))
+    assert seen == [4, 8, 10]  # 4 a cycle at most; the rest stay queued for the next
+    result = node.collect_at(source, 9.0)
+    gpu = reading(result, "GPU-00000000-0000-4000-8000-000000000000")
+    assert value(gpu, "hw.gpu.xid.errors", hw__gpu__xid="13") == 5
+    assert value(gpu, "hw.gpu.xid.errors", hw__gpu__xid="14") == 5
 
 
 def test_samples_only_use_known_metrics_and_attributes(
@@ -463,18 +481,18 @@ def test_samples_only_use_known_metrics_and_attributes(
     )
 
 
-def test_rediscovery_keeps_mig_activity_and_the_event_thread(
+def test_rediscovery_keeps_mig_activity_and_the_event_set(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:
     node = nvidia_node("demo")
     source = node.source(**{"rediscover-interval": "5s"})
     node.collect_at(source, 1.0)
-    watcher = source._watcher
+    events = source._events
     for t in (4.0, 7.0, 10.0, 13.0):  # rediscoveries at 7 and 13
         r = reading(node.collect_at(source, t), MIG.format(2))
         assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9), t
     assert node.calls("nvmlDeviceGetUUID") == 3 * 8
-    assert source._watcher is watcher
+    assert source._events is events
     assert node.calls("nvmlGpmSampleAlloc") == 2 * 8  # four GPUs (MIG or not), four slices
 
 

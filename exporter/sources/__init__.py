@@ -48,7 +48,7 @@ class Source(Protocol):
         ...
 
     def close(self) -> None:
-        """Release handles (NVML shutdown, event threads)."""
+        """Release handles (NVML shutdown, its event set)."""
         ...
 
 

@@ -6,7 +6,7 @@ pynvml, and one source to the rest of the exporter.
 - `discovery.py`: handles, identities and the MIG layout (cached);
 - `readings.py`: what one cycle reads (batched field values, processes);
 - `gpm.py`: GPM sample buffers (Hopper and later);
-- `xid.py`: the XID event thread;
+- `xid.py`: XID events, from an event set each cycle empties;
 - `source.py`: lifecycle: init, absent hardware, rediscovery, lost GPUs, restart.
 """
 

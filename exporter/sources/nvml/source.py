@@ -27,7 +27,7 @@ from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig
 from exporter.sources.nvml.gpm import interval as gpm_interval
 from exporter.sources.nvml.gpm import release as release_gpm
 from exporter.sources.nvml.readings import Reader, status
-from exporter.sources.nvml.xid import XidCounts, XidWatcher, handle_key, last_xid
+from exporter.sources.nvml.xid import XidCounts, XidEvents, handle_key, last_xid
 
 
 @dataclass(slots=True)
@@ -104,7 +104,7 @@ class NvmlSource:
         self._lost: dict[str, _Lost] = {}
         self._known: list[Gpu] = []
         """The GPUs of the last discovery, kept across driver reloads (lost detection)."""
-        self._watcher: XidWatcher | None = None
+        self._events: XidEvents | None = None
         self._xids_now: dict[tuple[str, int], int] = {}
         self._xid_latest: dict[str, tuple[int, int]] = {}
         self._xids_by_device: dict[str, list[Sample]] = {}
@@ -115,12 +115,14 @@ class NvmlSource:
     def collect(self) -> SourceResult:
         with self._lock:
             self.calls.errors = 0
-            self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
-            self._xids_by_device = self._group_xids()
             try:
                 gpus = self._ready()
                 if gpus is None:
                     return SourceResult(SOURCE, absent=self._absent_said)
+                if self._events is not None:
+                    self._events.drain()
+                self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
+                self._xids_by_device = self._group_xids()
                 readings: list[DeviceReading] = []
                 processes: list[ProcessUsage] = []
                 for gpu in gpus:
@@ -207,7 +209,7 @@ class NvmlSource:
             return True  # it moves to the lost list now
 
     def _shutdown(self) -> None:
-        self._stop_watcher()
+        self._close_events()
         release_gpm((d.gpm for d in devices(self._gpus or [])), self.log)
         self._gpus = None
         if self._initialized:
@@ -281,20 +283,20 @@ class NvmlSource:
         ]
 
     def _watch_xids(self, gpus: list[Gpu]) -> None:
-        """Keep the event thread when the GPU handles are the same (a new event set
-        would miss what happens in between), else start one on the new handles."""
-        if self._watcher is not None and self._watcher.handles == handle_key(gpus):
-            self._watcher.update(gpus)  # a new MIG layout changes where events count
+        """Keep the event set when the GPU handles are the same (a new one would miss
+        what happens in between), else register the new handles in a new one."""
+        if self._events is not None and self._events.handles == handle_key(gpus):
+            self._events.update(gpus)  # a new MIG layout changes where events count
             return
-        self._stop_watcher()
+        self._close_events()
         event_set = self.calls.get(pynvml.nvmlEventSetCreate)
         if event_set is not None:
-            self._watcher = XidWatcher(event_set, gpus, self.xids, self.calls, self.log)
+            self._events = XidEvents(event_set, gpus, self.xids, self.calls, self.log)
 
-    def _stop_watcher(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+    def _close_events(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     # --- one cycle ------------------------------------------------------------------
 
@@ -348,8 +350,8 @@ class NvmlSource:
 
     def _last_xid(self, gpu: Gpu) -> list[Sample]:
         """The last XID of the GPU or any of its slices, on the GPU and on each slice (DCGM's
-        XID field is the GPU's), while the event thread watches: without it, nothing."""
-        if self._watcher is None:
+        XID field is the GPU's), while the event set is registered: without it, nothing."""
+        if self._events is None:
             return []
         ids = (gpu.device.id, *(m.device.id for m in gpu.migs))
         return [Sample("hw.gpu.xid.last", float(last_xid(self._xid_latest, ids)))]

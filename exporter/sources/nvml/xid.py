@@ -1,10 +1,9 @@
-"""XID errors: a thread blocked in nvmlEventSetWait_v2 counts each event once."""
+"""XID errors: the NVML event set, emptied by each collect(), counts each event once."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -13,7 +12,6 @@ import pynvml
 
 from exporter.sources.nvml.calls import Calls, DriverGone
 from exporter.sources.nvml.discovery import Gpu
-from exporter.threads import Thread
 
 NO_INSTANCE = 0xFFFFFFFF
 
@@ -27,32 +25,28 @@ def handle_key(gpus: Iterable[Gpu]) -> frozenset[tuple[int, str]]:
 
 
 class XidCounts:
-    """XID events per (device id, xid), filled by the event thread, read by collect()."""
+    """XID events per (device id, xid), filled and read by collect()."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple[str, int]] = Counter()
         self._last: dict[str, tuple[int, int]] = {}
         """Per device: (arrival number, XID) of its latest event."""
         self._arrived = 0
-        self._lock = threading.Lock()
 
     def add(self, device_id: str, xid: int) -> None:
-        with self._lock:
-            self._counts[(device_id, xid)] += 1
-            self._arrived += 1
-            self._last[device_id] = (self._arrived, xid)
+        self._counts[(device_id, xid)] += 1
+        self._arrived += 1
+        self._last[device_id] = (self._arrived, xid)
 
     def snapshot(self) -> dict[tuple[str, int], int]:
-        with self._lock:
-            return dict(self._counts)
+        return dict(self._counts)
 
     def snapshot_with_latest(
         self,
     ) -> tuple[dict[tuple[str, int], int], dict[str, tuple[int, int]]]:
         """The counts, and per device (arrival number, XID) of its latest event, at one
         moment (a cycle's counts and last XIDs agree)."""
-        with self._lock:
-            return dict(self._counts), dict(self._last)
+        return dict(self._counts), dict(self._last)
 
 
 def last_xid(latest: dict[str, tuple[int, int]], device_ids: Iterable[str]) -> int:
@@ -62,13 +56,23 @@ def last_xid(latest: dict[str, tuple[int, int]], device_ids: Iterable[str]) -> i
     return max(events)[1] if events else 0
 
 
-class XidWatcher:
-    """A thread blocked in nvmlEventSetWait_v2, counting each XID event once."""
+class XidEvents:
+    """The NVML event set the GPUs' XID events queue in, emptied at the start of each
+    collect() (no thread of its own).
 
-    WAIT_MS = 1000
-    """Each wait that times out wakes the thread for nothing, so the wait is long (what a
-    shorter one cost: docs/design-figures.md). The price is stop(): it waits for the wait
-    in progress, up to this long (the device plugin's own loop waits 5 s)."""
+    An event set keeps what arrives between waits: nvml.h's nvmlEventSetWait_v2 "returns
+    immediately" when "some events are ready to be delivered at the time of the call", and
+    the kernel module queues each event with its data on the open file (`nv_post_event`,
+    kernel-open/nvidia/nv.c: a list with no bound). So a wait with a zero timeout, repeated
+    until it times out, takes every event since the last cycle, each once, in the thread
+    that collects anyway: the counts reach the snapshot exactly when a waiting thread's
+    would (the next cycle), without a thread that wakes every second (or at every event)
+    for nothing. A wait that hangs (a driver in trouble) hangs collect(), which the poller
+    isolates like any other NVML call."""
+
+    MAX_PER_CYCLE = 4096
+    """Events taken per cycle at most: an XID storm cannot stretch one cycle without bound;
+    the rest stay queued for the next."""
 
     def __init__(
         self,
@@ -81,19 +85,17 @@ class XidWatcher:
         self.counts = counts
         self.log = logger
         self.handles = handle_key(gpus)
-        self._stop = threading.Event()
         self._gpus = {handle_address(g.handle): g for g in gpus}
-        # Registration happens here, on the collecting thread: events from the moment
-        # discovery returns are in the set, none is lost to thread start-up.
         self._set = event_set
+        self._failing = ""
+        # Registered on the collecting thread at discovery: events from the moment
+        # discovery returns are in the set, none is lost.
         try:
             for gpu in gpus:
                 self._register(gpu, calls)
         except DriverGone:
-            self._free()
+            self.close()
             raise
-        self._thread = Thread(self._run, "nvml-xid-events")
-        self._thread.start()
 
     def _register(self, gpu: Gpu, calls: Calls) -> None:
         try:
@@ -104,39 +106,36 @@ class XidWatcher:
             if exc.value != pynvml.NVML_ERROR_GPU_IS_LOST:  # a lost GPU sends no events
                 calls.interpret(exc, "nvmlDeviceRegisterEvents")
 
-    def _free(self) -> None:
+    def update(self, gpus: list[Gpu]) -> None:
+        """A new MIG layout on the same GPUs: events now count on the new slices."""
+        self._gpus = {handle_address(g.handle): g for g in gpus}
+
+    def drain(self) -> int:
+        """Count every event queued since the last call; how many were taken. A failing
+        wait is logged once per kind of failure (the readings say more) and ends the drain."""
+        taken = 0
+        while taken < self.MAX_PER_CYCLE:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._set, 0)
+            except pynvml.NVMLError_Timeout:
+                break
+            except pynvml.NVMLError as exc:
+                if str(exc) != self._failing:
+                    self._failing = str(exc)
+                    self.log.warning("reading XID events failed: %s", exc)
+                return taken
+            taken += 1
+            device_id = self._device_id(data)
+            if device_id and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                self.counts.add(device_id, int(data.eventData))
+        self._failing = ""
+        return taken
+
+    def close(self) -> None:
         try:
             pynvml.nvmlEventSetFree(self._set)
         except pynvml.NVMLError as exc:
             self.log.debug("nvmlEventSetFree: %s", exc)
-
-    def update(self, gpus: list[Gpu]) -> None:
-        self._gpus = {handle_address(g.handle): g for g in gpus}  # one atomic swap
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        failing = ""
-        try:
-            while not self._stop.is_set():
-                try:
-                    data = pynvml.nvmlEventSetWait_v2(self._set, self.WAIT_MS)
-                except pynvml.NVMLError_Timeout:
-                    continue
-                except pynvml.NVMLError as exc:
-                    if str(exc) != failing:
-                        failing = str(exc)
-                        self.log.warning("waiting for XID events failed: %s", exc)
-                    self._stop.wait(1.0)
-                    continue
-                failing = ""
-                device_id = self._device_id(data)
-                if device_id and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                    self.counts.add(device_id, int(data.eventData))
-        finally:
-            self._free()
 
     def _device_id(self, data: Any) -> str:
         """The MIG slice the event names when it names one, else the GPU."""
