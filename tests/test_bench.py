@@ -74,8 +74,8 @@ def test_the_breakdown_reports_each_part_as_its_difference_from_the_whole() -> N
     table = "".join(_breakdown(r))
     assert "| everything | 8.0 ms | 100% |" in table
     assert "over gRPC | 3.0 ms | 38% |" in table  # 8.0 - 5.0
-    assert "XID event thread | 4.0 ms | 50% |" in table  # NVML: 8.0 - 4.0
-    assert "re-reads its state there) | 0.5 ms | 6% |" in table
+    assert "library, XID events | 4.0 ms | 50% |" in table  # NVML: 8.0 - 4.0
+    assert "(an event set collect() empties) | 0.5 ms | 6% |" in table
     assert "HTTP, scrapes | 1.0 ms | 12% |" in table  # 8.0 - 3.0 - 4.0
     assert "rather than Python's own allocator | 0.6 ms | 7% |" in table  # 8.0 - 7.4
 
