@@ -188,9 +188,9 @@ def _wakeups(r: Results) -> list[str]:
         "\nThe threads: the event loop, one per source's collect() (five on a GPU node, four\n"
         "of them asked once a minute when they find nothing; XID events are taken there too,\n"
         "from an event set each cycle empties), the publish step, the attribution's host\n"
-        "reads, the NUMA map's and the loop's executor. gRPC's own (its event engine, timer and completion-queue\n"
-        "poller: 6 on 2 CPUs, up to 16 event-engine threads on a big node) live only\n"
-        "during a poll: the channel is closed after each.\n\n"
+        "reads, the NUMA map's and the loop's executor. gRPC's own (its event engine, timer\n"
+        "and completion-queue poller: 6 on 2 CPUs, up to 16 event-engine threads on a big\n"
+        "node) live only during a poll: the channel is closed after each.\n\n"
     )
     return [*out, *_threads(r), *_grpc_idle(r), *_floor(r)]
 
