@@ -57,6 +57,18 @@ def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
     return out
 
 
+def thread_sleeps(pid: int) -> dict[tuple[int, str], int]:
+    """(TID, name) -> times each live thread went to sleep so far (voluntary context
+    switches, /proc/PID/task/*/status): each one is a wake-up paid for later."""
+    out: dict[tuple[int, str], int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):  # just ended
+            status = (task / "status").read_text()
+            line = status.split("voluntary_ctxt_switches:", 1)[1].split("\n", 1)[0]
+            out[(int(task.name), (task / "comm").read_text().strip())] = int(line)
+    return out
+
+
 def threads_and_switches(pid: int) -> tuple[int, int]:
     """(threads, context switches so far: voluntary + involuntary, all live threads), from
     /proc/PID/task/*/status. A voluntary switch is a thread going to sleep, so each is a

@@ -3,9 +3,11 @@
 One exporter on a simulated node (its own process), scraped every 15 s as Prometheus does,
 at one collect interval. Each live thread's CPU over the window comes from
 /proc/PID/task/*/schedstat under the name the kernel shows (the exporter names its
-threads: exporter/threads.py); what the whole process used comes from /proc/PID/stat, so
-the threads that ended within the window (gRPC's, which live only during a kubelet poll)
-are the difference. Divided by the cycles the exporter ran: milliseconds per cycle.
+threads: exporter/threads.py), and how often it went to sleep (voluntary context
+switches: each a wake-up, which a VM charges dearly); what the whole process used comes
+from /proc/PID/stat, so the threads that ended within the window (gRPC's, which live only
+during a kubelet poll) are the difference. Divided by the cycles the exporter ran: per
+cycle.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.procs import ExporterProcess, NodeProcess, cpu_seconds, thread_cpu
+from bench.procs import ExporterProcess, NodeProcess, cpu_seconds, thread_cpu, thread_sleeps
 
 SCRAPE_EVERY = 15.0
 ENDED = "(threads that ended in the window)"
@@ -31,6 +33,8 @@ class ThreadCost:
     name: str
     ms_per_cycle: float
     core_share: float
+    sleeps_per_cycle: float | None = None
+    """Times it went to sleep per cycle; None for the threads that ended."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,12 @@ async def measure(
                 cpu_seconds(exporter.pid),
                 time.monotonic(),
             )
+            slept0 = thread_sleeps(exporter.pid)
             while (left := window - (time.monotonic() - t0)) > 0:
                 await asyncio.sleep(min(SCRAPE_EVERY, left))
                 await exporter.scrape(http)
             after, total1 = thread_cpu(exporter.pid), cpu_seconds(exporter.pid)
+            slept1 = thread_sleeps(exporter.pid)
             elapsed = time.monotonic() - t0
             cycles1, _ = await exporter.counters(http)
     finally:
@@ -72,14 +78,21 @@ async def measure(
     cycles = max(cycles1 - cycles0, 1.0)
     main = next((name for tid, name in after if tid == exporter.pid), "")
     by_name: dict[str, float] = defaultdict(float)
+    sleeps: dict[str, int] = defaultdict(int)
     for (tid, name), seconds in after.items():
         label = "main (event loop)" if tid == exporter.pid else name
         if name == main and tid != exporter.pid:
             label = "(unnamed)"
         by_name[label] += seconds - before.get((tid, name), 0.0)
+        sleeps[label] += slept1.get((tid, name), 0) - slept0.get((tid, name), 0)
     by_name[ENDED] = max(0.0, (total1 - total0) - sum(by_name.values()))
     rows = [
-        ThreadCost(name, seconds / cycles * 1e3, seconds / elapsed)
+        ThreadCost(
+            name,
+            seconds / cycles * 1e3,
+            seconds / elapsed,
+            None if name == ENDED else sleeps[name] / cycles,
+        )
         for name, seconds in sorted(by_name.items(), key=lambda kv: -kv[1])
         if seconds > 0
     ]
@@ -87,12 +100,19 @@ async def measure(
 
 
 def table(result: Threads) -> str:
+    def sleeps(r: ThreadCost) -> str:
+        return "" if r.sleeps_per_cycle is None else f"{r.sleeps_per_cycle:.1f}"
+
+    known = [r.sleeps_per_cycle for r in result.rows if r.sleeps_per_cycle is not None]
     lines = [
-        "| thread | ms per cycle | share of a core |",
-        "|---|---|---|",
-        *(f"| {r.name} | {r.ms_per_cycle:.2f} | {r.core_share:.3%} |" for r in result.rows),
+        "| thread | ms per cycle | share of a core | wake-ups per cycle |",
+        "|---|---|---|---|",
+        *(
+            f"| {r.name} | {r.ms_per_cycle:.2f} | {r.core_share:.3%} | {sleeps(r)} |"
+            for r in result.rows
+        ),
         f"| **whole process** | **{result.total_ms_per_cycle:.2f}** | "
-        f"**{sum(r.core_share for r in result.rows):.3%}** |",
+        f"**{sum(r.core_share for r in result.rows):.3%}** | **{sum(known):.1f}** |",
     ]
     return "\n".join(lines) + "\n"
 

@@ -183,13 +183,41 @@ def test_the_exporters_threads_carry_their_names_into_the_kernel() -> None:
 
 
 def test_the_thread_table_adds_up_to_the_whole_process() -> None:
-    from bench.threads import ThreadCost, Threads, table
+    from bench.threads import ENDED, ThreadCost, Threads, table
 
-    result = Threads("1s", 60, 60.0, [ThreadCost("collect-nvml", 3.0, 0.003),
-                                      ThreadCost("main (event loop)", 2.0, 0.002)])  # fmt: skip
+    result = Threads("1s", 60, 60.0, [ThreadCost("collect-nvml", 3.0, 0.003, 1.0),
+                                      ThreadCost("main (event loop)", 2.0, 0.002, 2.5),
+                                      ThreadCost(ENDED, 1.0, 0.001)])  # fmt: skip
     text = table(result)
-    assert "| collect-nvml | 3.00 | 0.300% |" in text
-    assert "| **whole process** | **5.00** | **0.500%** |" in text
+    assert "| collect-nvml | 3.00 | 0.300% | 1.0 |" in text
+    assert f"| {ENDED} | 1.00 | 0.100% |  |" in text  # their sleeps ended with them
+    assert "| **whole process** | **6.00** | **0.600%** | **3.5** |" in text
+
+
+def test_thread_sleeps_counts_each_time_a_thread_went_to_sleep() -> None:
+    import os
+    import threading
+    import time
+
+    from bench.procs import thread_sleeps
+    from exporter.threads import Thread
+
+    ready, go = threading.Event(), threading.Event()
+
+    def nap() -> None:
+        ready.set()
+        for _ in range(5):
+            time.sleep(0.01)  # each one a voluntary switch
+        go.wait(5)
+
+    worker = Thread(nap, "napper")
+    worker.start()
+    assert ready.wait(5)
+    time.sleep(0.2)
+    (slept,) = [n for (_, name), n in thread_sleeps(os.getpid()).items() if name == "napper"]
+    go.set()
+    worker.join(5)
+    assert slept >= 5
 
 
 def test_importtime_lines_give_each_module_its_own_and_cumulative_seconds() -> None:
