@@ -63,7 +63,7 @@ def _recorded_nvml_calls() -> list[tuple[Any, tuple[Any, ...]]]:
         nvml_calls.RECORDING.clear()
         nvml_calls.COUNTING[0] = 0
         pynvml._nvmlGetFunctionPointer = resolve
-    # The source stays open (its handles are the replay's arguments); its XID thread waits.
+    # The source stays open: its handles (and its XID event set) are the replay's arguments.
     return [(fn._fn if isinstance(fn, nvml_calls._Timed) else fn, args) for fn, args in calls]
 
 

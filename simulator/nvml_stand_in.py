@@ -54,6 +54,10 @@ STAND_IN: dict[str, str] = {
     "events-mig-unprivileged": (
         "Unprivileged: events of one GPU/compute instance are not delivered."
     ),
+    "events-ready-at-once": (
+        "A wait hands over the oldest undelivered event at once, whatever its timeout; with "
+        "none, a zero timeout times out at once."
+    ),
     "events-from-registration": "A new event set starts after the newest event in the state file.",
     "not-supported": "A key missing from a device block answers NOT_SUPPORTED.",
     "function-not-found": "`missing <function>` answers FUNCTION_NOT_FOUND.",

@@ -223,6 +223,35 @@ def test_unprivileged_source_reads_what_it_may_and_counts_no_errors(
     assert result.processes[0].utilization is None  # never under MIG
 
 
+def test_queued_events_are_handed_over_at_once_with_a_zero_timeout(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    assert "events-ready-at-once" in BY_KEY
+    node = nvidia_node(f"""
+nvidia:
+  gpus:
+    - uuid: {GPU.format(0)}
+  xid:
+    - {{at: 5, device: 0, xid: 13}}
+    - {{at: 6, device: 0, xid: 31}}
+""")
+    pynvml.nvmlInit()
+    try:
+        events = pynvml.nvmlEventSetCreate()
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlDeviceRegisterEvents(gpu, pynvml.nvmlEventTypeXidCriticalError, events)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 0)  # none yet: at once, not after a wait
+        node.at(10.0)
+        taken = [pynvml.nvmlEventSetWait_v2(events, 0).eventData for _ in range(2)]
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 0)
+        pynvml.nvmlEventSetFree(events)
+    finally:
+        pynvml.nvmlShutdown()
+    assert taken == [13, 31]  # both, in order, each once
+
+
 def test_process_utilization_is_the_mean_of_the_samples_and_idle_is_zero(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:

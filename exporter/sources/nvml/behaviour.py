@@ -146,6 +146,14 @@ TABLE: tuple[Behaviour, ...] = (
         "on the GPU (documented in docs/metrics.md).",
     ),
     Behaviour(
+        "events-ready-at-once",
+        ("nvmlEventSetWait_v2",),
+        "If some events are ready to be delivered at the time of the call, function returns "
+        "immediately.",
+        "XID events are taken once a cycle, by waits with a zero timeout until one times out: "
+        "no thread blocks in the wait, and what arrives between cycles waits in the set.",
+    ),
+    Behaviour(
         "events-from-registration",
         ("nvmlDeviceRegisterEvents",),
         "All events that occurred before this call are not recorded.",
