@@ -13,7 +13,7 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -39,7 +39,7 @@ from exporter.model import (
 )
 from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
-from exporter.podresources.schedule import KubeletSchedule
+from exporter.podresources.schedule import SOONEST, KubeletSchedule
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
 from exporter.steps import SnapshotStep, Steps
@@ -136,7 +136,8 @@ class Poller:
         self._states = StateLog(log)
         self.kubelet = KubeletSchedule(
             client,
-            every=math.ceil(kubelet_every / interval - 1e-9) if interval > 0 else 1,
+            every=_cycles(kubelet_every, interval),
+            soonest=_cycles(SOONEST, interval),
             stale_after=stale_after,
             clock=clock,
         )
@@ -152,6 +153,7 @@ class Poller:
         started = self._clock()
         kubelet = self.kubelet.start()
         results = await self._collect_all()
+        kubelet = self.kubelet.devices_seen(_seen(results)) or kubelet
         budget = min(self.source_timeout, self.interval / 2)
         state, answered = await self.kubelet.state(kubelet, started, budget)
         cpu_nodes = await self._cpu_nodes()
@@ -360,3 +362,18 @@ class Poller:
         self._states.failed(f"source/{slot.name}", f"source {slot.name} failed: {error}")
         elapsed = self._clock() - started if seconds is None else seconds
         return SourceHealth(slot.name, False, elapsed, slot.field_errors_total, error)
+
+
+def _cycles(seconds: float, interval: float) -> int:
+    """Whole cycles in `seconds`, rounded up (1 for a zero interval)."""
+    return math.ceil(seconds / interval - 1e-9) if interval > 0 else 1
+
+
+def _seen(results: list[tuple[SourceResult | None, SourceHealth]]) -> Hashable:
+    """What the sources saw, for the kubelet's schedule: each device, each device's
+    processes (a source that failed this cycle adds nothing)."""
+    done = [r for r, _ in results if r is not None]
+    return (
+        tuple(reading.device.id for r in done for reading in r.readings),
+        tuple((p.device_id, p.pid) for r in done for p in r.processes),
+    )

@@ -1,18 +1,22 @@
-"""The kubelet is asked at most every `--kubernetes.poll-interval`, in whole cycles; a
-failed poll is retried the next cycle; gRPC's threads do not outlive a poll. Against the
-simulated kubelet over real gRPC on a unix socket."""
+"""The kubelet is asked at most every `--kubernetes.poll-interval`, in whole cycles, and at
+once (at most every 5 s) when the devices or their processes change, with one more poll 5 s
+later; a failed poll is retried the next cycle; gRPC's threads do not outlive a poll.
+Against the simulated kubelet over real gRPC on a unix socket."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from exporter.model import (
     Device,
     DeviceReading,
+    Holder,
     PodResourcesHealth,
     PodResourcesState,
+    ProcessUsage,
     Sample,
     SourceResult,
 )
@@ -47,10 +51,12 @@ READINGS = SourceResult(
 )
 
 
-def _poller(client: PodResourcesClient, clock: Clock, every: float) -> Poller:
+def _poller(
+    client: PodResourcesClient, clock: Clock, every: float, source: StaticSource | None = None
+) -> Poller:
     return Poller(
         node="node-1",
-        sources={"nvml": StaticSource(READINGS)},
+        sources={"nvml": source or StaticSource(READINGS)},
         client=client,
         clock=clock,
         interval=1.0,
@@ -86,6 +92,82 @@ async def test_polled_every_fifth_cycle_at_1s_and_the_pod_lags_until_the_next_po
     held = [h is not None and h.pod == "train" for h in holders]
     assert held == [False] * 5 + [True] * 6
     assert snapshot.podresources.connected
+
+
+def _running(*pids: int) -> SourceResult:
+    """READINGS with these processes on GPU-a."""
+    return replace(READINGS, processes=tuple(ProcessUsage("GPU-a", pid) for pid in pids))
+
+
+async def _cycles(
+    scenario: str,
+    tmp_path: Path,
+    processes: dict[int, tuple[int, ...]],
+    cycles: int,
+    *,
+    every: float = 30.0,
+) -> tuple[list[Holder | None], int]:
+    """One cycle a second for `cycles` cycles, GPU-a running `processes[t]` from cycle t on
+    (as a source reports them); the device's holder each cycle, and the `List` calls."""
+    clock, scenario_t = Clock(1000.0), Clock(0.0)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(scenario), sock, clock=scenario_t)
+    await kubelet.start()
+    client = PodResourcesClient(sock, clock=clock)
+    source = StaticSource(_running(*processes.get(0, ())))
+    poller = _poller(client, clock, every=every, source=source)
+    holders = []
+    try:
+        for t in range(cycles):
+            if t in processes:
+                source.result = _running(*processes[t])
+            snapshot = await poller.run_once()
+            holders.append(snapshot.devices[0].holder)
+            clock.now += 1.0
+            scenario_t.now += 1.0
+    finally:
+        await poller.close()
+        await kubelet.stop()
+    return holders, _lists(client)
+
+
+async def test_a_process_on_a_device_asks_the_kubelet_in_the_cycle_that_sees_it(
+    tmp_path: Path,
+) -> None:
+    # The pod is listed from 2.5 s, its process runs from 3 s; the schedule alone would ask
+    # the kubelet again at 30 s.
+    holders, lists = await _cycles(SCENARIO, tmp_path, {3: (4242,)}, 12)
+    held = [h is not None and h.pod == "train" for h in holders]
+    assert held == [False] * 3 + [True] * 9  # labelled in the cycle that saw the process
+    assert lists == 3  # cycle 0, cycle 3 (the process), cycle 8 (5 s later, to settle)
+
+
+async def test_nothing_changing_leaves_the_kubelet_to_the_poll_interval(tmp_path: Path) -> None:
+    holders, lists = await _cycles(SCENARIO, tmp_path, {}, 12)
+    assert lists == 1  # cycle 0 only: the next is due at 30 s
+    assert holders == [None] * 12  # the idle pod (listed from 2.5 s) waits for that poll
+
+
+async def test_processes_that_change_every_cycle_ask_at_most_every_5s(tmp_path: Path) -> None:
+    holders, lists = await _cycles(SCENARIO, tmp_path, {t: (5000 + t,) for t in range(21)}, 21)
+    assert lists == 5  # cycles 0, 1, 6, 11, 16: what the fixed 5 s schedule cost
+    assert [h is not None for h in holders] == [False] * 6 + [True] * 15
+
+
+GONE = SCENARIO.replace("    start: 2.5\n", "    end: 7.5\n")
+"""The pod, listed until 7.5 s: its process ends at 4 s (a deleted pod leaves List a few
+seconds after its containers stop, control-plane.md)."""
+
+
+async def test_a_pod_whose_process_ended_is_unlabelled_by_the_poll_5s_later(
+    tmp_path: Path,
+) -> None:
+    holders, lists = await _cycles(GONE, tmp_path, {0: (4242,), 4: ()}, 12)
+    held = [h is not None and h.pod == "train" for h in holders]
+    # cycle 4: the process is gone, the kubelet is asked and still lists the pod; cycle 9
+    # asks again and it is gone.
+    assert held == [True] * 9 + [False] * 3
+    assert lists == 3  # cycles 0, 4 and 9
 
 
 async def test_a_failed_poll_is_retried_the_next_cycle(tmp_path: Path) -> None:

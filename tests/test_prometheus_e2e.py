@@ -2,8 +2,8 @@
 
 PromQL then checks pod attribution for each sharing mode: an exclusive GPU, a MIG slice,
 a time-sliced GPU (allocation series, values never copied per pod), a free GPU, and a pod
-deleted mid-run (its series are gone after the next kubelet poll: at most
-`--kubernetes.poll-interval`, 5 s, and a cycle).
+deleted mid-run with its process (its series are gone after the kubelet poll the process's
+end asks for, or the one 5 s later, and a cycle).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-00000000000{}"
 MIG = "MIG-0b6f4a21-7d3c-5e2a-8f10-00000000010{}"
 DELETED_AT = 12.0
 POLL_EVERY = 5.0
-"""The exporter asks the kubelet at most this often (--kubernetes.poll-interval's default)."""
+"""A device's processes changing makes the exporter ask the kubelet at once, and again this
+much later (exporter/podresources/schedule.py SOONEST)."""
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer
     doc = yaml.safe_load(demo.path.read_text())
     (short,) = [p for p in doc["pods"] if p["name"] == "short-job"]
     short["end"] = DELETED_AT
+    (pid,) = short["containers"][0]["pids"]
+    (process,) = [
+        proc
+        for gpu in doc["nvidia"]["gpus"]
+        for mig in gpu.get("mig", [])
+        for proc in mig.get("processes", [])
+        if proc["pid"] == pid
+    ]
+    process["end"] = DELETED_AT  # deleting a pod stops its processes
     scenario = tmp / "demo-short.yaml"
     scenario.write_text(yaml.safe_dump(doc))
 
@@ -74,8 +84,8 @@ def test_deleted_pod_disappears_within_a_kubelet_poll_and_a_cycle(stack: Prometh
     stamps = [float(t) for series in history for t, _ in series["values"]]
     assert stamps, "the pod was never seen while it existed"
     assert min(stamps) < deleted - 2, "seen only around its deletion"
-    # gone within a kubelet poll (5 s), a collect cycle (1 s) and a scrape (1 s) of the
-    # deletion, plus slack
+    # gone within the poll its process's end asks for (or the one 5 s later), a collect
+    # cycle (1 s) and a scrape (1 s) of the deletion, plus slack
     limit = POLL_EVERY + 2.5
     assert max(stamps) <= deleted + limit, f"still there {max(stamps) - deleted:.1f}s after"
     assert stack.query('hw_allocation_info{k8s_pod_name="short-job"}') == []

@@ -49,7 +49,7 @@ class Config:
     podresources_timeout: float = 5.0
     podresources_max_message_bytes: int = 8 * 1024 * 1024
     """1.7x the largest List seen on a real node; the memory limit is sized for it."""
-    podresources_poll_interval: float = 5.0
+    podresources_poll_interval: float = 30.0
     """The kubelet is asked at most this often (exporter/podresources/schedule.py)."""
     podresources_stale_after: float = 300.0
     otlp: OtlpConfig = field(default_factory=OtlpConfig)

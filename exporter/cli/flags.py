@@ -298,7 +298,7 @@ def parse_config(
         resource_patterns=patterns,
         podresources_timeout=get("podresources_timeout", 5.0),
         podresources_max_message_bytes=get("podresources_max_message_bytes", 8 * 1024**2),
-        podresources_poll_interval=get("podresources_poll_interval", 5.0),
+        podresources_poll_interval=get("podresources_poll_interval", 30.0),
         podresources_stale_after=get("podresources_stale_after", 300.0),
         otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
         web_config_file=_web_config(get("web_config_file", None)),

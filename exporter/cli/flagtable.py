@@ -96,9 +96,10 @@ FLAGS: tuple[Flag, ...] = (
         "--kubernetes.poll-interval",
         "podresources_poll_interval",
         duration,
-        "5s",
-        "ask the kubelet at most this often (every cycle when the collect interval is longer); "
-        "a new or gone pod's labels lag by up to this long",
+        "30s",
+        "ask the kubelet at least this often (every cycle when the collect interval is longer), "
+        "and at once when the devices or their processes change (at most every 5s); a pod "
+        "running nothing on its devices is labelled, or unlabelled, up to this late",
     ),
     Flag(
         "kubelet",

@@ -1,11 +1,24 @@
 """When the cycle asks the kubelet, and what it uses in between.
 
-Pods change far more slowly than utilization, and each `List` wakes gRPC's threads (the
-kubelet's part was 43 % of a dense 1 s cycle, docs/performance.md): the kubelet is asked
-at most every `--kubernetes.poll-interval` (in whole cycles, rounded up), and a cycle in
-between uses the last answer. A new or gone pod's labels then lag by up to that long.
-A failed poll is retried the next cycle, as before, and so is a poll whose answer the
-client holds back after a kubelet restart (the restart window, settle.py).
+Pods change far more slowly than utilization, and each poll starts and stops gRPC's
+threads (the kubelet's part was a fifth of a dense 1 s cycle, docs/performance.md). So
+the kubelet is asked when what the sources see changes, and otherwise at most every
+`--kubernetes.poll-interval` (30 s, in whole cycles, rounded up); a cycle in between uses
+the last answer.
+
+What the sources see: the devices, and each device's processes. A workload that starts
+a process on a device makes the cycle that first sees it ask the kubelet, within that
+cycle, so its utilization goes to the right pod from the first cycle on (a fixed 5 s
+schedule gave the last holder up to 5 s of it). The kubelet is asked once more
+`SOONEST` seconds later, because what follows a change settles after it (a deleted pod
+leaves `List` about 3 s after deletion, control-plane.md). A poll the sources ask for
+comes at most every `SOONEST` seconds: processes that come and go every cycle cost what
+the fixed 5 s schedule cost. What waits for the interval: a pod that holds a device but
+runs nothing on it, and a device plugin's health verdict (GetAllocatableResources; the
+exporter reads a GPU's own state every cycle).
+
+A failed poll is retried the next cycle, and so is a poll whose answer the client holds
+back after a kubelet restart (the restart window, settle.py).
 
 After each poll the channel is closed (the next poll opens a new one): an open grpc.aio
 channel keeps gRPC's event-engine threads, its timer and its completion-queue poller
@@ -22,13 +35,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from exporter.log import StateLog
 from exporter.model import PodResourcesState
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 
 log = logging.getLogger("exporter.poller")
+
+SOONEST = 5.0
+"""Seconds from a poll to the next one that a change in the devices asks for."""
+_UNSEEN = object()
 
 
 class KubeletSchedule:
@@ -39,13 +56,16 @@ class KubeletSchedule:
         client: PodResourcesClient | None,
         *,
         every: int,
+        soonest: int = 1,
         stale_after: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`every`: cycles from one poll to the next (1: every cycle). Counted in cycles,
-        not seconds, so that a cycle started a little early (cycles drift) is not skipped."""
+        """`every`: cycles from one poll to the next while nothing changes (1: every
+        cycle); `soonest`: cycles from one poll to one a change asks for. Counted in
+        cycles, not seconds, so that a cycle started a little early is not skipped."""
         self.client = client
         self.every = max(1, every)
+        self.soonest = max(1, min(soonest, self.every))
         self.stale_after = stale_after
         self._clock = clock
         self._states = StateLog(log)
@@ -54,18 +74,58 @@ class KubeletSchedule:
         self._state_at = 0.0
         self._due_in = 0
         """Cycles until the next poll is due (0 or less: this cycle)."""
+        self._soon_in = 0
+        """Cycles until a poll a change asks for may start (counted from the last such poll:
+        the schedule's own polls do not delay one)."""
+        self._asked = 0
+        """Polls a change still asks for: the one at the change, and one to settle."""
+        self._seen: Hashable = _UNSEEN
+        self._cycle = 0
+        self._task_cycle = -1
         self.polls = 0
         """Polls started so far."""
 
     def start(self) -> asyncio.Future[PodResourcesState | None]:
         """This cycle's poll when one is due; else the last one (done, or still in flight)."""
+        self._cycle += 1
         task = self._task
         self._due_in -= 1
-        if task is None or (task.done() and self._due_in <= 0):
-            self._due_in = self.every
-            self.polls += 1
-            task = self._task = asyncio.ensure_future(self._poll())
+        self._soon_in -= 1
+        due = self._due_in <= 0 or (self._asked > 0 and self._soon_in <= 0)
+        if task is None or (task.done() and due):
+            task = self._begin()
         return task
+
+    def devices_seen(self, seen: Hashable) -> asyncio.Future[PodResourcesState | None] | None:
+        """What the sources saw this cycle (their devices and each device's processes),
+        after they collected. When it differs from the last cycle's, a new poll: now, if
+        no change asked for one in the last `soonest` cycles (the cycle then waits for it,
+        as for one started with the cycle), else as soon as one may; and one more
+        `soonest` cycles later. None when the cycle's poll stays the one `start()` gave."""
+        if seen == self._seen:
+            return None
+        first, self._seen = self._seen is _UNSEEN, seen
+        if first:
+            return None  # the first cycle asks the kubelet anyway
+        if self._task is not None and self._task_cycle == self._cycle:
+            self._asked = 1  # asked at the cycle's start, with the change: one to settle
+            return None
+        self._asked = 2
+        if self._task is not None and not self._task.done():
+            return None  # an earlier poll is still out (a slow kubelet): the next, then
+        if self._soon_in <= 0:
+            return self._begin()
+        return None
+
+    def _begin(self) -> asyncio.Future[PodResourcesState | None]:
+        self._due_in = self.every
+        if self._asked > 0:  # this poll answers a change
+            self._asked -= 1
+            self._soon_in = self.soonest
+        self._task_cycle = self._cycle
+        self.polls += 1
+        self._task = asyncio.ensure_future(self._poll())
+        return self._task
 
     async def state(
         self, task: asyncio.Future[PodResourcesState | None], started: float, budget: float

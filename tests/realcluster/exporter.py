@@ -83,6 +83,12 @@ class Metrics:
         wait_for(what, ready, timeout, [self.daemon], interval=0.25)
 
 
+ASK_EVERY_CYCLE = ("--kubernetes.poll-interval", "1s")
+"""The kubelet asked every cycle: these pods run no process on a device, which by default
+makes their labels wait up to 30 s for the next poll; the tests here are about what the
+kubelet and the API server answer, not when the exporter asks (test_kubelet_schedule.py)."""
+
+
 @contextlib.contextmanager
 def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
             *flags: str, env: dict[str, str] | None = None) -> Iterator[Metrics]:  # fmt: skip
@@ -94,6 +100,7 @@ def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
     argv = [sys.executable, "-m", "exporter", "--kubelet-socket", str(socket),
             "--node-name", node, "--path.sysfs", str(sysfs),
             "--collector.netdev.vf-netlink", "false", "--collect-interval", "1s",
+            *ASK_EVERY_CYCLE,
             "--kubernetes.api", "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
     with _running(workdir, "exporter-node", argv, env or {}) as metrics:
         yield metrics
@@ -103,7 +110,7 @@ def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
 def simulated_node(workdir: Path, scenario_path: Path, kubeconfig: Path,
                    *flags: str) -> Iterator[Metrics]:  # fmt: skip
     argv = [sys.executable, "-m", "simulator", str(scenario_path),
-            "--collect-interval", "500ms", "--kubernetes.api",
+            "--collect-interval", "500ms", *ASK_EVERY_CYCLE, "--kubernetes.api",
             "--kubernetes.kubeconfig", str(kubeconfig), *flags]  # fmt: skip
     # The simulated node keeps its sockets and trees in a folder of the test's.
     env = {"KDE_SIMULATE_WORKDIR": str(workdir / "simulated-node")}
