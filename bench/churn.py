@@ -140,7 +140,7 @@ class ChurningKubelet:
         container = Container("main", (ContainerDevices("nvidia.com/gpu", ids),))
         return Pod(f"job-{n}", f"team-{n % 17}", (container,))
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         del self.live[: self.churn if len(self.live) >= self.pods else 0]
         del self.live[self.pods :]
         while len(self.live) < self.pods:

@@ -370,10 +370,24 @@ def _cycles(seconds: float, interval: float) -> int:
 
 
 def _seen(results: list[tuple[SourceResult | None, SourceHealth]]) -> Hashable:
-    """What the sources saw, for the kubelet's schedule: each device, each device's
+    """What the sources saw, for the kubelet's schedule: each device with its state and
+    XID count (a device plugin's verdict follows from the same events), and each device's
     processes (a source that failed this cycle adds nothing)."""
     done = [r for r, _ in results if r is not None]
     return (
-        tuple(reading.device.id for r in done for reading in r.readings),
+        tuple((d.device.id, *_health(d.samples)) for r in done for d in r.readings),
         tuple((p.device_id, p.pid) for r in done for p in r.processes),
     )
+
+
+def _health(samples: Sequence[Sample]) -> tuple[str, float]:
+    """A device's `hw.status` state and its XIDs so far, from its samples."""
+    state, xids = "", 0.0
+    for sample in samples:
+        metric = sample.metric
+        if metric == "hw.status":
+            if sample.value:
+                state = sample.attributes[0][1]
+        elif metric == "hw.gpu.xid.errors":
+            xids += sample.value
+    return state, xids

@@ -42,7 +42,7 @@ class FixedKubelet:
     def __init__(self, state: PodResourcesState) -> None:
         self.state = state
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         return self.state
 
     def health(self) -> PodResourcesHealth:

@@ -298,7 +298,7 @@ class SlowKubelet:
         self.calls = 0
         self.release = asyncio.Event()
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         self.calls += 1
         if self.calls > 1:
             await self.release.wait()
@@ -343,7 +343,7 @@ async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
 class FixedKubelet(SlowKubelet):
     """Answers promptly, with whatever `state` is now."""
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         self.calls += 1
         return self.state
 

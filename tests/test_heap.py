@@ -54,7 +54,7 @@ class Kubelet:
     def __init__(self, pods: int) -> None:
         self.pods = pods
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         pods = tuple(
             Pod(f"job-{n}", "batch", (Container("main", (ContainerDevices("nvidia.com/gpu", (f"{GPU}::{n}",)),)),))
             for n in range(self.pods)

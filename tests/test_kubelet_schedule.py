@@ -170,6 +170,46 @@ async def test_a_pod_whose_process_ended_is_unlabelled_by_the_poll_5s_later(
     assert lists == 3  # cycles 0, 4 and 9
 
 
+UNHEALTHY = SCENARIO.replace("[GPU-a], numa: [0]}\npods:", "[GPU-a, GPU-b], numa: [0]}\npods:")
+UNHEALTHY += """unhealthy:
+  - {ids: [GPU-a], start: 2.5}
+"""
+"""The plugin reports GPU-a unhealthy from 2.5 s (it leaves GetAllocatableResources; GPU-b
+stays, so the answer is not the empty one of a restarting kubelet)."""
+
+
+def _with_xids(count: int) -> SourceResult:
+    xid = Sample("hw.gpu.xid.errors", float(count), (("hw.gpu.xid", "48"),))
+    (reading,) = READINGS.readings
+    return replace(READINGS, readings=(replace(reading, samples=(*reading.samples, xid)),))
+
+
+async def test_an_xid_on_a_device_asks_the_kubelet_for_its_plugins_verdict(
+    tmp_path: Path,
+) -> None:
+    clock, scenario_t = Clock(1000.0), Clock(0.0)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(UNHEALTHY), sock, clock=scenario_t)
+    await kubelet.start()
+    client = PodResourcesClient(sock, clock=clock, allocatable_interval=0.0)
+    source = StaticSource(READINGS)
+    poller = _poller(client, clock, every=30.0, source=source)
+    allocatable = []
+    try:
+        for t in range(8):
+            if t == 3:
+                source.result = _with_xids(1)  # the XID 48 the plugin acted on
+            snapshot = await poller.run_once()
+            allocatable.append(snapshot.devices[0].allocatable)
+            clock.now += 1.0
+            scenario_t.now += 1.0
+    finally:
+        await poller.close()
+        await kubelet.stop()
+    assert allocatable == [True] * 3 + [False] * 5  # the verdict in the XID's own cycle
+    assert _lists(client) == 2  # cycle 0, cycle 3; the settle poll is due at 8
+
+
 async def test_a_failed_poll_is_retried_the_next_cycle(tmp_path: Path) -> None:
     clock, scenario_t = Clock(1000.0), Clock(10.0)
     sock = tmp_path / "kubelet.sock"
@@ -240,7 +280,7 @@ class HoldingKubelet:
     def __init__(self) -> None:
         self.polls = 0
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         self.polls += 1
         return PodResourcesState(api_version="v1")
 

@@ -51,7 +51,7 @@ class Kubelet:
     def __init__(self, state: PodResourcesState) -> None:
         self.state = state
 
-    async def poll(self) -> PodResourcesState:
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
         return self.state
 
     def health(self) -> PodResourcesHealth:

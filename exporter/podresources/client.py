@@ -138,10 +138,12 @@ class PodResourcesClient:
             held=tuple(sorted(m for m, held in self._settle.held.items() if held)),
         )
 
-    async def poll(self) -> PodResourcesState:
-        """One consistent read of the kubelet, or PodResourcesError."""
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
+        """One consistent read of the kubelet, or PodResourcesError. `fresh_allocatable`:
+        call GetAllocatableResources though its interval has not passed (a device changed:
+        its plugin's verdict is news)."""
         try:
-            state = await self._poll()
+            state = await self._poll(fresh_allocatable)
         except PodResourcesError:
             self._connected = False
             raise
@@ -161,7 +163,7 @@ class PodResourcesClient:
 
     # --- internals ----------------------------------------------------------------
 
-    async def _poll(self) -> PodResourcesState:
+    async def _poll(self, fresh_allocatable: bool = False) -> PodResourcesState:
         now = self._clock()
         if now < self._backoff_until:
             raise PodResourcesError(
@@ -182,7 +184,7 @@ class PodResourcesClient:
         if self._api == "v1alpha1":
             pods = await self._list_v1alpha1(channel)
         else:
-            await self._refresh_allocatable(channel, now)
+            await self._refresh_allocatable(channel, now, fresh_allocatable)
         return PodResourcesState(
             pods=self._settle.pods(pods),
             allocatable=self._allocatable,
@@ -242,8 +244,10 @@ class PodResourcesClient:
         else:
             self._states.ok(f"invalid/{method}", f"PodResources {method}: device IDs well-formed")
 
-    async def _refresh_allocatable(self, channel: grpc.aio.Channel, now: float) -> None:
-        if self._allocatable_at is not None:
+    async def _refresh_allocatable(
+        self, channel: grpc.aio.Channel, now: float, fresh: bool = False
+    ) -> None:
+        if self._allocatable_at is not None and not (fresh and self._allocatable_known):
             interval = (
                 self.allocatable_interval if self._allocatable_known else self.v1_retry_interval
             )

@@ -6,7 +6,10 @@ the kubelet is asked when what the sources see changes, and otherwise at most ev
 `--kubernetes.poll-interval` (30 s, in whole cycles, rounded up); a cycle in between uses
 the last answer.
 
-What the sources see: the devices, and each device's processes. A workload that starts
+What the sources see: the devices, their state and XIDs, and each device's processes.
+A device that goes bad makes the kubelet be asked too: its device plugin's verdict
+(GetAllocatableResources) usually follows from the same event (NVIDIA's marks a GPU
+unhealthy on an XID). A workload that starts
 a process on a device makes the cycle that first sees it ask the kubelet, within that
 cycle, so its utilization goes to the right pod from the first cycle on (a fixed 5 s
 schedule gave the last holder up to 5 s of it). The kubelet is asked once more
@@ -14,8 +17,8 @@ schedule gave the last holder up to 5 s of it). The kubelet is asked once more
 leaves `List` about 3 s after deletion, control-plane.md). A poll the sources ask for
 comes at most every `SOONEST` seconds: processes that come and go every cycle cost what
 the fixed 5 s schedule cost. What waits for the interval: a pod that holds a device but
-runs nothing on it, and a device plugin's health verdict (GetAllocatableResources; the
-exporter reads a GPU's own state every cycle).
+runs nothing on it, and a plugin's verdict on a device whose state the exporter sees
+unchanged.
 
 A failed poll is retried the next cycle, and so is a poll whose answer the client holds
 back after a kubelet restart (the restart window, settle.py).
@@ -97,11 +100,12 @@ class KubeletSchedule:
         return task
 
     def devices_seen(self, seen: Hashable) -> asyncio.Future[PodResourcesState | None] | None:
-        """What the sources saw this cycle (their devices and each device's processes),
-        after they collected. When it differs from the last cycle's, a new poll: now, if
-        no change asked for one in the last `soonest` cycles (the cycle then waits for it,
-        as for one started with the cycle), else as soon as one may; and one more
-        `soonest` cycles later. None when the cycle's poll stays the one `start()` gave."""
+        """What the sources saw this cycle (their devices, their state, each device's
+        processes), after they collected. When it differs from the last cycle's, a new
+        poll, GetAllocatableResources included: now, if no change asked for one in the last
+        `soonest` cycles (the cycle then waits for it, as for one started with the cycle),
+        else as soon as one may; and one more `soonest` cycles later. None when the
+        cycle's poll stays the one `start()` gave."""
         if seen == self._seen:
             return None
         first, self._seen = self._seen is _UNSEEN, seen
@@ -119,12 +123,13 @@ class KubeletSchedule:
 
     def _begin(self) -> asyncio.Future[PodResourcesState | None]:
         self._due_in = self.every
-        if self._asked > 0:  # this poll answers a change
+        changed = self._asked > 0  # this poll answers a change
+        if changed:
             self._asked -= 1
             self._soon_in = self.soonest
         self._task_cycle = self._cycle
         self.polls += 1
-        self._task = asyncio.ensure_future(self._poll())
+        self._task = asyncio.ensure_future(self._poll(fresh_allocatable=changed))
         return self._task
 
     async def state(
@@ -157,11 +162,11 @@ class KubeletSchedule:
             self._state = None
         return self._state
 
-    async def _poll(self) -> PodResourcesState | None:
+    async def _poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState | None:
         if self.client is None:
             return None
         try:
-            state = await self.client.poll()
+            state = await self.client.poll(fresh_allocatable=fresh_allocatable)
         except PodResourcesError as exc:
             self._due_in = 0  # retried the next cycle
             if exc.code != "BACKOFF":
