@@ -133,7 +133,7 @@ def _breakdown(r: Results) -> list[str]:
     xid = whole - r.breakdown[names[3]]
     malloc = whole - r.breakdown[names[4]]
     rows = [
-        ("the kubelet: `List` and `GetAllocatableResources`, every 5 s, over gRPC", kubelet),
+        ("the kubelet: `List` and `GetAllocatableResources`, over gRPC", kubelet),
         ("NVML: collect(), the stand-in library, XID events", nvml),
         ("of which XID events (an event set collect() empties)", xid),
         ("the rest: the cycle, the join, the snapshot, HTTP, scrapes", whole - kubelet - nvml),
