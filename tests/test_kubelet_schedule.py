@@ -18,6 +18,7 @@ from exporter.model import (
     PodResourcesState,
     ProcessUsage,
     Sample,
+    Snapshot,
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesClient
@@ -71,27 +72,15 @@ def _lists(client: PodResourcesClient) -> int:
 async def test_polled_every_fifth_cycle_at_1s_and_the_pod_lags_until_the_next_poll(
     tmp_path: Path,
 ) -> None:
-    clock, scenario_t = Clock(1000.0), Clock(0.0)
-    sock = tmp_path / "kubelet.sock"
-    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=scenario_t)
-    await kubelet.start()
-    client = PodResourcesClient(sock, clock=clock, allocatable_interval=5.0)
-    poller = _poller(client, clock, every=5.0)
-    holders = []
-    try:
-        for _ in range(11):  # cycles at scenario time 0, 1, ..., 10
-            snapshot = await poller.run_once()
-            holders.append(snapshot.devices[0].holder)
-            clock.now += 1.0
-            scenario_t.now += 1.0
-    finally:
-        await poller.close()
-        await kubelet.stop()
-    assert _lists(client) == 3  # cycles 0, 5 and 10
+    # cycles at scenario time 0, 1, ..., 10
+    snapshots, lists = await _run(SCENARIO, tmp_path, {}, 11, every=5.0)
+    assert lists == 3  # cycles 0, 5 and 10
     # The pod appears at 2.5 s; the labels follow at the next poll (5 s), not before.
-    held = [h is not None and h.pod == "train" for h in holders]
+    held = [
+        s.devices[0].holder is not None and s.devices[0].holder.pod == "train" for s in snapshots
+    ]
     assert held == [False] * 5 + [True] * 6
-    assert snapshot.podresources.connected
+    assert snapshots[-1].podresources.connected
 
 
 def _running(*pids: int) -> SourceResult:
@@ -99,36 +88,45 @@ def _running(*pids: int) -> SourceResult:
     return replace(READINGS, processes=tuple(ProcessUsage("GPU-a", pid) for pid in pids))
 
 
-async def _cycles(
+async def _run(
     scenario: str,
     tmp_path: Path,
-    processes: dict[int, tuple[int, ...]],
+    results: dict[int, SourceResult],
     cycles: int,
     *,
     every: float = 30.0,
-) -> tuple[list[Holder | None], int]:
-    """One cycle a second for `cycles` cycles, GPU-a running `processes[t]` from cycle t on
-    (as a source reports them); the device's holder each cycle, and the `List` calls."""
+    allocatable_interval: float = 5.0,
+) -> tuple[list[Snapshot], int]:
+    """One cycle a second for `cycles` cycles, the source answering `results[t]` from cycle
+    t on (READINGS before); each cycle's snapshot, and the `List` calls."""
     clock, scenario_t = Clock(1000.0), Clock(0.0)
     sock = tmp_path / "kubelet.sock"
     kubelet = SimulatedKubelet(parse_scenario(scenario), sock, clock=scenario_t)
     await kubelet.start()
-    client = PodResourcesClient(sock, clock=clock)
-    source = StaticSource(_running(*processes.get(0, ())))
+    client = PodResourcesClient(sock, clock=clock, allocatable_interval=allocatable_interval)
+    source = StaticSource(results.get(0, READINGS))
     poller = _poller(client, clock, every=every, source=source)
-    holders = []
+    snapshots = []
     try:
         for t in range(cycles):
-            if t in processes:
-                source.result = _running(*processes[t])
-            snapshot = await poller.run_once()
-            holders.append(snapshot.devices[0].holder)
+            source.result = results.get(t, source.result)
+            snapshots.append(await poller.run_once())
             clock.now += 1.0
             scenario_t.now += 1.0
     finally:
         await poller.close()
         await kubelet.stop()
-    return holders, _lists(client)
+    return snapshots, _lists(client)
+
+
+async def _cycles(
+    scenario: str, tmp_path: Path, processes: dict[int, tuple[int, ...]], cycles: int
+) -> tuple[list[Holder | None], int]:
+    """GPU-a running `processes[t]` from cycle t on: its holder each cycle, and the `List`
+    calls."""
+    results = {t: _running(*pids) for t, pids in processes.items()}
+    snapshots, lists = await _run(scenario, tmp_path, results, cycles)
+    return [s.devices[0].holder for s in snapshots], lists
 
 
 async def test_a_process_on_a_device_asks_the_kubelet_in_the_cycle_that_sees_it(
@@ -187,27 +185,13 @@ def _with_xids(count: int) -> SourceResult:
 async def test_an_xid_on_a_device_asks_the_kubelet_for_its_plugins_verdict(
     tmp_path: Path,
 ) -> None:
-    clock, scenario_t = Clock(1000.0), Clock(0.0)
-    sock = tmp_path / "kubelet.sock"
-    kubelet = SimulatedKubelet(parse_scenario(UNHEALTHY), sock, clock=scenario_t)
-    await kubelet.start()
-    client = PodResourcesClient(sock, clock=clock, allocatable_interval=0.0)
-    source = StaticSource(READINGS)
-    poller = _poller(client, clock, every=30.0, source=source)
-    allocatable = []
-    try:
-        for t in range(8):
-            if t == 3:
-                source.result = _with_xids(1)  # the XID 48 the plugin acted on
-            snapshot = await poller.run_once()
-            allocatable.append(snapshot.devices[0].allocatable)
-            clock.now += 1.0
-            scenario_t.now += 1.0
-    finally:
-        await poller.close()
-        await kubelet.stop()
+    # cycle 3: the XID 48 the plugin acted on
+    snapshots, lists = await _run(
+        UNHEALTHY, tmp_path, {3: _with_xids(1)}, 8, allocatable_interval=0.0
+    )
+    allocatable = [s.devices[0].allocatable for s in snapshots]
     assert allocatable == [True] * 3 + [False] * 5  # the verdict in the XID's own cycle
-    assert _lists(client) == 2  # cycle 0, cycle 3; the settle poll is due at 8
+    assert lists == 2  # cycle 0, cycle 3; the settle poll is due at 8
 
 
 async def test_a_failed_poll_is_retried_the_next_cycle(tmp_path: Path) -> None:
