@@ -10,7 +10,7 @@ from pathlib import Path
 from exporter.attribution.resolver import ProcessResolver
 from exporter.energy import EnergyLedger
 from exporter.ids import ResourceMatcher
-from exporter.model import Snapshot, SourceResult
+from exporter.model import PodResourcesHealth, PodResourcesState, Snapshot, SourceResult
 from exporter.numa import CpuNodeMap
 from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
@@ -32,6 +32,28 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class FixedKubelet:
+    """A PodResources client (for the poller) answering whatever `state` is now, and counting
+    its polls; subclasses answer otherwise."""
+
+    def __init__(self, state: PodResourcesState) -> None:
+        self.state = state
+        self.calls = 0
+
+    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
+        self.calls += 1
+        return self.state
+
+    def health(self) -> PodResourcesHealth:
+        return PodResourcesHealth(api_version="v1", connected=True)
+
+    async def close_channel(self) -> None:
+        return None  # no channel: nothing kept between polls
+
+    async def close(self) -> None:
+        return None
 
 
 class StaticSource:

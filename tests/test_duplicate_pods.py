@@ -16,12 +16,11 @@ from exporter.model import (
     ContainerDevices,
     ContainerMemory,
     Pod,
-    PodResourcesHealth,
     PodResourcesState,
 )
 from exporter.poller import Poller
 from tests.peers import promtool_check_metrics
-from tests.support import StaticSource, metrics_text
+from tests.support import FixedKubelet, StaticSource, metrics_text
 from tests.test_exporter import GPU, gpu_result
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -34,25 +33,6 @@ def duplicate_series(text: str) -> list[str]:
         for s in family.samples:
             seen[(s.name, tuple(sorted(s.labels.items())))] += 1
     return [f"{name}{dict(labels)} x{n}" for (name, labels), n in seen.items() if n > 1]
-
-
-class FixedKubelet:
-    """A PodResources client that answers the same List every time."""
-
-    def __init__(self, state: PodResourcesState) -> None:
-        self.state = state
-
-    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
-        return self.state
-
-    def health(self) -> PodResourcesHealth:
-        return PodResourcesHealth(api_version="v1", connected=True)
-
-    async def close_channel(self) -> None:
-        return None  # no channel: nothing kept between polls
-
-    async def close(self) -> None:
-        return None
 
 
 TRAINER = Pod(

@@ -23,7 +23,6 @@ from exporter.model import (
     DeviceReading,
     Holder,
     Pod,
-    PodResourcesHealth,
     PodResourcesState,
     Sample,
     SourceResult,
@@ -33,7 +32,7 @@ from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.peers import chromium
-from tests.support import Clock, StaticSource, metrics_text, one_cycle
+from tests.support import Clock, FixedKubelet, StaticSource, metrics_text, one_cycle
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -290,12 +289,11 @@ async def test_missing_kubelet_is_said_once_and_recovery_once(
     )
 
 
-class SlowKubelet:
+class SlowKubelet(FixedKubelet):
     """A PodResources client whose first answer is prompt and every later one hangs."""
 
     def __init__(self, state: PodResourcesState) -> None:
-        self.state = state
-        self.calls = 0
+        super().__init__(state)
         self.release = asyncio.Event()
 
     async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
@@ -303,12 +301,6 @@ class SlowKubelet:
         if self.calls > 1:
             await self.release.wait()
         return self.state
-
-    def health(self) -> PodResourcesHealth:
-        return PodResourcesHealth(api_version="v1", connected=True)
-
-    async def close_channel(self) -> None:
-        return None  # no channel: nothing kept between polls
 
     async def close(self) -> None:
         self.release.set()
@@ -338,14 +330,6 @@ async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
     for snap in later:
         assert not snap.podresources.connected  # marked stale ...
         assert snap.devices[0].holder == Holder("ns", "p", "c")  # ... last good pod state kept
-
-
-class FixedKubelet(SlowKubelet):
-    """Answers promptly, with whatever `state` is now."""
-
-    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
-        self.calls += 1
-        return self.state
 
 
 async def test_the_join_is_redone_only_when_pods_or_devices_change(

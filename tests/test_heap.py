@@ -26,14 +26,13 @@ from exporter.model import (
     Device,
     DeviceReading,
     Pod,
-    PodResourcesHealth,
     PodResourcesState,
     Sample,
     Snapshot,
     SourceResult,
 )
 from exporter.poller import Poller
-from tests.support import Clock, StaticSource
+from tests.support import Clock, FixedKubelet, StaticSource
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -48,10 +47,11 @@ class Counter:
         return True
 
 
-class Kubelet:
+class Kubelet(FixedKubelet):
     """`pods` pods, each holding a replica of the one GPU; change `pods` between cycles."""
 
     def __init__(self, pods: int) -> None:
+        super().__init__(PodResourcesState(api_version="v1"))
         self.pods = pods
 
     async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
@@ -60,15 +60,6 @@ class Kubelet:
             for n in range(self.pods)
         )  # fmt: skip
         return PodResourcesState(pods=pods, api_version="v1")
-
-    def health(self) -> PodResourcesHealth:
-        return PodResourcesHealth(api_version="v1", connected=True)
-
-    async def close_channel(self) -> None:
-        return None  # no channel: nothing kept between polls
-
-    async def close(self) -> None:
-        return None
 
 
 def gpu() -> StaticSource:

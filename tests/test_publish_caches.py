@@ -26,7 +26,6 @@ from exporter.model import (
     Holder,
     JoinedDevice,
     Pod,
-    PodResourcesHealth,
     PodResourcesState,
     ProcessUsage,
     Sample,
@@ -37,31 +36,12 @@ from exporter.placement import PlacementReader
 from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
 from simulator.procfs import container_id
-from tests.support import Clock, StaticSource, metrics_text
+from tests.support import Clock, FixedKubelet, StaticSource, metrics_text
 from tests.test_placement import _dgx_sysfs
 
 UID_A = "8c1e2f3a-4b5c-4d6e-8f70-00000000000a"
 UID_B = "8c1e2f3a-4b5c-4d6e-8f70-00000000000b"
 CID_A, CID_B = container_id("ml", "a", "main"), container_id("ml", "b", "main")
-
-
-class Kubelet:
-    """A PodResources client answering whatever `state` is now."""
-
-    def __init__(self, state: PodResourcesState) -> None:
-        self.state = state
-
-    async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
-        return self.state
-
-    def health(self) -> PodResourcesHealth:
-        return PodResourcesHealth(api_version="v1", connected=True)
-
-    async def close_channel(self) -> None:
-        return None  # no channel: nothing kept between polls
-
-    async def close(self) -> None:
-        return None
 
 
 @dataclass
@@ -121,7 +101,7 @@ def _proc(root: Path, pid: int, started: int, uid: str, cid: str) -> None:
 @dataclass
 class Twin:
     poller: Poller
-    kubelet: Kubelet
+    kubelet: FixedKubelet
     source: StaticSource
     budget: Budgeted
     ledger: EnergyLedger
@@ -139,7 +119,7 @@ class Twin:
 
 
 def _twin(node: Node, sysfs: Path, proc: Path, logs: Path) -> Twin:
-    kubelet, source = Kubelet(node.state()), StaticSource(node.result())
+    kubelet, source = FixedKubelet(node.state()), StaticSource(node.result())
     budget = Budgeted([PrometheusSink()], groups=frozenset({"energy"}))
     ledger, placement = EnergyLedger(), PlacementReader(sysfs)
     now = [1.7e9]

@@ -21,8 +21,7 @@ from exporter.cli.flags import parse_config
 from exporter.model import Container, ContainerDevices, Pod, PodResourcesState, Snapshot
 from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
-from tests.support import StaticSource, metrics_text
-from tests.test_duplicate_pods import FixedKubelet
+from tests.support import FixedKubelet, StaticSource, metrics_text
 from tests.test_exporter import GPU, gpu_result
 
 REPO = Path(__file__).resolve().parent.parent
