@@ -9,12 +9,11 @@ the last answer.
 What the sources see: the devices, their state and XIDs, and each device's processes.
 A device that goes bad makes the kubelet be asked too: its device plugin's verdict
 (GetAllocatableResources) usually follows from the same event (NVIDIA's marks a GPU
-unhealthy on an XID). A workload that starts
-a process on a device makes the cycle that first sees it ask the kubelet, within that
-cycle, so its utilization goes to the right pod from the first cycle on (a fixed 5 s
-schedule gave the last holder up to 5 s of it). The kubelet is asked once more
-`SOONEST` seconds later, because what follows a change settles after it (a deleted pod
-leaves `List` about 3 s after deletion, control-plane.md). A poll the sources ask for
+unhealthy on an XID). A workload that starts a process on a device makes the cycle that
+first sees it ask the kubelet, within that cycle, so its utilization goes to the right
+pod from the first cycle on (a fixed 5 s schedule gave the last holder up to 5 s of it).
+The kubelet is asked once more `SOONEST` seconds later, because what follows a change
+settles after it (a deleted pod leaves `List` about 3 s after deletion, control-plane.md). A poll the sources ask for
 comes at most every `SOONEST` seconds: processes that come and go every cycle cost what
 the fixed 5 s schedule cost. What waits for the interval: a pod that holds a device but
 runs nothing on it, and a plugin's verdict on a device whose state the exporter sees
@@ -83,14 +82,13 @@ class KubeletSchedule:
         self._asked = 0
         """Polls a change still asks for: the one at the change, and one to settle."""
         self._seen: Hashable = _UNSEEN
-        self._cycle = 0
-        self._task_cycle = -1
+        self._begun_this_cycle = False
         self.polls = 0
         """Polls started so far."""
 
     def start(self) -> asyncio.Future[PodResourcesState | None]:
         """This cycle's poll when one is due; else the last one (done, or still in flight)."""
-        self._cycle += 1
+        self._begun_this_cycle = False
         task = self._task
         self._due_in -= 1
         self._soon_in -= 1
@@ -111,7 +109,7 @@ class KubeletSchedule:
         first, self._seen = self._seen is _UNSEEN, seen
         if first:
             return None  # the first cycle asks the kubelet anyway
-        if self._task is not None and self._task_cycle == self._cycle:
+        if self._begun_this_cycle:
             self._asked = 1  # asked at the cycle's start, with the change: one to settle
             return None
         self._asked = 2
@@ -127,7 +125,7 @@ class KubeletSchedule:
         if changed:
             self._asked -= 1
             self._soon_in = self.soonest
-        self._task_cycle = self._cycle
+        self._begun_this_cycle = True
         self.polls += 1
         self._task = asyncio.ensure_future(self._poll(fresh_allocatable=changed))
         return self._task
