@@ -13,11 +13,11 @@ unhealthy on an XID). A workload that starts a process on a device makes the cyc
 first sees it ask the kubelet, within that cycle, so its utilization goes to the right
 pod from the first cycle on (a fixed 5 s schedule gave the last holder up to 5 s of it).
 The kubelet is asked once more `SOONEST` seconds later, because what follows a change
-settles after it (a deleted pod leaves `List` about 3 s after deletion, control-plane.md). A poll the sources ask for
-comes at most every `SOONEST` seconds: processes that come and go every cycle cost what
-the fixed 5 s schedule cost. What waits for the interval: a pod that holds a device but
-runs nothing on it, and a plugin's verdict on a device whose state the exporter sees
-unchanged.
+settles after it (a deleted pod leaves `List` about 3 s after deletion, control-plane.md).
+A poll the sources ask for comes at most every `SOONEST` seconds: processes that come and
+go every cycle cost what the fixed 5 s schedule cost. What waits for the interval: a pod
+that holds a device but runs nothing on it, and a plugin's verdict on a device whose
+state the exporter sees unchanged.
 
 A failed poll is retried the next cycle, and so is a poll whose answer the client holds
 back after a kubelet restart (the restart window, settle.py).
