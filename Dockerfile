@@ -57,7 +57,7 @@ LABEL org.opencontainers.image.title="kube-device-exporter" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}"
-# PYTHONMALLOC=malloc (exporter/heap.py SHIPPED_ENV): on glibc's allocator the heap trimmer
+# PYTHONMALLOC=malloc (exporter/runtime/heap.py SHIPPED_ENV): on glibc's allocator the heap trimmer
 # hands memory back after a big node shrinks; Python's own keeps it near the peak
 # (docs/performance.md, "Memory under churn and on a big node").
 ENV PATH=/opt/kube-device-exporter/bin:$PATH \

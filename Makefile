@@ -119,7 +119,7 @@ k8s:
 fakenvml: $(RUNTIME)
 	@if [ -f $(FAKENVML)/Makefile ]; then $(MAKE) -s -C $(FAKENVML) PYTHON=$(CURDIR)/$(PY); fi
 
-# The demo runs Python as the image does (Dockerfile ENV PYTHONMALLOC, exporter/heap.py).
+# The demo runs Python as the image does (Dockerfile ENV PYTHONMALLOC, exporter/runtime/heap.py).
 demo: $(RUNTIME) fakenvml
 	@PYTHONMALLOC=malloc $(VENV)/bin/kde-simulate demo --web.listen-address $(DEMO_ADDR) \
 		|| { rc=$$?; echo "make demo: exit $$rc; if $(DEMO_ADDR) is in use, pick another port: make demo DEMO_ADDR=127.0.0.1:9505" >&2; exit $$rc; }

@@ -27,8 +27,8 @@ import aiohttp
 from bench.faults import Row
 from bench.faults_round3 import Process, until
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
-from exporter.heap import SHIPPED_ENV
 from exporter.model import Container, ContainerDevices, Pod
+from exporter.runtime.heap import SHIPPED_ENV
 from simulator.kubelet_wire import pod_to_v1
 from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.heap import SHIPPED_ENV, HeapTrimmer
+from exporter.cycle.poller import Poller
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -32,7 +32,7 @@ from exporter.model import (
     Sample,
     SourceResult,
 )
-from exporter.poller import Poller
+from exporter.runtime.heap import SHIPPED_ENV, HeapTrimmer
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.web.app import DevicesView
 
@@ -56,7 +56,7 @@ class Variant:
     label: str
     env: dict[str, str]
     trim: bool
-    """With the heap trimmer (exporter/heap.py) among the sinks, as the exporter runs."""
+    """With the heap trimmer (exporter/runtime/heap.py) among the sinks, as the exporter runs."""
 
 
 VARIANTS = {

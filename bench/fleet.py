@@ -14,7 +14,7 @@ import aiohttp
 import yaml
 
 from bench.procs import ExporterProcess, NodeProcess, Process, free_port
-from exporter.metrics import CORE, GROUPS
+from exporter.settings.table import CORE, GROUPS
 
 
 @dataclass(frozen=True)

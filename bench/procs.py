@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from exporter.heap import SHIPPED_ENV
+from exporter.runtime.heap import SHIPPED_ENV
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")

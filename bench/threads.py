@@ -3,7 +3,7 @@
 One exporter on a simulated node (its own process), scraped every 15 s as Prometheus does,
 at one collect interval. Each live thread's CPU over the window comes from
 /proc/PID/task/*/schedstat under the name the kernel shows (the exporter names its
-threads: exporter/threads.py), and how often it went to sleep (voluntary context
+threads: exporter/runtime/threads.py), and how often it went to sleep (voluntary context
 switches: each a wake-up, which a VM charges dearly); what the whole process used comes
 from /proc/PID/stat, so the threads that ended within the window (gRPC's, which live only
 during a kubelet poll) are the difference. Divided by the cycles the exporter ran: per

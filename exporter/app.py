@@ -15,24 +15,24 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exporter import log as logsetup
 from exporter.attribution.resolver import ProcessResolver
-from exporter.budget import Budgeted
-from exporter.cli.config import Config
-from exporter.draview import DraView
-from exporter.energy import EnergyLedger
-from exporter.events import EventHub, Publisher
-from exporter.heap import HeapTrimmer
+from exporter.cycle.poller import Poller
+from exporter.derive.budget import Budgeted
+from exporter.derive.energy import EnergyLedger
+from exporter.derive.events import EventHub, Publisher
+from exporter.derive.numa import CpuNodeMap
+from exporter.derive.placement import PlacementReader
+from exporter.dra.view import DraView
 from exporter.ids import ResourceMatcher
 from exporter.model import SourceResult
-from exporter.numa import CpuNodeMap
-from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
+from exporter.runtime import log as logsetup
+from exporter.runtime.heap import HeapTrimmer
+from exporter.runtime.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
+from exporter.settings.config import Config
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.sources import Source, SourceContext, registry
-from exporter.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
 from exporter.web.app import DevicesView, make_app
 from exporter.web.auth import security_middleware
 from exporter.web.config import WebConfigError, WebConfigWatcher
@@ -41,7 +41,9 @@ from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
 if TYPE_CHECKING:
-    from exporter.k8sevents import KubeEventPoster
+    from exporter.dra.slicewatch import SliceWatcher
+    from exporter.kubeapi.watcher import PodWatcher
+    from exporter.sinks.k8sevents import KubeEventPoster
     from exporter.sinks.otlp_logs import OtlpLogSink
 
 ALLOCATABLE_EVERY = 5.0
@@ -126,8 +128,6 @@ class Exporter:
         self.kubeapi = None
         self.slices = None
         if config.kubernetes_api:
-            from exporter.kubeapi import build_watchers  # the API client loads only when used
-
             self.kubeapi, self.slices = build_watchers(config)
         self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
         self_metrics.append(self.dra)
@@ -183,7 +183,7 @@ class Exporter:
 
             log_sink = OtlpLogSink(config)
         if config.kubernetes_events:
-            from exporter.k8sevents import build_poster
+            from exporter.sinks.k8sevents import build_poster
 
             poster = build_poster(config)
         publishers: list[Publisher] = [p.publish for p in (log_sink, poster) if p is not None]
@@ -398,3 +398,16 @@ def exit_now_if_stuck(code: int) -> int:
 async def _together(*watches: Coroutine[Any, Any, None]) -> None:
     """The API watches as one task (cancelled together at shutdown)."""
     await asyncio.gather(*watches)
+
+
+def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
+    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client.
+    The API client is imported here, when used (it costs start-up time otherwise)."""
+    from exporter.dra.claimhealth import read_pod_status
+    from exporter.dra.slicewatch import SliceWatcher
+    from exporter.kubeapi import pod_watcher, shared_connect
+
+    dra = config.kubernetes_dra
+    connect = shared_connect(config, pod_status=read_pod_status if dra else None)
+    slices = SliceWatcher(connect, config.node_name) if dra else None
+    return pod_watcher(config, connect), slices

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from exporter.ids import ResourceMatcher
 from exporter.join import JoinResult, join
-from exporter.log import StateLog
 from exporter.model import (
     ContainerDevices,
     DeviceReading,
@@ -22,6 +21,7 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesError
+from exporter.runtime.log import StateLog
 from exporter.sources.resources import SOURCE_FIXES, source_for
 
 OK, ABSENT, PROBLEM = "ok", "absent", "problem"

@@ -13,18 +13,7 @@ import fnmatch
 import re
 from collections.abc import Iterable
 
-DEFAULT_RESOURCE_PATTERNS = (
-    "nvidia.com/*",
-    "*.shared",
-    "amd.com/*",
-    "gpu.intel.com/*",
-    "rdma/*",
-    "intel.com/*",
-    "mellanox.com/*",
-    "openshift.io/*",
-)
-"""nvidia.com/gpu and nvidia.com/mig-* (and renames), AMD, Intel GPUs, the RDMA shared-device
-plugin and the SR-IOV network device plugin's default prefixes."""
+from exporter.settings.table import DEFAULT_RESOURCE_PATTERNS
 
 _REPLICA = re.compile(r"^(?P<id>.+?)::(?P<replica>\d+)$")
 _GKE_VGPU = re.compile(r"^(?P<id>nvidia\d+(?:/gi\d+)?)/vgpu(?P<replica>\d+)$")

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from exporter.draclaims import dra_ids, dra_placements
+from exporter.dra.identity import dra_ids, dra_placements
 from exporter.ids import ResourceMatcher, normalize_device_id
 from exporter.model import (
     Allocation,
@@ -56,10 +56,10 @@ def join(
     dra: Mapping[tuple[str, str, str], str] | None = None,
     dra_numa: Mapping[tuple[str, str, str], int] | None = None,
 ) -> JoinResult:
-    """`cpu_nodes`: the node's CPU -> NUMA map (exporter/numa.py). `known_resources`:
+    """`cpu_nodes`: the node's CPU -> NUMA map (exporter/derive/numa.py). `known_resources`:
     hw.id -> the resource earlier answers listed it under (the poller remembers them), so a
     device that left the allocatable list is still reported under its resource. `dra`/`dra_numa`:
-    hw.id/NUMA node per DRA device from the ResourceSlices (exporter/dra.py)."""
+    hw.id/NUMA node per DRA device from the ResourceSlices (exporter/dra/identity.py)."""
     matcher = matcher or ResourceMatcher()
     readings = [r for result in results for r in result.readings]
     state = state or PodResourcesState()

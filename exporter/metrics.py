@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from exporter.settings.table import CORE
+
 Attributes = tuple[tuple[str, str], ...]
 
 
@@ -42,63 +44,6 @@ class Scope(StrEnum):
     """The exporter's own health."""
     WORKLOAD = "workload"
     """From process attribution: one series per (device, container), or per process."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricGroup:
-    """A set of series that is on or off as one (`--metrics.group.NAME`), as node_exporter's
-    collectors and dcgm-exporter's counter files are: the default answers the first
-    questions at about dcgm-exporter's default series per GPU; the rest is one flag away."""
-
-    name: str
-    help: str
-    default: bool = False
-
-
-CORE = "core"
-
-GROUPS: tuple[MetricGroup, ...] = (
-    MetricGroup(
-        CORE,
-        "identity, status, utilization, memory used and size, power and energy, GPU "
-        "temperature, uncorrected ECC and XID errors, row-remap state, the throttle reasons "
-        "the alerts read, who holds what, per-container use, the exporter's own health",
-        default=True,
-    ),
-    MetricGroup(
-        "clocks",
-        "clock frequencies, the throttle reasons no alert reads (gpu_idle, "
-        "applications_clocks_setting, sync_boost, display_clock_setting), the power limit",
-    ),
-    MetricGroup(
-        "interconnect",
-        "PCIe and NVLink traffic, PCIe replays and NVLink errors",
-    ),
-    MetricGroup(
-        "memory",
-        "memory detail: free and reserved, AMD CPU-visible and GTT, remapped rows by "
-        "cause, corrected and deferred ECC errors, memory temperature",
-    ),
-    MetricGroup("media", "encoder and decoder utilization"),
-    MetricGroup(
-        "profiling",
-        "NVIDIA GPM profiling metrics (SM and tensor activity, Hopper and later)",
-    ),
-    MetricGroup(
-        "energy",
-        "energy per container, each device's energy counter apportioned to its holders "
-        "(one series per holder of every device: docs/attribution.md)",
-    ),
-)
-"""Every group; `core` cannot be turned off."""
-
-GROUP_NAMES = tuple(g.name for g in GROUPS)
-DEFAULT_MAX_SERIES = 10_000
-"""`--metrics.max-series`: a 64-GPU node with 1,600 pods makes 8,224 series
-(docs/performance.md) with every group on, fewer with the default groups; the memory at
-the budget and the List size cap is what the DaemonSet's limit is sized for
-(docs/reliability.md)."""
-DEFAULT_GROUPS = frozenset(g.name for g in GROUPS if g.default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +121,6 @@ def prometheus_label(attribute: str) -> str:
     """OpenTelemetry attribute key -> Prometheus label name (`hw.id` -> `hw_id`)."""
     label = re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
     return f"key_{label}" if label[:1].isdigit() else label
-
-
-SCHEMAS = ("native", "dcgm")
-"""`--metrics.schema`: this table's names, dcgm-exporter's (`exporter/sinks/dcgm.py`), or both."""
 
 
 # --- attributes -----------------------------------------------------------------------

@@ -251,7 +251,7 @@ class ContainerNuma:
 @dataclass(frozen=True, slots=True)
 class PairPlacement:
     """How far apart, in the PCIe tree, one GPU and one NIC of a container sit
-    (exporter/placement.py): `level` 1 (PIX, one PCIe switch) to 5 (SYS, across the CPU
+    (exporter/derive/placement.py): `level` 1 (PIX, one PCIe switch) to 5 (SYS, across the CPU
     interconnect), `level_name` nvidia-smi's word for it."""
 
     holder: Holder
@@ -264,7 +264,7 @@ class PairPlacement:
 @dataclass(frozen=True, slots=True)
 class ContainerEnergy:
     """Joules of one device credited to one holder since the exporter started
-    (exporter/energy.py); `holder` None: the device's energy while nobody held it."""
+    (exporter/derive/energy.py); `holder` None: the device's energy while nobody held it."""
 
     device_id: str
     holder: Holder | None
@@ -355,8 +355,32 @@ class Snapshot:
     """Whether process attribution ran this cycle (host /proc and container logs readable)."""
     allocations_left_out: tuple[tuple[str, int], ...] = ()
     """(resource, device-plugin allocations the series budget left out of `allocations`):
-    `hw.allocated.devices` still counts them (exporter/budget.py)."""
+    `hw.allocated.devices` still counts them (exporter/derive/budget.py)."""
     placements: tuple[PairPlacement, ...] = ()
-    """GPU-NIC pairs of every container holding both; see exporter/placement.py."""
+    """GPU-NIC pairs of every container holding both; see exporter/derive/placement.py."""
     container_energy: tuple[ContainerEnergy, ...] = ()
-    """Each device's energy apportioned to its holders; see exporter/energy.py."""
+    """Each device's energy apportioned to its holders; see exporter/derive/energy.py."""
+
+
+# --- what a pod's status says of its DRA claims (exporter/dra) ------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ClaimHealth:
+    container: str
+    claim: str
+    """The ResourceClaim's name (`<claim>` or `<claim>/<request>`): the status entry's name
+    less `claim:`, its pod's reference turned into the claim it names."""
+    resource_id: str
+    health: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ExtendedClaim:
+    claim: str
+    """The ResourceClaim the scheduler made
+    (`status.extendedResourceClaimStatus.resourceClaimName`)."""
+    container: str
+    resource: str
+    """The extended resource the container asked for (`example.com/gpu`)."""

@@ -10,13 +10,20 @@ from __future__ import annotations
 import functools
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from exporter import __version__
 from exporter.metrics import NODE_ATTRIBUTE, SPECS, MetricSpec
-from exporter.model import Attributes, Device, Holder, JoinedDevice, Owner, Snapshot
-from exporter.placement import best_and_worst
+from exporter.model import (
+    Attributes,
+    Device,
+    Holder,
+    JoinedDevice,
+    Owner,
+    PairPlacement,
+    Snapshot,
+)
 
 HELD_METHODS = ("GetAllocatableResources", "List")
 """The PodResources calls whose empty answers a restarting kubelet's window can hold
@@ -341,3 +348,15 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
     )
     for sample in snapshot.self_samples:
         yield Point(SPECS[sample.metric], (*sample.attributes, *node), sample.value)
+
+
+def best_and_worst(pairs: Iterable[PairPlacement]) -> dict[Holder, tuple[int, int]]:
+    """Per container: its best pair's level, and its worst GPU's best level (the GPU that
+    is farthest from its nearest NIC: what a job that gives each GPU its nearest NIC, as
+    NCCL does, is held back by). The worst of all pairs would say nothing: on any
+    two-socket node some GPU-NIC pair crosses sockets."""
+    nearest: dict[Holder, dict[str, int]] = {}
+    for pair in pairs:
+        per_gpu = nearest.setdefault(pair.holder, {})
+        per_gpu[pair.gpu_id] = min(per_gpu.get(pair.gpu_id, pair.level), pair.level)
+    return {h: (min(g.values()), max(g.values())) for h, g in nearest.items()}

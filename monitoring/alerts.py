@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from exporter.devicecodes import xids_of
+from exporter.derive.devicecodes import xids_of
 from monitoring.promql import label, promql
 
 JOB = "kube-device-exporter"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from exporter.metrics import CORE, SPECS
+from exporter.metrics import SPECS
+from exporter.settings.table import CORE
 
 _NAME = re.compile(r"(?<![\w.])((?:hw|k8s|kube_device_exporter)\.[a-z0-9_.]*[a-z0-9_])")
 

@@ -6,16 +6,8 @@ the table disagree.
 
 from __future__ import annotations
 
-from exporter.metrics import (
-    ATTRIBUTES,
-    CORE,
-    GROUPS,
-    SPECS_LIST,
-    Kind,
-    MetricSpec,
-    Scope,
-    prometheus_label,
-)
+from exporter.metrics import ATTRIBUTES, SPECS_LIST, Kind, MetricSpec, Scope, prometheus_label
+from exporter.settings.table import CORE, GROUPS
 
 _GROUPS_HEAD = """## Metric groups
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.app import build_sources
-from exporter.cli.config import Config
-from exporter.cli.values import boolean
+from exporter.settings.config import Config
+from exporter.settings.values import boolean
 from exporter.sources import Source
 from exporter.sources.netdev import RTEXT_FILTER_VF, NetdevSource, NetStats, parse_vf_stats
 

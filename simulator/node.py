@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from exporter.cli.config import Config
+from exporter.settings.config import Config
 from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import Scenario

@@ -17,10 +17,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter import log as logsetup
 from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
-from exporter.cli.config import Config
 from exporter.cli.flags import UsageError, parse_config
+from exporter.runtime import log as logsetup
+from exporter.settings.config import Config
 from simulator.node import SimulatedNode
 from simulator.scenario import Scenario, ScenarioError, bundled_names, load_scenario
 

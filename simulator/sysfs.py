@@ -55,7 +55,7 @@ def render(scenario: Scenario, t: float) -> tuple[Tree, dict[str, list[dict[str,
 def _numa_nodes(tree: Tree, section: Doc) -> None:
     """`numa_nodes: {0: "0-15", 1: "16-31"}` -> `devices/system/node/node<N>/cpulist` and
     `node/online` (Documentation/ABI/stable/sysfs-devices-node), in the kernel's list
-    format, which exporter/numa.py parses."""
+    format, which exporter/derive/numa.py parses."""
     value = section.get("numa_nodes") or {}
     where = f"{section.scenario}: sysfs.numa_nodes"
     if not isinstance(value, Mapping):

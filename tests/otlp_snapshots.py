@@ -3,7 +3,6 @@ names the demo scenario's devices (so the join against the simulated kubelet is 
 
 from __future__ import annotations
 
-from exporter.cli.config import Config, OtlpConfig
 from exporter.model import (
     Device,
     DeviceReading,
@@ -13,6 +12,7 @@ from exporter.model import (
     Snapshot,
     SourceResult,
 )
+from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.otlp import OtlpSink
 
 # From simulator/scenarios/demo.yaml.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.backoff import Backoff
+from exporter.runtime.backoff import Backoff
 
 
 def schedule(backoff: Backoff, failures: int) -> list[float]:

@@ -168,7 +168,7 @@ def test_the_exporters_threads_carry_their_names_into_the_kernel() -> None:
     import threading
 
     from bench.procs import thread_cpu
-    from exporter.threads import Thread
+    from exporter.runtime.threads import Thread
 
     seen: list[set[str]] = []
     release = threading.Event()
@@ -200,7 +200,7 @@ def test_thread_sleeps_counts_each_time_a_thread_went_to_sleep() -> None:
     import time
 
     from bench.procs import thread_sleeps
-    from exporter.threads import Thread
+    from exporter.runtime.threads import Thread
 
     ready, go = threading.Event(), threading.Event()
 
@@ -261,7 +261,7 @@ def test_ab_runs_the_other_revision_from_its_own_copy(tmp_path: Path) -> None:
 
     export("HEAD", tmp_path)
     head = subprocess.run(
-        ["git", "-C", str(ROOT), "show", "HEAD:exporter/poller.py"],
+        ["git", "-C", str(ROOT), "show", "HEAD:exporter/cycle/poller.py"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     assert (tmp_path / "exporter" / "poller.py").read_text() == head

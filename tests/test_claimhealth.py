@@ -1,4 +1,4 @@
-"""Claim health (exporter/kubeapi/claimhealth.py) names the ResourceClaim, as PodResources
+"""Claim health (exporter/dra/claimhealth.py) names the ResourceClaim, as PodResources
 does, where the kubelet's `allocatedResourcesStatus` names the pod's reference to it: the
 shapes below are what the real 1.36 kubelet and API server wrote
 (tests/test_real_cluster_dra_driver.py)."""
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.kubeapi.claimhealth import ClaimHealth, parse_pod_health
+from exporter.dra.claimhealth import parse_pod_health
+from exporter.model import ClaimHealth
 
 STATUS = [{"name": "claim:gpu", "resources": [
     {"resourceID": "gpu.kde.test/kde-083728/gpu-0", "health": "Unhealthy", "message": "XID 79"}]}]  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli.flags import UsageError, build_parser, env_name, parse_config
-from exporter.cli.values import boolean, duration, listen_address
+from exporter.settings.values import boolean, duration, listen_address
 from exporter.sources import SourceContext, SourceInfo, SourceOption
 
 
@@ -312,7 +312,7 @@ def test_start_up_log_says_all_addresses_when_bound_to_all(tmp_path: Path) -> No
 def test_every_source_option_has_a_type_that_takes_its_default() -> None:
     """A new option left as free text would reach its source unchecked (the bug where
     `--collector.nvml.processes maybe` started with NVML off for good)."""
-    from exporter.cli import values
+    from exporter.settings import values
     from exporter.sources import registry
 
     for info in registry().values():

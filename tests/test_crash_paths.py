@@ -22,11 +22,11 @@ import pytest
 
 from exporter.app import _log_watcher_end
 from exporter.checks import OK, PROBLEM, check_procfs
-from exporter.cli.config import Config, OtlpConfig
 from exporter.cli.flags import UsageError, parse_config
-from exporter.cli.values import duration
 from exporter.kubeapi.client import NotConfigured, load_config
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.settings.config import Config, OtlpConfig
+from exporter.settings.values import duration
 from exporter.sources.rdma import PoolConfig
 
 QUIET = ["--no-collector.netdev", "--no-collector.nvml", "--no-collector.amdgpu",

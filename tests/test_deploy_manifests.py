@@ -19,8 +19,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.cli.config import DEFAULT_LISTEN, DEFAULT_SOCKET
 from exporter.cli.flags import env_name, parse_config
+from exporter.settings.config import DEFAULTS
+from exporter.settings.table import default_of
 from monitoring.alerts import JOB
 from tests import kustomize
 from tests.crd_schemas import SCHEMAS
@@ -196,11 +197,11 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
     assert config.node_name == "n1"
     assert str(config.sysfs) == "/host/sys" and str(config.procfs) == "/host/proc"
     assert str(config.container_logs) == "/host/var/log/containers"
-    assert config.kubelet_socket == DEFAULT_SOCKET
+    assert config.kubelet_socket == DEFAULTS.kubelet_socket
     assert env_name("--path.sysfs") in env and env_name("--kubelet-socket") in env
 
     (port,) = container["ports"]
-    assert port["containerPort"] == DEFAULT_LISTEN[1] and port["name"] == "metrics"
+    assert port["containerPort"] == default_of("listen_address")[1] and port["name"] == "metrics"
     scheme = {"scheme": "HTTPS"} if overlay == "web-config" else {}
     for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
                         ("readinessProbe", "/readyz")):  # fmt: skip
@@ -221,7 +222,7 @@ def test_daemonset_is_locked_down_and_wired(overlay: str) -> None:
         assert volumes[name]["hostPath"]["type"] == "Directory", name
     # A wrong kubelet root must not keep the pod from starting (docs/deploy.md, section 5).
     assert volumes["pod-resources"]["hostPath"]["type"] == "DirectoryOrCreate"
-    assert mounts["pod-resources"]["mountPath"] == str(DEFAULT_SOCKET.parent)
+    assert mounts["pod-resources"]["mountPath"] == str(DEFAULTS.kubelet_socket.parent)
     root = KUBELET_ROOTS[overlay]
     assert volumes["pod-resources"]["hostPath"]["path"] == f"{root}/pod-resources"
 

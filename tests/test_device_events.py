@@ -1,4 +1,4 @@
-"""Device events (exporter/events.py): detected once per cycle, named after every holder,
+"""Device events (exporter/derive/events.py): detected once per cycle, named after every holder,
 published as OTLP log records (a real OTLP receiver) and, with --kubernetes.events, as
 Kubernetes Events at the loopback API server, deduplicated per pod, device and code."""
 
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from exporter.app import Exporter, build_sources
-from exporter.cli.config import Config, OtlpConfig
 from exporter.cli.flags import parse_config
-from exporter.devicecodes import Severity
-from exporter.events import DeviceEvent, EventDetector, EventHub
-from exporter.k8sevents import EventGate, KubeEventPoster
+from exporter.cycle.poller import Poller
+from exporter.derive.devicecodes import Severity
+from exporter.derive.events import DeviceEvent, EventDetector, EventHub
 from exporter.kubeapi.client import http_client, load_config
 from exporter.model import (
     Allocation,
@@ -29,7 +28,8 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
+from exporter.settings.config import Config, OtlpConfig
+from exporter.sinks.k8sevents import EventGate, KubeEventPoster
 from exporter.sinks.otlp_logs import OtlpLogSink
 from simulator.kubelet import SimulatedKubelet
 from simulator.node import SimulatedNode

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.heap import SHIPPED_ENV
+from exporter.runtime.heap import SHIPPED_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

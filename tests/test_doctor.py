@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter import doctor as doctor_command
 from exporter.checks import (
     ABSENT,
     OK,
@@ -23,6 +22,7 @@ from exporter.checks import (
     source_findings,
     unseen_by_resource,
 )
+from exporter.cli import doctor as doctor_command
 from exporter.cli.flags import parse_config
 from exporter.ids import ResourceMatcher
 from exporter.model import ContainerDevices, Device, DeviceReading, SourceResult

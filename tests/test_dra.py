@@ -1,7 +1,7 @@
-"""DRA identity, taints and free capacity from ResourceSlices (exporter/dra.py), pure.
+"""DRA identity, taints and free capacity from ResourceSlices (exporter/dra/identity.py), pure.
 
 Slices are written as each driver publishes them (attribute names from the drivers' sources,
-cited in exporter/dra.py and docs/dra.md); source devices as the NVML, amdgpu and intel
+cited in exporter/dra/identity.py and docs/dra.md); source devices as the NVML, amdgpu and intel
 sources describe them (ids and aliases).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.dra import (
+from exporter.dra.identity import (
     device_kind,
     device_taints,
     free_devices,
@@ -20,10 +20,10 @@ from exporter.dra import (
     numa_nodes,
     unidentified,
 )
-from exporter.draview import DraView
+from exporter.dra.slices import parse_slice, parse_taint_rule, quantity
+from exporter.dra.view import DraView
 from exporter.ids import normalize_device_id
 from exporter.join import join
-from exporter.kubeapi.slices import parse_slice, parse_taint_rule, quantity
 from exporter.model import (
     Allocation,
     AllocationKind,

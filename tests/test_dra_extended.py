@@ -12,11 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from exporter.draview import DraView
+from exporter.dra.claimhealth import read_pod_status
+from exporter.dra.extended import parse_extended
+from exporter.dra.view import DraView
 from exporter.join import join
 from exporter.kubeapi.client import pod_meta
-from exporter.kubeapi.extended import ExtendedClaim, parse_extended
-from exporter.model import Allocation, AllocationKind, Holder, PodResourcesState
+from exporter.model import Allocation, AllocationKind, ExtendedClaim, Holder, PodResourcesState
 from simulator.dra import DraPart
 from simulator.scenario import parse_scenario
 
@@ -45,7 +46,9 @@ def test_the_real_status_parses_to_one_entry_per_container() -> None:
         ExtendedClaim(CLAIM, "d", "example.com/gpu"),
     )
     assert parse_extended({"metadata": {}, "status": {}}) == ()
-    assert pod_meta(_pod(REAL_STATUS)).extended == parse_extended(_pod(REAL_STATUS))
+    assert pod_meta(_pod(REAL_STATUS), read_pod_status).extended == parse_extended(
+        _pod(REAL_STATUS)
+    )
 
 
 def _view(*pods: dict[str, Any]) -> DraView:

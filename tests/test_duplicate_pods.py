@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.cycle.poller import Poller
 from exporter.join import merged_pods
 from exporter.model import (
     Container,
@@ -18,7 +19,6 @@ from exporter.model import (
     Pod,
     PodResourcesState,
 )
-from exporter.poller import Poller
 from tests.peers import promtool_check_metrics
 from tests.support import FixedKubelet, StaticSource, metrics_text
 from tests.test_exporter import GPU, gpu_result

@@ -1,4 +1,4 @@
-"""Energy per container (exporter/energy.py) on hand-made snapshots: whole, shared by
+"""Energy per container (exporter/derive/energy.py) on hand-made snapshots: whole, shared by
 measured use, by slice size, through churn; the series of a device always add up to its
 counter and never go down. The through-Prometheus acceptance is tests/test_energy_prometheus.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from exporter.energy import EnergyLedger
+from exporter.derive.energy import EnergyLedger
 from exporter.model import (
     Allocation,
     ContainerUsage,

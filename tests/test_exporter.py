@@ -12,9 +12,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import poller as poller_module
 from exporter.app import Exporter
 from exporter.cli.flags import parse_config
+from exporter.cycle import poller as poller_module
+from exporter.cycle.poller import Poller
 from exporter.join import join
 from exporter.model import (
     Container,
@@ -27,7 +28,6 @@ from exporter.model import (
     Sample,
     SourceResult,
 )
-from exporter.poller import Poller
 from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
@@ -260,8 +260,8 @@ async def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
 async def test_missing_kubelet_is_said_once_and_recovery_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from exporter.cycle.poller import Poller
     from exporter.podresources.client import PodResourcesClient
-    from exporter.poller import Poller
 
     sock = tmp_path / "kubelet.sock"
     client = PodResourcesClient(sock)

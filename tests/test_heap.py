@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import heap
 from exporter.app import Exporter
 from exporter.cli.flags import parse_config
-from exporter.heap import MIN_DROP, HeapTrimmer, malloc_trim
+from exporter.cycle.poller import Poller
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -31,7 +30,8 @@ from exporter.model import (
     Snapshot,
     SourceResult,
 )
-from exporter.poller import Poller
+from exporter.runtime import heap
+from exporter.runtime.heap import MIN_DROP, HeapTrimmer, malloc_trim
 from tests.support import Clock, FixedKubelet, StaticSource
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
@@ -173,7 +173,7 @@ def test_malloc_trim_hands_freed_pages_in_the_middle_of_the_heap_back(tmp_path: 
     script = textwrap.dedent(
         """
         import json
-        from exporter.heap import _rss_bytes, malloc_trim
+        from exporter.runtime.heap import _rss_bytes, malloc_trim
 
         buffers = [bytearray(1024) for _ in range(64 * 1024)]
         for b in buffers:

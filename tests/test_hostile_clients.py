@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.budget import Budgeted
+from exporter.derive.budget import Budgeted
 from exporter.web.server import ServerLimits
 from exporter.web.stats import ServerStats
 from tests.support import StaticSource

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.cycle.poller import Poller
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
 from exporter.sinks.prometheus import render
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario

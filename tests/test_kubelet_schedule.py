@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from exporter.cycle.poller import Poller
 from exporter.model import (
     Device,
     DeviceReading,
@@ -22,7 +23,6 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.budget import Budgeted
 from exporter.cli.flags import env_name, parse_config
-from exporter.metrics import CORE, DEFAULT_GROUPS, GROUP_NAMES, GROUPS, SPECS
+from exporter.derive.budget import Budgeted
+from exporter.metrics import SPECS
 from exporter.model import Snapshot
+from exporter.settings.table import CORE, DEFAULT_GROUPS, GROUP_NAMES, GROUPS
 from monitoring.groups import groups_read
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.support import metrics_text

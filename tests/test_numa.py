@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from exporter.derive.numa import CpuNodeMap, parse_cpulist, read_cpu_nodes
 from exporter.ids import ResourceMatcher
 from exporter.join import container_numa
 from exporter.model import Container, ContainerDevices, ContainerMemory
-from exporter.numa import CpuNodeMap, parse_cpulist, read_cpu_nodes
 from simulator.scenario import ScenarioError, parse_scenario
 from simulator.sysfs import render
 from simulator.sysfstree import write_tree

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from exporter.app import Exporter
-from exporter.cli.config import Config, OtlpConfig
+from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.otlp import OtlpSink
 from tests.otlp_receivers import Behaviour, GrpcReceiver, HttpReceiver, Receiver, points_of
 from tests.otlp_snapshots import FakeGpus, energy_snapshot, sink_for

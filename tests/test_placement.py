@@ -1,4 +1,4 @@
-"""GPU-NIC placement (exporter/placement.py): levels from the sysfs PCI tree, per pair and per
+"""GPU-NIC placement (exporter/derive/placement.py): levels from the sysfs PCI tree, per pair and per
 container, on the DGX-like simulated node (scenario `dgx`), and the alert its badly placed
 pod fires in a promtool test over the exporter's own series."""
 
@@ -12,6 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.derive.placement import (
+    Level,
+    PciPath,
+    PlacementReader,
+    level,
+    parse_device_path,
+)
 from exporter.model import (
     Allocation,
     AllocationKind,
@@ -21,14 +28,7 @@ from exporter.model import (
     JoinedDevice,
     PairPlacement,
 )
-from exporter.placement import (
-    Level,
-    PciPath,
-    PlacementReader,
-    best_and_worst,
-    level,
-    parse_device_path,
-)
+from exporter.points import best_and_worst
 from simulator.scenario import load_scenario
 from simulator.sysfs import render
 from simulator.sysfstree import write_tree

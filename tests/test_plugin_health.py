@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from exporter.app import Exporter
-from exporter.cli.config import Config
+from exporter.cycle.poller import Poller
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
+from exporter.settings.config import Config
 from exporter.sinks.prometheus import render
 from exporter.web.app import DevicesView
 from simulator.kubelet import SimulatedKubelet

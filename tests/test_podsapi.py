@@ -19,17 +19,17 @@ import pytest
 import yaml
 
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
+from exporter.app import build_watchers
 from exporter.cli.flags import parse_config
-from exporter.kubeapi import build_watchers
 from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.podsapi import (
-    DEFAULT_PODS_API_SOCKET,
     SOURCE_KUBELET,
     KubeletPodWatcher,
     decode_pod,
 )
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
+from exporter.settings.config import DEFAULTS
 from tests import kustomize
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.podsapi_server import FakePodsApi, encode
@@ -221,7 +221,7 @@ def test_the_kit_component_mounts_the_folder_the_flag_names(tmp_path: Path) -> N
     }))  # fmt: skip
     (daemonset,) = [r for r in kustomize.build(overlay) if r["kind"] == "DaemonSet"]
     spec = daemonset["spec"]["template"]["spec"]
-    folder = str(DEFAULT_PODS_API_SOCKET.parent)
+    folder = str(Path(DEFAULTS.pods_api_socket).parent)
     (volume,) = [v for v in spec["volumes"] if v["name"] == "pods-api"]
     assert volume["hostPath"]["path"] == folder
     (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pods-api"]

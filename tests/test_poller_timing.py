@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
+from exporter.cycle.poller import Poller
 from exporter.model import SourceResult
-from exporter.poller import Poller
 
 _thread_time = threading.local()
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.budget import Budgeted
-from exporter.energy import EnergyLedger
+from exporter.cycle.poller import Poller
+from exporter.derive.budget import Budgeted
+from exporter.derive.energy import EnergyLedger
+from exporter.derive.placement import PlacementReader
 from exporter.model import (
     Allocation,
     Container,
@@ -32,8 +34,6 @@ from exporter.model import (
     Snapshot,
     SourceResult,
 )
-from exporter.placement import PlacementReader
-from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
 from simulator.procfs import container_id
 from tests.support import Clock, FixedKubelet, StaticSource, metrics_text

@@ -2,7 +2,7 @@
 
 The identity is applied exactly as the kit (deploy/base + components/kubernetes-events) and
 the chart (`kubernetesEvents.enabled`) render it; the exporter's own poster
-(exporter/k8sevents.py) creates the Event about a real Pod with a TokenRequest token. The
+(exporter/sinks/k8sevents.py) creates the Event about a real Pod with a TokenRequest token. The
 real apiserver's validation accepts the Event, `kubectl describe pod`'s query
 (`fieldSelector=involvedObject.name=...,involvedObject.uid=...`) finds it, the rules review
 grants exactly `create` on events beyond what every identity may do, and an identity
@@ -27,11 +27,11 @@ import helm_python as helm
 import pytest
 import yaml
 
-from exporter.devicecodes import xid_code
-from exporter.events import DeviceEvent
-from exporter.k8sevents import KubeEventPoster, event_object
+from exporter.derive.devicecodes import xid_code
+from exporter.derive.events import DeviceEvent
 from exporter.kubeapi.client import http_client, load_config
 from exporter.model import Device, Holder
+from exporter.sinks.k8sevents import KubeEventPoster, event_object
 from tests import kustomize
 from tests.realcluster import rbac
 from tests.realcluster.api import namespace, path_of

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from exporter.dra.slicewatch import RULES_PATH, SLICES_PATH
 from exporter.kubeapi.client import ApiError, KubeApi, http_client, load_config
-from exporter.kubeapi.slicewatch import RULES_PATH, SLICES_PATH
 from tests.realcluster import rbac
 from tests.realcluster.api import Api
 from tests.realcluster.controlplane import NODE, ControlPlane
@@ -56,7 +56,7 @@ DRA_CALL_OF = {
     ("resource.k8s.io", "resourceslices", "watch"): "watch ResourceSlices",
     ("resource.k8s.io", "devicetaintrules", "list"): "list DeviceTaintRules",
 }
-"""The request of exporter/kubeapi/slicewatch.py that each DRA rule lets through (the claims'
+"""The request of exporter/dra/slicewatch.py that each DRA rule lets through (the claims'
 health comes from the pod watch, with the kubernetes-api component's rules)."""
 SOURCES = ["kit", "chart", "kit-dra", "chart-dra"]
 
@@ -168,7 +168,7 @@ async def _calls(kubeconfig: Path, replicaset: str, job: str, *, dra: bool) -> d
 
 
 async def _dra_calls(api: KubeApi, attempt: Any) -> None:
-    """The requests of exporter/kubeapi/slicewatch.py, as it makes them."""
+    """The requests of exporter/dra/slicewatch.py, as it makes them."""
     selector = {"fieldSelector": f"spec.nodeName={NODE}"}
 
     async def watch_slices() -> None:

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
+from exporter.cycle.poller import Poller
 from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.podresources.client import PodResourcesClient, device_id_problem
-from exporter.poller import Poller
 from exporter.sinks.prometheus import render
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import ScenarioError, parse_scenario

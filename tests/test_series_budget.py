@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from bench.bignode import big_pods, run
-from exporter.budget import Budgeted
 from exporter.cli.flags import parse_config
+from exporter.cycle.poller import Poller
+from exporter.derive.budget import Budgeted
 from exporter.model import Container, ContainerDevices, Pod, PodResourcesState, Snapshot
-from exporter.poller import Poller
 from exporter.sinks.prometheus import PrometheusSink
 from tests.support import FixedKubelet, StaticSource, metrics_text
 from tests.test_exporter import GPU, gpu_result

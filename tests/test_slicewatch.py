@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from exporter.dra.claimhealth import read_pod_status
+from exporter.dra.slicewatch import SliceWatcher
 from exporter.kubeapi import client as kubeclient
 from exporter.kubeapi.client import KubeApi, http_client, load_config
-from exporter.kubeapi.slicewatch import SliceWatcher
 from exporter.kubeapi.watcher import PodWatcher
 from simulator.apiserver import ApiServer
 
@@ -185,7 +186,7 @@ async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
         w = watcher(server, tmp_path)
         kubeconfig = server.kubeconfig(tmp_path / "pods.kubeconfig")
         pods = PodWatcher(
-            lambda: KubeApi(http_client(load_config(kubeconfig), 5.0), full_pods=True),
+            lambda: KubeApi(http_client(load_config(kubeconfig), 5.0), pod_status=read_pod_status),
             NODE,
             backoff=(0.05, 0.2),
         )

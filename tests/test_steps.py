@@ -1,4 +1,4 @@
-"""Snapshot steps (exporter/steps.py): a step that raises loses only its own part."""
+"""Snapshot steps (exporter/cycle/steps.py): a step that raises loses only its own part."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from exporter.cycle.steps import Steps
 from exporter.model import Snapshot
-from exporter.steps import Steps
 
 
 def _broken(snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from exporter.threads import DaemonWorker
+from exporter.runtime.threads import DaemonWorker
 
 
 async def test_calls_run_in_order_in_one_daemon_thread() -> None:

@@ -25,11 +25,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from exporter import hostfiles
 from exporter.attribution.cgroup import CgroupIdentity, parse_cgroup_file
 from exporter.attribution.containerlogs import ContainerLogDirectory
 from exporter.model import Owner
-from exporter.threads import BoundedWorker, Stuck
+from exporter.runtime import hostfiles
+from exporter.runtime.threads import BoundedWorker, Stuck
 
 PID_NS_INIT_INO = 0xEFFFFFFC
 """The initial PID namespace's inode (`PROC_PID_INIT_INO`, include/linux/proc_ns.h)."""

@@ -2,8 +2,9 @@
 
 Each flag is also `KDE_<NAME>` in the environment (a flag wins); a bad value raises
 UsageError with one line naming the flag or variable, which the commands turn into exit 2.
-The flags themselves are a table (`flagtable.py`), from which `monitoring/flagdoc.py`
-writes the README's table; `main.py` dispatches the commands.
+The flags themselves are a table (`exporter/settings/table.py`, each row with its typed
+default), from which `monitoring/flagdoc.py` writes the README's table; `main.py` dispatches
+the commands.
 """
 
 from __future__ import annotations
@@ -19,17 +20,32 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter import __version__
-from exporter.cli.config import DEFAULT_SOCKET, Config, OtlpConfig
 from exporter.cli.envnames import unknown_variables
-from exporter.cli.flagtable import COMMANDS, FLAGS, GROUP_TITLES, OTLP_PROTOCOLS
-from exporter.cli.otelenv import otel_problem
-from exporter.cli.values import METAVARS, boolean, choice, regex
-from exporter.ids import DEFAULT_RESOURCE_PATTERNS
-from exporter.metrics import CORE, DEFAULT_MAX_SERIES, GROUPS
+from exporter.settings.config import Config, OtlpConfig
+from exporter.settings.otelenv import otel_problem
+from exporter.settings.table import BY_DEST, CORE, FLAGS, GROUP_TITLES, GROUPS, OTLP_PROTOCOLS
+from exporter.settings.values import METAVARS, boolean, choice, regex
 from exporter.sources import SourceInfo, registry
 
 PROG = "kube-device-exporter"
 ENV_PREFIX = "KDE_"
+
+COMMANDS = (
+    (
+        "podresources [--pod NS/NAME] [-o table|json] [--devices-only] [--resource GLOB] [-n NS]",
+        "print what the kubelet reports: device IDs, resources",
+    ),
+    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
+    ("help [COMMAND]", "this help, or a command's (as --help)"),
+)
+"""The other commands, as the exporter's --help lists them."""
+
+DOCTOR = (
+    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
+    "at the host /sys and /proc, and compares what the node advertises with what the sources "
+    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
+    "there is one. Run it in the exporter's pod with the exporter's flags."
+)
 
 MIN_COLLECT_INTERVAL = 1.0
 """Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
@@ -185,6 +201,10 @@ def _check_otel(env: dict[str, str], protocol: str, *, push: bool) -> None:
         raise UsageError(problem)
 
 
+_ROW: Any = object()
+"""`get` with no default: the row's typed default."""
+
+
 def split_patterns(text: str) -> list[str]:
     """`nvidia.com/*,amd.com/*` -> both; blanks dropped (the variable's comma form)."""
     return [p.strip() for p in text.split(",") if p.strip()]
@@ -219,15 +239,16 @@ def parse_config(
                 raise UsageError(f"environment variable {name}: {exc}") from exc
         return default
 
-    table = {row.dest: (row.flag, row.parse) for row in FLAGS}
-
-    def get(dest: str, default: Any) -> Any:
-        flag, parse = table[dest]
+    def get(dest: str, default: Any = _ROW) -> Any:
+        """The flag's value, else its variable's, else `default` (the row's typed default
+        unless given)."""
+        row = BY_DEST[dest]
+        parse = row.parse
         if dest == "resource_patterns":
             parse = split_patterns
         if dest == "pod_label_patterns":
             parse = lambda text: [regex(text)] if text else []  # noqa: E731
-        return pick(flag, dest, parse, default)
+        return pick(row.flag, dest, parse, row.value if default is _ROW else default)
 
     collectors = set()
     options: dict[str, dict[str, str]] = {}
@@ -242,31 +263,20 @@ def parse_config(
             for o in info.options
         }
 
-    endpoint = get("otlp_endpoint", None)
-    signal_endpoint = False
-    if endpoint is None and env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        endpoint, signal_endpoint = env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], True
-    if endpoint is None:
-        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    protocol = get("otlp_protocol", None) or _otel_protocol(env, push=bool(endpoint))
-    if endpoint and protocol == "http/protobuf" and not re.match(r"https?://", endpoint):
-        raise UsageError(
-            f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
-        )
-    _check_otel(env, protocol, push=bool(endpoint))
-    interval = get("collect_interval", 10.0)
+    otlp = _otlp(get("otlp_endpoint", None), get("otlp_protocol", None), env)
+    interval = get("collect_interval")
     if interval < min_collect_interval:
         raise UsageError(
             f"--collect-interval: {interval:g}s is below the minimum {min_collect_interval:g}s "
             "(each cycle calls the kubelet's PodResources List, rate-limited to 100/s for all "
             "its clients together)"
         )
-    timeout = get("collect_timeout", min(5.0, interval))
+    timeout = get("collect_timeout", min(BY_DEST["collect_timeout"].value, interval))
     if timeout > interval:
         raise UsageError(
             f"--collect-timeout ({timeout:g}s) must not exceed --collect-interval ({interval:g}s)"
         )
-    given_patterns = get("resource_patterns", list(DEFAULT_RESOURCE_PATTERNS))
+    given_patterns = list(get("resource_patterns"))
     # The flag accepts the variable's comma form too; each occurrence may hold several.
     patterns = tuple(p for item in given_patterns for p in split_patterns(item))
     if not patterns:
@@ -274,43 +284,59 @@ def parse_config(
             "--kubernetes.resource-pattern: at least one pattern is needed, like nvidia.com/* "
             f"(got {','.join(given_patterns)!r})"
         )
-    kubernetes_api = get("kubernetes_api", False)
-    node_name = get("node_name", "") or env.get("NODE_NAME", "")
-    kubernetes_events = get("kubernetes_events", False)
+    kubernetes_api = get("kubernetes_api")
+    node_name = get("node_name") or env.get("NODE_NAME", "")
+    kubernetes_events = get("kubernetes_events")
     _need_node(node_name, kubernetes_api=kubernetes_api, kubernetes_events=kubernetes_events)
     return Config(
-        kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET),
-        listen_address=get("listen_address", ("", 9405)),
+        kubelet_socket=get("kubelet_socket"),
+        listen_address=get("listen_address"),
         collect_interval=interval,
         collect_timeout=timeout,
         node_name=node_name or socket.gethostname(),
-        sysfs=get("sysfs", Path("/sys")),
-        procfs=get("procfs", Path("/proc")),
-        container_logs=get("container_logs", Path("/var/log/containers")),
-        process_series=get("process_series", False),
-        metrics_schema=get("metrics_schema", ("native",)),
+        sysfs=get("sysfs"),
+        procfs=get("procfs"),
+        container_logs=get("container_logs"),
+        process_series=get("process_series"),
+        metrics_schema=get("metrics_schema"),
         metric_groups=_metric_groups(pick),
-        metrics_max_series=get("metrics_max_series", DEFAULT_MAX_SERIES),
-        log_level=get("log_level", "info"),
-        log_format=get("log_format", "text"),
+        metrics_max_series=get("metrics_max_series"),
+        log_level=get("log_level"),
+        log_format=get("log_format"),
         collectors=frozenset(collectors),
         source_options=options,
         resource_patterns=patterns,
-        podresources_timeout=get("podresources_timeout", 5.0),
-        podresources_max_message_bytes=get("podresources_max_message_bytes", 8 * 1024**2),
-        podresources_poll_interval=get("podresources_poll_interval", 30.0),
-        podresources_stale_after=get("podresources_stale_after", 300.0),
-        otlp=OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint),
-        web_config_file=_web_config(get("web_config_file", None)),
-        web_max_connections=get("web_max_connections", 512),
+        podresources_timeout=get("podresources_timeout"),
+        podresources_max_message_bytes=get("podresources_max_message_bytes"),
+        podresources_poll_interval=get("podresources_poll_interval"),
+        podresources_stale_after=get("podresources_stale_after"),
+        otlp=otlp,
+        web_config_file=_web_config(get("web_config_file")),
+        web_max_connections=get("web_max_connections"),
         kubernetes_api=kubernetes_api,
-        kubernetes_dra=_dra(get("kubernetes_dra", False), kubernetes_api),
+        kubernetes_dra=_dra(get("kubernetes_dra"), kubernetes_api),
         kubernetes_events=kubernetes_events,
-        kubeconfig=_kubeconfig(get("kubeconfig", None), kubernetes_api or kubernetes_events),
-        pods_api_socket=get("pods_api_socket", "/var/lib/kubelet/pods-api/pods-api.sock"),
-        pod_label_patterns=tuple(get("pod_label_patterns", [])),
+        kubeconfig=_kubeconfig(get("kubeconfig"), kubernetes_api or kubernetes_events),
+        pods_api_socket=get("pods_api_socket"),
+        pod_label_patterns=tuple(get("pod_label_patterns")),
         notices=tuple(unknown_variables(env, ENV_PREFIX, _known_variables(sources))),
     )
+
+
+def _otlp(endpoint: str | None, protocol: str | None, env: dict[str, str]) -> OtlpConfig:
+    """The flags' endpoint and protocol, else the standard OTEL_* variables'."""
+    signal_endpoint = False
+    if endpoint is None and env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        endpoint, signal_endpoint = env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], True
+    if endpoint is None:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    protocol = protocol or _otel_protocol(env, push=bool(endpoint))
+    if endpoint and protocol == "http/protobuf" and not re.match(r"https?://", endpoint):
+        raise UsageError(
+            f"--otlp.endpoint: OTLP/HTTP needs an http:// or https:// URL, got {endpoint!r}"
+        )
+    _check_otel(env, protocol, push=bool(endpoint))
+    return OtlpConfig(endpoint=endpoint, protocol=protocol, signal_endpoint=signal_endpoint)
 
 
 def _dra(dra: bool, api: bool) -> bool:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from exporter.cli.flags import PROG, UsageError, parse_config, usage_error
-from exporter.cli.flagtable import DOCTOR
+from exporter.cli.flags import DOCTOR, PROG, UsageError, parse_config, usage_error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,11 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = [*argv[1:2], "--help"]
     try:
         if argv[:1] == ["podresources"]:
-            from exporter.podresources.inspect import run_inspect
+            from exporter.cli.podresources import run_inspect
 
             return run_inspect(argv[1:])
         if argv[:1] == ["doctor"]:
-            from exporter.doctor import run_doctor
+            from exporter.cli.doctor import run_doctor
 
             return run_doctor(parse_config(argv[1:], prog=f"{PROG} doctor", description=DOCTOR))
         config = parse_config(argv)

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,7 @@ from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
-from exporter.kubeapi.claimhealth import ClaimHealth, parse_pod_health
-from exporter.kubeapi.extended import ExtendedClaim, parse_extended
+from exporter.model import ClaimHealth, ExtendedClaim
 
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -39,6 +38,13 @@ LIST_PAGE = 500
 
 OWNER_RESOURCES = {"ReplicaSet": ("apps/v1", "replicasets"), "Job": ("batch/v1", "jobs")}
 """Owner kinds read once to find the workload above them (Deployment, CronJob)."""
+
+
+PodStatusReader = Callable[
+    [dict[str, Any]], tuple[tuple[ClaimHealth, ...], tuple[ExtendedClaim, ...]]
+]
+"""What a whole pod's status says of its DRA claims (`exporter.dra.claimhealth
+.read_pod_status`), handed in by the composition root with `--kubernetes.dra`."""
 
 
 class NotConfigured(Exception):
@@ -81,7 +87,7 @@ class PodMeta:
     owner: OwnerRef | None = None
     """The controlling owner reference (`controller: true`), if any."""
     health: tuple[ClaimHealth, ...] = ()
-    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`full_pods`)."""
+    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`pod_status`)."""
     extended: tuple[ExtendedClaim, ...] = ()
     """Its `extendedResourceClaimStatus` (KEP-5004), when whole pods are read."""
 
@@ -102,8 +108,9 @@ def controller_of(meta: dict[str, Any]) -> OwnerRef | None:
     return None
 
 
-def pod_meta(obj: dict[str, Any]) -> PodMeta:
+def pod_meta(obj: dict[str, Any], status: PodStatusReader | None = None) -> PodMeta:
     meta = obj["metadata"]
+    health, extended = status(obj) if status is not None else ((), ())
     labels = meta.get("labels") or {}
     return PodMeta(
         namespace=str(meta.get("namespace", "")),
@@ -111,8 +118,8 @@ def pod_meta(obj: dict[str, Any]) -> PodMeta:
         uid=str(meta["uid"]),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         owner=controller_of(meta),
-        health=parse_pod_health(obj),
-        extended=parse_extended(obj),
+        health=health,
+        extended=extended,
     )
 
 
@@ -181,12 +188,18 @@ def _error(response: httpx.Response, body: bytes) -> ApiError:
 class KubeApi:
     """Pods of one node and owner metadata; `requests` counts (verb, resource, code)."""
 
-    def __init__(self, http: httpx.AsyncClient, *, full_pods: bool = False) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, *, pod_status: PodStatusReader | None = None
+    ) -> None:
         self.http = http
         self.requests: Counter[tuple[str, str, str]] = Counter()
-        self.full_pods = full_pods
-        """List and watch whole pods, not their metadata: their status carries the DRA
-        claims' health (`--kubernetes.dra`, claimhealth.py)."""
+        self.pod_status = pod_status
+        """Given: list and watch whole pods, not their metadata, and read their DRA claims
+        from their status with it (`--kubernetes.dra`, exporter/dra/claimhealth.py)."""
+
+    @property
+    def full_pods(self) -> bool:
+        return self.pod_status is not None
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -198,7 +211,7 @@ class KubeApi:
         while True:
             accept = "application/json" if self.full_pods else ACCEPT_LIST
             body = await self._get("list", "pods", "/api/v1/pods", params, accept)
-            pods += [pod_meta(item) for item in body.get("items") or ()]
+            pods += [pod_meta(item, self.pod_status) for item in body.get("items") or ()]
             meta = body.get("metadata") or {}
             if not meta.get("continue"):
                 return pods, str(meta.get("resourceVersion", ""))
@@ -226,7 +239,7 @@ class KubeApi:
                 raise _error(response, await response.aread())
             async for line in response.aiter_lines():
                 if line.strip():
-                    yield _watch_event(json.loads(line))
+                    yield _watch_event(json.loads(line), self.pod_status)
         finally:
             await response.aclose()
 
@@ -301,7 +314,7 @@ class KubeApi:
         return response
 
 
-def _watch_event(event: dict[str, Any]) -> WatchEvent:
+def _watch_event(event: dict[str, Any], status: PodStatusReader | None) -> WatchEvent:
     kind = str(event.get("type", ""))
     obj = event.get("object") or {}
     if kind == "ERROR":
@@ -310,4 +323,4 @@ def _watch_event(event: dict[str, Any]) -> WatchEvent:
     version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
     if kind == "BOOKMARK":
         return WatchEvent(kind, version)
-    return WatchEvent(kind, version, pod_meta(obj))
+    return WatchEvent(kind, version, pod_meta(obj, status))

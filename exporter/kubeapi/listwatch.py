@@ -19,9 +19,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
-from exporter.backoff import Backoff
 from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi
-from exporter.log import StateLog
+from exporter.runtime.backoff import Backoff
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi")
 

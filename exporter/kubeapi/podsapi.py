@@ -33,19 +33,18 @@ from google.protobuf.message import DecodeError
 from exporter._proto.podsapi.corev1 import api_pb2 as corev1
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
-from exporter.backoff import Backoff
 from exporter.kubeapi.client import KubeApi, OwnerRef, PodMeta
 from exporter.kubeapi.listwatch import BACKOFF_SECONDS, pause
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
-from exporter.log import StateLog
 from exporter.model import KubeApiHealth
+from exporter.runtime.backoff import Backoff
+from exporter.runtime.log import StateLog
+from exporter.settings.config import DEFAULTS
 
 log = logging.getLogger("exporter.kubeapi.podsapi")
 
-DEFAULT_PODS_API_SOCKET = Path("/var/lib/kubelet/pods-api/pods-api.sock")
 SOURCE_KUBELET = "kubelet-pods-api"
-SOURCE_API = "kubernetes-api"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """A pod is a few kB (2,312 bytes for a one-container pod on the real 1.36 kubelet)."""
 
@@ -80,7 +79,7 @@ class KubeletPodWatcher(PodWatcher):
         node: str,
         labels: LabelFilter | None = None,
         *,
-        socket: Path = DEFAULT_PODS_API_SOCKET,
+        socket: Path = Path(DEFAULTS.pods_api_socket),
         backoff: tuple[float, float] = BACKOFF_SECONDS,
         restart_grace: float = RESTART_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,

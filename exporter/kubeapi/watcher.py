@@ -51,8 +51,8 @@ from exporter.kubeapi.listwatch import (
     ListWatch,
 )
 from exporter.kubeapi.workloads import LabelFilter, pod_info
-from exporter.log import StateLog
 from exporter.model import KubeApiHealth, PodInfo
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi")
 

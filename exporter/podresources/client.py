@@ -40,8 +40,6 @@ import grpc.aio
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
-from exporter.backoff import Backoff
-from exporter.log import StateLog
 from exporter.model import ContainerDevices, Pod, PodResourcesHealth, PodResourcesState
 from exporter.podresources.parse import (
     OrderFreeKey,
@@ -52,11 +50,9 @@ from exporter.podresources.parse import (
     pod_from_proto,
 )
 from exporter.podresources.settle import DEFAULT_SETTLE_SECONDS, RestartSettle
-
-DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-"""1.7x the largest List reported from a real node (4.75 MB, dcgm-exporter #509), and what
-the DaemonSet's memory limit is sized for (docs/reliability.md): a bigger answer is refused
-with one line, not parsed into memory the limit does not have."""
+from exporter.runtime.backoff import Backoff
+from exporter.runtime.log import StateLog
+from exporter.settings.config import DEFAULTS
 
 _ListCache = tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]]
 """(API version, the answer's bytes, its pods, its invalid device IDs)."""
@@ -76,8 +72,8 @@ class PodResourcesClient:
         self,
         socket_path: str | Path,
         *,
-        timeout: float = 5.0,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        timeout: float = DEFAULTS.podresources_timeout,
+        max_message_bytes: int = DEFAULTS.podresources_max_message_bytes,
         v1_retry_interval: float = 300.0,
         allocatable_interval: float = 0.0,
         backoff_initial: float = 1.0,

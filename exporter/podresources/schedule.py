@@ -39,9 +39,9 @@ import logging
 import time
 from collections.abc import Callable, Hashable
 
-from exporter.log import StateLog
 from exporter.model import PodResourcesState
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.poller")
 

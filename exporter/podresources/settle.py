@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exporter.log import StateLog
 from exporter.model import ContainerDevices, Pod
+from exporter.runtime.log import StateLog
 
 DEFAULT_SETTLE_SECONDS = 5.0
 

@@ -34,11 +34,11 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
-from exporter.cli.config import Config
-from exporter.cli.otelenv import milliseconds
 from exporter.metrics import SPECS_LIST, Kind
 from exporter.model import Sample, Snapshot
 from exporter.points import points
+from exporter.settings.config import Config
+from exporter.settings.otelenv import milliseconds
 from exporter.sinks.otlp_transport import (
     DEFAULT_TIMEOUT_SECONDS,
     SDK_EXPORT_LOGGERS,

@@ -1,8 +1,8 @@
 """Device events as OpenTelemetry log records, pushed beside the metrics (docs/events.md).
 
-One log record per event (exporter/events.py), with the metrics' resource (`service.*`,
+One log record per event (exporter/derive/events.py), with the metrics' resource (`service.*`,
 `k8s.node.name`, `host.name`), the device's identity, the event's code, class and severity
-(exporter/devicecodes.py), and the pods it hit as parallel string arrays
+(exporter/derive/devicecodes.py), and the pods it hit as parallel string arrays
 (`k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`; `k8s.pod.uid` where known):
 a shared GPU's XID is one record naming every holder, not one per holder, so a query for
 "which pods did this XID hit" reads one record.
@@ -26,8 +26,8 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
 
 from exporter import __version__
-from exporter.cli.config import Config
-from exporter.events import DeviceEvent
+from exporter.derive.events import DeviceEvent
+from exporter.settings.config import Config
 from exporter.sinks.otlp import SCOPE, build_resource
 from exporter.sinks.otlp_transport import export_timeout
 

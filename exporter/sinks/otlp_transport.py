@@ -36,8 +36,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from exporter.cli.config import OtlpConfig
-from exporter.log import StateLog
+from exporter.runtime.log import StateLog
+from exporter.settings.config import OtlpConfig
 
 log = logging.getLogger("exporter.otlp")
 

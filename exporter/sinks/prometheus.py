@@ -36,9 +36,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from exporter.metrics import SCHEMAS, MetricSpec, Scope, prometheus_label
+from exporter.metrics import MetricSpec, Scope, prometheus_label
 from exporter.model import Attributes, Snapshot
 from exporter.points import Point, points
+from exporter.settings.table import SCHEMAS
 from exporter.sinks.cadence import Format, ScrapeCadence
 from exporter.sinks.dcgm import dcgm_points
 from exporter.sinks.gofloat import Formats, go_floats

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from exporter.cli import values
 from exporter.model import Sample, SourceResult
+from exporter.settings import values
 
 SOURCE_MODULES = ("nvml", "amdgpu", "intel", "rdma", "netdev")
 """Modules under exporter/sources/ that hold sources, in the order they are polled."""
@@ -37,6 +37,7 @@ class SourceContext:
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
     options: Mapping[str, str] = field(default_factory=dict)
+    """The options given for this source, as text (`option_values` types them)."""
     clock: Callable[[], float] | None = None
     """Monotonic seconds; None means `time.monotonic`."""
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("exporter.sources"))
@@ -54,17 +55,26 @@ class Source(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SourceOption:
-    """A flag `--collector.<source>.<name>`, env `KDE_COLLECTOR_<SOURCE>_<NAME>`.
+    """A flag `--collector.<source>.<name>`, env `KDE_COLLECTOR_<SOURCE>_<NAME>`: a row like
+    the settings table's (`exporter.settings.table.Flag`), declared once by its source.
 
-    `parse` is the option's value type (`exporter.cli.values`): the CLI runs it on the flag,
-    the variable and the default when it parses the other flags, so a bad value exits 2
-    naming the flag instead of reaching the source. The source still receives the text.
+    `parse` is the option's value type (`exporter.settings.values`): the CLI runs it on the
+    flag, the variable and the default when it parses the other flags, so a bad value exits
+    2 naming the flag instead of reaching the source; the source types what it is given with
+    `option_values`, the declared default included.
     """
 
     name: str
     help: str
     default: str = ""
-    parse: Callable[[str], object] = values.text
+    """The default as --help and the README say it; parsed by `parse` for the value."""
+    parse: Callable[[str], Any] = values.text
+
+
+def option_values(declared: Sequence[SourceOption], given: Mapping[str, str]) -> dict[str, Any]:
+    """Each declared option's typed value: the text given for it, else its default, parsed
+    by its own value type."""
+    return {o.name: o.parse(given.get(o.name, o.default)) for o in declared}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from exporter.attribution.resolver import read_small
-from exporter.cli import values
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
-from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.settings import values
+from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.drmfdinfo import DrmProcesses
 from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
 from exporter.sources.sysfs.reader import PERCENT, U64, Reader, numbered, parse_integer
@@ -41,15 +41,25 @@ KFD_PROCESSES = "class/kfd/kfd/proc"
 PARTITIONS = "devices/platform"
 
 
+OPTIONS = (
+    SourceOption(
+        "processes",
+        "per-process VRAM (KFD) and DRM fdinfo memory and engine time",
+        "true",
+        values.boolean,
+    ),
+)
+"""`--collector.amdgpu.*`."""
+
+
 class AmdgpuSource(SysfsSource):
     name = "amdgpu"
     looks_for = "class/drm cards bound to amdgpu"
 
     def __init__(self, ctx: SourceContext) -> None:
-        from exporter.cli.values import boolean
 
         super().__init__(ctx)
-        self.with_processes = boolean(ctx.options.get("processes", "true"))
+        self.with_processes: bool = option_values(OPTIONS, ctx.options)["processes"]
         self.drm = DrmProcesses(ctx.procfs, ("amdgpu",), ctx.clock or time.monotonic, ctx.logger)
         self._kfd_devices: dict[str, str] = {}
         """KFD gpu_id -> the device it is (a partition's own node, else the GPU)."""
@@ -252,14 +262,7 @@ def _properties(text: str) -> dict[str, int]:
 register(
     "amdgpu",
     help="AMD GPUs and MI300 partitions from amdgpu sysfs and hwmon",
-    options=(
-        SourceOption(
-            "processes",
-            "per-process VRAM (KFD) and DRM fdinfo memory and engine time",
-            "true",
-            values.boolean,
-        ),
-    ),
+    options=OPTIONS,
 )(AmdgpuSource)
 
 

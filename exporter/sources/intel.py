@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from exporter.cli import values
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
-from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.settings import values
+from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.drmfdinfo import DrmProcesses
 from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
 from exporter.sources.sysfs.reader import MEGAHERTZ, Reader, numbered
@@ -37,15 +37,25 @@ DEVICE_HWMON = {"i915", "xe"}
 """hwmon chip names of the whole device (i915 also has per-GT `i915_gtN` chips)."""
 
 
+OPTIONS = (
+    SourceOption(
+        "processes",
+        "per-process memory and engine time from DRM fdinfo",
+        "true",
+        values.boolean,
+    ),
+)
+"""`--collector.intel.*`."""
+
+
 class IntelSource(SysfsSource):
     name = "intel"
     looks_for = "class/drm cards bound to i915 or xe"
 
     def __init__(self, ctx: SourceContext) -> None:
-        from exporter.cli.values import boolean
 
         super().__init__(ctx)
-        self.with_processes = boolean(ctx.options.get("processes", "true"))
+        self.with_processes: bool = option_values(OPTIONS, ctx.options)["processes"]
         self.drm = DrmProcesses(ctx.procfs, ("i915", "xe"), ctx.clock or time.monotonic, ctx.logger)
 
     def processes(
@@ -110,14 +120,7 @@ class IntelSource(SysfsSource):
 register(
     "intel",
     help="Intel GPUs (i915, xe) from sysfs and hwmon",
-    options=(
-        SourceOption(
-            "processes",
-            "per-process memory and engine time from DRM fdinfo",
-            "true",
-            values.boolean,
-        ),
-    ),
+    options=OPTIONS,
 )(IntelSource)
 
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from exporter import hostfiles
-from exporter.cli.values import auto_boolean, boolean
-from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
-from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.runtime import hostfiles
+from exporter.runtime.log import StateLog
+from exporter.settings.values import auto_boolean, boolean
+from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.reader import Reader, numbered
 from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
@@ -121,6 +121,18 @@ class NetlinkVfStats:
 # --- the source ------------------------------------------------------------------------------
 
 
+OPTIONS = (
+    SourceOption(
+        "vf-netlink",
+        "read statistics of VFs moved into pod namespaces from their PF over netlink: "
+        "auto (on only in the host network namespace, i.e. with hostNetwork), true, false",
+        "auto",
+        auto_boolean,
+    ),
+)
+"""`--collector.netdev.*`."""
+
+
 class NetdevSource(SysfsSource):
     name = "netdev"
     looks_for = "SR-IOV physical functions in class/net"
@@ -130,7 +142,7 @@ class NetdevSource(SysfsSource):
         # `vf_reader` answers in place of the kernel for a caller that has none to ask (a
         # simulated node's recorded answers, a test's failing PF); no flag reaches it.
         self.vf_reader: VfStatsReader | None = vf_reader or NetlinkVfStats()
-        mode = ctx.options.get("vf-netlink", "auto").lower()
+        mode = option_values(OPTIONS, ctx.options)["vf-netlink"].lower()
         if mode == "auto":
             # The PF's netlink answers only in the host's network namespace; the DaemonSet
             # has its own unless hostNetwork is set.
@@ -244,15 +256,7 @@ class NetdevSource(SysfsSource):
 register(
     "netdev",
     help="SR-IOV NIC PFs and VFs by PCI address (sysfs; PF-side netlink for VFs in pods)",
-    options=(
-        SourceOption(
-            "vf-netlink",
-            "read statistics of VFs moved into pod namespaces from their PF over netlink: "
-            "auto (on only in the host network namespace, i.e. with hostNetwork), true, false",
-            "auto",
-            auto_boolean,
-        ),
-    ),
+    options=OPTIONS,
 )(NetdevSource)
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from exporter.cli.values import file_path
-from exporter.log import StateLog
 from exporter.model import Device, DeviceReading, Sample
-from exporter.sources import SourceContext, SourceOption, add, register
+from exporter.runtime.log import StateLog
+from exporter.settings.values import file_path
+from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.reader import Reader
 from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
 
@@ -150,13 +150,24 @@ class PoolConfig:
         return True
 
 
+OPTIONS = (
+    SourceOption(
+        "pool-config",
+        "k8s-rdma-shared-dev-plugin config (its config.json, or the ConfigMap as YAML) "
+        "naming which HCAs each rdma/* pool holds; without it pool IDs stay unresolved",
+        parse=file_path,
+    ),
+)
+"""`--collector.rdma.*`."""
+
+
 class RdmaSource(SysfsSource):
     name = "rdma"
     looks_for = "InfiniBand/RDMA devices in class/infiniband"
 
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)
-        self.pool_config = PoolConfig(ctx.options.get("pool-config", ""))
+        self.pool_config = PoolConfig(option_values(OPTIONS, ctx.options)["pool-config"])
 
     def read(self, reader: Reader) -> Iterator[DeviceReading]:
         if not self.pool_config.refresh():
@@ -256,14 +267,7 @@ class RdmaSource(SysfsSource):
 register(
     "rdma",
     help="InfiniBand/RDMA ports from sysfs (port counters, hw_counters, link), RDMA shared pools",
-    options=(
-        SourceOption(
-            "pool-config",
-            "k8s-rdma-shared-dev-plugin config (its config.json, or the ConfigMap as YAML) "
-            "naming which HCAs each rdma/* pool holds; without it pool IDs stay unresolved",
-            parse=file_path,
-        ),
-    ),
+    options=OPTIONS,
 )(RdmaSource)
 
 

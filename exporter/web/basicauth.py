@@ -32,7 +32,7 @@ from enum import Enum
 
 import bcrypt
 
-from exporter.threads import DaemonWorker
+from exporter.runtime.threads import DaemonWorker
 
 MAX_WAITING = 4
 """bcrypt checks that may wait for the one running (a few scrapers' first checks)."""

@@ -37,7 +37,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from exporter.log import StateLog
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.webconfig")
 

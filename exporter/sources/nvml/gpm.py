@@ -9,8 +9,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.cli.values import duration_over
 from exporter.model import Sample
+from exporter.settings.values import duration_over
 from exporter.sources import add
 from exporter.sources.nvml.calls import Calls
 

@@ -18,9 +18,15 @@ from dataclasses import dataclass
 
 import pynvml
 
-from exporter.cli.values import boolean, duration
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
-from exporter.sources import RestartRequired, SourceContext, SourceOption, register
+from exporter.settings.values import boolean, duration
+from exporter.sources import (
+    RestartRequired,
+    SourceContext,
+    SourceOption,
+    option_values,
+    register,
+)
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
 from exporter.sources.nvml.calls import Calls, DriverGone, GpuLost, NvmlUnavailable, text
 from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig_mode
@@ -37,62 +43,66 @@ class _Lost:
     since: float
 
 
+OPTIONS = (
+    SourceOption(
+        "rediscover-interval",
+        "how often to look for new GPUs and MIG layout changes",
+        "60s",
+        duration,
+    ),
+    SourceOption("processes", "per-process GPU memory and utilization", "true", boolean),
+    SourceOption("xid-events", "count XID errors from an NVML event set", "true", boolean),
+    SourceOption(
+        "slow-interval",
+        "how often to read what costs milliseconds per GPU on real drivers (energy and "
+        "PCIe counters, per-process utilization, the MIG mode check); between reads "
+        "counters keep their last value",
+        "10s",
+        duration,
+    ),
+    SourceOption(
+        "gpm-interval",
+        "how often to take a GPM sample (Hopper and later: SM, tensor, FP64/32/16 pipe "
+        "and DRAM activity, PCIe and NVLink throughput, whole GPUs and MIG slices); each "
+        "value is the mean between two samples this far apart (over 100ms, nvml.h)",
+        "10s",
+        gpm_interval,
+    ),
+    SourceOption(
+        "restart-after",
+        "after NVML worked, how long init may fail before /healthz asks for a restart "
+        "(a driver upgrade leaves this process with the old library)",
+        "2m",
+        duration,
+    ),
+    SourceOption(
+        "lost-retention",
+        "how long a GPU that was seen and is now lost keeps reporting hw_status failed",
+        "24h",
+        duration,
+    ),
+)
+
+
 @register(
     SOURCE,
     help="NVIDIA GPUs and MIG slices through NVML (libnvidia-ml.so.1)",
-    options=(
-        SourceOption(
-            "rediscover-interval",
-            "how often to look for new GPUs and MIG layout changes",
-            "60s",
-            duration,
-        ),
-        SourceOption("processes", "per-process GPU memory and utilization", "true", boolean),
-        SourceOption("xid-events", "count XID errors from an NVML event set", "true", boolean),
-        SourceOption(
-            "slow-interval",
-            "how often to read what costs milliseconds per GPU on real drivers (energy and "
-            "PCIe counters, per-process utilization, the MIG mode check); between reads "
-            "counters keep their last value",
-            "10s",
-            duration,
-        ),
-        SourceOption(
-            "gpm-interval",
-            "how often to take a GPM sample (Hopper and later: SM, tensor, FP64/32/16 pipe "
-            "and DRAM activity, PCIe and NVLink throughput, whole GPUs and MIG slices); each "
-            "value is the mean between two samples this far apart (over 100ms, nvml.h)",
-            "10s",
-            gpm_interval,
-        ),
-        SourceOption(
-            "restart-after",
-            "after NVML worked, how long init may fail before /healthz asks for a restart "
-            "(a driver upgrade leaves this process with the old library)",
-            "2m",
-            duration,
-        ),
-        SourceOption(
-            "lost-retention",
-            "how long a GPU that was seen and is now lost keeps reporting hw_status failed",
-            "24h",
-            duration,
-        ),
-    ),
+    options=OPTIONS,
 )
 class NvmlSource:
     def __init__(self, ctx: SourceContext) -> None:
         self.log = ctx.logger
         self.clock = ctx.clock or time.monotonic
-        self.rediscover_interval = duration(ctx.options.get("rediscover-interval", "60s"))
-        self.processes = boolean(ctx.options.get("processes", "true"))
-        self.xid_events = boolean(ctx.options.get("xid-events", "true"))
-        self.restart_after = duration(ctx.options.get("restart-after", "2m"))
-        self.lost_retention = duration(ctx.options.get("lost-retention", "24h"))
+        options = option_values(OPTIONS, ctx.options)
+        self.rediscover_interval: float = options["rediscover-interval"]
+        self.processes: bool = options["processes"]
+        self.xid_events: bool = options["xid-events"]
+        self.restart_after: float = options["restart-after"]
+        self.lost_retention: float = options["lost-retention"]
         self.calls = Calls(self.log)
         self.discovery = Discovery(self.calls)
-        self.slow_interval = duration(ctx.options.get("slow-interval", "10s"))
-        self.gpm_interval = gpm_interval(ctx.options.get("gpm-interval", "10s"))
+        self.slow_interval: float = options["slow-interval"]
+        self.gpm_interval: float = options["gpm-interval"]
         self.reader = Reader(self.calls, self.clock, self.slow_interval, self.gpm_interval)
         self.xids = XidCounts()
         self._initialized = False

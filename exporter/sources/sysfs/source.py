@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from exporter.ids import normalize_device_id
-from exporter.log import StateLog
 from exporter.model import Attributes, Device, DeviceReading, ProcessUsage, Sample, SourceResult
+from exporter.runtime.log import StateLog
 from exporter.sources import SourceContext, add
 from exporter.sources.counters import MonotonicCounters
 from exporter.sources.sysfs.reader import Reader

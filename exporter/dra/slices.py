@@ -20,9 +20,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-STANDARD_PREFIX = "resource.kubernetes.io"
-"""k8s.io/dynamic-resource-allocation/deviceattribute: `StandardDeviceAttributePrefix`."""
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class Taint:

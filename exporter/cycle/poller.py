@@ -21,10 +21,11 @@ from typing import Protocol
 from exporter.attribution.resolver import ProcessResolver
 from exporter.attribution.usage import HeldIndex, container_usage
 from exporter.checks import warn_unseen
-from exporter.draview import DraView
+from exporter.cycle.steps import SnapshotStep, Steps
+from exporter.derive.numa import CpuNodeMap
+from exporter.dra.view import DraView
 from exporter.ids import ResourceMatcher
 from exporter.join import JoinResult, join
-from exporter.log import StateLog
 from exporter.model import (
     ContainerUsage,
     JoinedDevice,
@@ -37,13 +38,12 @@ from exporter.model import (
     SourceHealth,
     SourceResult,
 )
-from exporter.numa import CpuNodeMap
 from exporter.podresources.client import PodResourcesClient
 from exporter.podresources.schedule import SOONEST, KubeletSchedule
+from exporter.runtime.log import StateLog
+from exporter.runtime.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 from exporter.sinks import SelfMetrics, SnapshotSink
 from exporter.sources import RestartRequired, Source
-from exporter.steps import SnapshotStep, Steps
-from exporter.threads import BoundedWorker, DaemonWorker, Timed, in_daemon_thread
 
 log = logging.getLogger("exporter.poller")
 

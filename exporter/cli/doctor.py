@@ -15,7 +15,6 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from exporter import log as logsetup
 from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
 from exporter.checks import (
     PROBLEM,
@@ -29,11 +28,12 @@ from exporter.checks import (
     render,
     source_findings,
 )
-from exporter.cli.config import Config
+from exporter.cycle.poller import Poller
 from exporter.ids import ResourceMatcher
 from exporter.model import DeviceReading, PodResourcesState, SourceHealth
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
-from exporter.poller import Poller
+from exporter.runtime import log as logsetup
+from exporter.settings.config import Config
 
 # --- the command ------------------------------------------------------------------------------
 

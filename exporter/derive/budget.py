@@ -27,8 +27,7 @@ from dataclasses import replace
 from itertools import compress
 from operator import attrgetter, is_not
 
-from exporter.log import StateLog
-from exporter.metrics import DEFAULT_GROUPS, DEFAULT_MAX_SERIES, GROUP_NAMES, SPECS, MetricSpec
+from exporter.metrics import SPECS, MetricSpec
 from exporter.model import (
     Allocation,
     AllocationKind,
@@ -42,6 +41,9 @@ from exporter.model import (
     Snapshot,
 )
 from exporter.points import points
+from exporter.runtime.log import StateLog
+from exporter.settings.config import DEFAULTS
+from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
 from exporter.sinks import SnapshotSink
 
 log = logging.getLogger("exporter.budget")
@@ -66,7 +68,7 @@ class Budgeted:
         sinks: Sequence[SnapshotSink],
         *,
         groups: frozenset[str] = DEFAULT_GROUPS,
-        max_series: int = DEFAULT_MAX_SERIES,
+        max_series: int = DEFAULTS.metrics_max_series,
     ) -> None:
         self.sinks = list(sinks)
         self.groups = groups | DEFAULT_GROUPS

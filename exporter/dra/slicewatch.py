@@ -26,6 +26,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from exporter.dra.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi, describe
 from exporter.kubeapi.listwatch import (
     BACKOFF_SECONDS,
@@ -34,8 +35,7 @@ from exporter.kubeapi.listwatch import (
     ListWatch,
     pause,
 )
-from exporter.kubeapi.slices import Slice, TaintRule, parse_slice, parse_taint_rule
-from exporter.log import StateLog
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi.slices")
 

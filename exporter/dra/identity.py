@@ -29,12 +29,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.draclaims import DeviceKey
 from exporter.ids import normalize_device_id, pci_address
-from exporter.model import Allocation, AllocationKind, Device
+from exporter.model import Allocation, AllocationKind, ClaimResource, Container, Device
 
 if TYPE_CHECKING:  # the API client (exporter.kubeapi) loads only with --kubernetes.api
-    from exporter.kubeapi.slices import Slice, SliceDevice, Taint, TaintRule
+    from exporter.dra.slices import Slice, SliceDevice, Taint, TaintRule
+
+
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device name), as PodResources and the slices name a DRA device."""
 
 
 ID_ATTRIBUTES: tuple[tuple[str, bool], ...] = (
@@ -208,3 +211,23 @@ def current_slices(slices: list[Slice]) -> list[Slice]:
         key = (s.driver, s.pool)
         newest[key] = max(newest.get(key, s.generation), s.generation)
     return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
+
+
+# --- the join's two questions about claimed devices ------------------------------
+
+
+def dra_ids(dra: Mapping[DeviceKey, str] | None, res: ClaimResource) -> list[str]:
+    """The join's answer for a claimed device the slices know ([hw.id], [""] for one no
+    source has); [] when they do not know it (the join then looks it up by name)."""
+    key = (res.driver_name, res.pool_name, res.device_name)
+    return [dra[key]] if dra is not None and key in dra else []
+
+
+def dra_placements(container: Container, numa: Mapping[DeviceKey, int]) -> set[tuple[str, int]]:
+    """(driver, NUMA node) of each DRA device a container holds whose slice says its node."""
+    return {
+        (r.driver_name, numa[key])
+        for claim in container.dynamic_resources
+        for r in claim.claim_resources
+        if (key := (r.driver_name, r.pool_name, r.device_name)) in numa
+    }

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.cli.config import DEFAULT_SOCKET
+from exporter.cli.podtable import Filter, table
 from exporter.model import Pod, PodResourcesState
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
-from exporter.podresources.table import Filter, table
+from exporter.settings.config import DEFAULTS
 
 
 def run_inspect(argv: Sequence[str]) -> int:
@@ -32,8 +32,8 @@ def run_inspect(argv: Sequence[str]) -> int:
         "--kubelet-socket",
         type=Path,
         metavar="PATH",
-        default=Path(os.environ.get(variable) or DEFAULT_SOCKET),
-        help=f"PodResources socket (default {DEFAULT_SOCKET}; env {variable})",
+        default=Path(os.environ.get(variable) or DEFAULTS.kubelet_socket),
+        help=f"PodResources socket (default {DEFAULTS.kubelet_socket}; env {variable})",
     )
     parser.add_argument("--pod", metavar="NS/NAME", help="use Get for this pod only")
     parser.add_argument(

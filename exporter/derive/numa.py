@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
-from exporter import hostfiles
-from exporter.threads import BoundedWorker
+from exporter.runtime import hostfiles
+from exporter.runtime.threads import BoundedWorker
 
 log = logging.getLogger("exporter.numa")
 

@@ -1,20 +1,23 @@
-"""The flag table: every exporter flag's group, name, destination, value type, default and help.
+"""The settings table: every exporter flag's group, name, destination, value type, typed
+default and help, declared once.
 
-Data only, with the --help texts of the other commands. `flags.py` builds the parser and
-the Config from it, `monitoring/flagdoc.py` writes the README's flag table from it; each
-flag is also `KDE_<NAME>` in the environment. Source flags (`--collector.*`) are not here:
-the source registry makes them.
+Each row is a flag and a `KDE_<NAME>` variable. `default` is the default as --help and the
+README say it; the typed value (`Flag.value`) is that text parsed by the row's own value
+type, or given beside it where the text only describes it (`$NODE_NAME`). `Config`
+(config.py) takes its field defaults from here, `exporter.cli` builds the parser from it,
+`monitoring/flagdoc.py` the README's table. Source options (`--collector.NAME.OPTION`) are
+rows of the same kind declared by each source (`exporter.sources.SourceOption`); the metric
+groups (`--metrics.group.NAME`) are `GROUPS` below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.cli.config import DEFAULT_SOCKET
-from exporter.cli.values import (
+from exporter.settings.values import (
     boolean,
     choice,
     choices,
@@ -25,10 +28,28 @@ from exporter.cli.values import (
     regex,
     size_bytes,
 )
-from exporter.ids import DEFAULT_RESOURCE_PATTERNS
-from exporter.metrics import SCHEMAS
+
+DEFAULT_RESOURCE_PATTERNS = (
+    "nvidia.com/*",
+    "*.shared",
+    "amd.com/*",
+    "gpu.intel.com/*",
+    "rdma/*",
+    "intel.com/*",
+    "mellanox.com/*",
+    "openshift.io/*",
+)
+"""nvidia.com/gpu and nvidia.com/mig-* (and renames), AMD, Intel GPUs, the RDMA shared-device
+plugin and the SR-IOV network device plugin's default prefixes."""
+
+SCHEMAS = ("native", "dcgm")
+"""`--metrics.schema`: the metric table's names, dcgm-exporter's (`exporter/sinks/dcgm.py`),
+or both."""
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+_PARSED: Any = object()
+"""`Flag.value` not given: the default text parsed by the row's value type."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +63,22 @@ class Flag:
     dest: str
     """The Config field it sets."""
     parse: Callable[[str], Any]
-    """Its value type (`exporter.cli.values`): text -> value, or a ValueError for the user."""
+    """Its value type (`exporter.settings.values`): text -> value, or a ValueError for the
+    user."""
     default: str
-    """The default as --help and the README say it (the value itself is the Config's)."""
+    """The default as --help and the README say it."""
     help: str
     metavar: str = ""
     """What --help shows in place of a value; empty: the value type's METAVARS entry."""
     repeatable: bool = False
     """Given several times, the values add up (the variable holds one, or a list)."""
+    value: Any = field(default=_PARSED)
+    """The typed default: `parse(default)` unless given (where `default` only describes it:
+    `$NODE_NAME`, `none`)."""
+
+    def __post_init__(self) -> None:
+        if self.value is _PARSED:
+            object.__setattr__(self, "value", self.parse(self.default))
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -58,7 +87,7 @@ FLAGS: tuple[Flag, ...] = (
         "--kubelet-socket",
         "kubelet_socket",
         Path,
-        str(DEFAULT_SOCKET),
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
         "PodResources socket (mount its directory, not the file, so kubelet restarts are seen)",
         metavar="PATH",
     ),
@@ -73,6 +102,7 @@ FLAGS: tuple[Flag, ...] = (
         + ")",
         metavar="GLOB[,GLOB...]",
         repeatable=True,
+        value=DEFAULT_RESOURCE_PATTERNS,
     ),
     Flag(
         "kubelet",
@@ -146,6 +176,7 @@ FLAGS: tuple[Flag, ...] = (
         "in-cluster: the pod's ServiceAccount",
         "kubeconfig for --kubernetes.api and --kubernetes.events (development outside a cluster)",
         metavar="FILE",
+        value=None,
     ),
     Flag(
         "kubeapi",
@@ -168,6 +199,7 @@ FLAGS: tuple[Flag, ...] = (
         "(repeatable; the environment variable holds one regex)",
         metavar="REGEX",
         repeatable=True,
+        value=(),
     ),
     Flag(
         "web",
@@ -187,6 +219,7 @@ FLAGS: tuple[Flag, ...] = (
         "exporter-toolkit web config: TLS (tls_server_config), basic auth (basic_auth_users), "
         "headers; re-read when it changes (docs/security.md)",
         metavar="FILE",
+        value=None,
     ),
     Flag(
         "web",
@@ -220,6 +253,7 @@ FLAGS: tuple[Flag, ...] = (
         "$NODE_NAME",
         "node label value (set NODE_NAME from the downward API; the hostname of a pod is its name)",
         metavar="NAME",
+        value="",
     ),
     Flag("collection", "--path.sysfs", "sysfs", Path, "/sys", "sysfs mount point", metavar="PATH"),
     Flag(
@@ -273,6 +307,7 @@ FLAGS: tuple[Flag, ...] = (
         "push metrics to this OTLP collector, a base URL (OTLP/HTTP appends /v1/metrics; "
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given); empty: no push",
         metavar="URL",
+        value="",
     ),
     Flag(
         "otlp",
@@ -282,6 +317,7 @@ FLAGS: tuple[Flag, ...] = (
         "$OTEL_EXPORTER_OTLP_PROTOCOL or grpc",
         "OTLP transport",
         metavar="grpc|http/protobuf",
+        value="grpc",
     ),
     Flag(
         "logging",
@@ -315,19 +351,61 @@ GROUP_TITLES = {
 }
 
 
-COMMANDS = (
-    (
-        "podresources [--pod NS/NAME] [-o table|json] [--devices-only] [--resource GLOB] [-n NS]",
-        "print what the kubelet reports: device IDs, resources",
+@dataclass(frozen=True, slots=True)
+class MetricGroup:
+    """A set of series that is on or off as one (`--metrics.group.NAME`), as node_exporter's
+    collectors and dcgm-exporter's counter files are: the default answers the first
+    questions at about dcgm-exporter's default series per GPU; the rest is one flag away."""
+
+    name: str
+    help: str
+    default: bool = False
+
+
+CORE = "core"
+
+GROUPS: tuple[MetricGroup, ...] = (
+    MetricGroup(
+        CORE,
+        "identity, status, utilization, memory used and size, power and energy, GPU "
+        "temperature, uncorrected ECC and XID errors, row-remap state, the throttle reasons "
+        "the alerts read, who holds what, per-container use, the exporter's own health",
+        default=True,
     ),
-    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
-    ("help [COMMAND]", "this help, or a command's (as --help)"),
+    MetricGroup(
+        "clocks",
+        "clock frequencies, the throttle reasons no alert reads (gpu_idle, "
+        "applications_clocks_setting, sync_boost, display_clock_setting), the power limit",
+    ),
+    MetricGroup(
+        "interconnect",
+        "PCIe and NVLink traffic, PCIe replays and NVLink errors",
+    ),
+    MetricGroup(
+        "memory",
+        "memory detail: free and reserved, AMD CPU-visible and GTT, remapped rows by "
+        "cause, corrected and deferred ECC errors, memory temperature",
+    ),
+    MetricGroup("media", "encoder and decoder utilization"),
+    MetricGroup(
+        "profiling",
+        "NVIDIA GPM profiling metrics (SM and tensor activity, Hopper and later)",
+    ),
+    MetricGroup(
+        "energy",
+        "energy per container, each device's energy counter apportioned to its holders "
+        "(one series per holder of every device: docs/attribution.md)",
+    ),
 )
+"""Every metric group (the metric table tags each series with one); `core` cannot be turned
+off."""
+
+GROUP_NAMES = tuple(g.name for g in GROUPS)
+DEFAULT_GROUPS = frozenset(g.name for g in GROUPS if g.default)
+
+BY_DEST = {row.dest: row for row in FLAGS}
 
 
-DOCTOR = (
-    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
-    "at the host /sys and /proc, and compares what the node advertises with what the sources "
-    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
-    "there is one. Run it in the exporter's pod with the exporter's flags."
-)
+def default_of(dest: str) -> Any:
+    """The typed default of the flag that sets Config field `dest`."""
+    return BY_DEST[dest].value

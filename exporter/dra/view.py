@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from exporter.dra import (
+from exporter.dra.identity import (
+    DeviceKey,
     Identity,
     device_kind,
     device_taints,
@@ -23,14 +24,13 @@ from exporter.dra import (
     identify,
     numa_nodes,
 )
-from exporter.dra import unidentified as unidentified_of
-from exporter.draclaims import DeviceKey
+from exporter.dra.identity import unidentified as unidentified_of
 from exporter.model import Allocation, AllocationKind, Device, Sample
 
 if TYPE_CHECKING:  # the API client loads only with --kubernetes.api
-    from exporter.kubeapi.claimhealth import ClaimHealth
-    from exporter.kubeapi.slicewatch import SliceWatcher
+    from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi.watcher import PodWatcher
+    from exporter.model import ClaimHealth
 
 log = logging.getLogger("exporter.dra")
 
@@ -66,7 +66,7 @@ class DraView:
         """DRA allocations of a claim the scheduler made for an extended resource (KEP-5004)
         named by that resource, as a device-plugin pod's are: `hw_allocation_resource` is
         what the container asked for (`example.com/gpu`), from the pod's
-        `extendedResourceClaimStatus` (exporter/kubeapi/extended.py); kind, claim, pool and
+        `extendedResourceClaimStatus` (exporter/dra/extended.py); kind, claim, pool and
         device stay the DRA ones. A container holding two such resources through one claim
         keeps the driver: PodResources names no request, so which device serves which
         resource is not known here."""

@@ -22,19 +22,10 @@ change reaches the exporter with the watch event (about a second), at no request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True, slots=True, order=True)
-class ClaimHealth:
-    container: str
-    claim: str
-    """The ResourceClaim's name (`<claim>` or `<claim>/<request>`): the status entry's name
-    less `claim:`, its pod's reference turned into the claim it names."""
-    resource_id: str
-    health: str
-    message: str = ""
+from exporter.dra.extended import parse_extended
+from exporter.model import ClaimHealth, ExtendedClaim
 
 
 def claim_names(obj: dict[str, Any]) -> dict[str, str]:
@@ -78,3 +69,12 @@ def parse_pod_health(obj: dict[str, Any]) -> tuple[ClaimHealth, ...]:
                         )
                     )
     return tuple(sorted(out))
+
+
+def read_pod_status(
+    obj: dict[str, Any],
+) -> tuple[tuple[ClaimHealth, ...], tuple[ExtendedClaim, ...]]:
+    """What a whole pod's status says of its DRA claims: their health and the extended
+    resources they serve. The pod watch calls it on each pod it decodes with
+    `--kubernetes.dra` (handed in by the composition root: the API client knows no DRA)."""
+    return parse_pod_health(obj), parse_extended(obj)

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from exporter.devicecodes import EVENTS, Code, xid_code
+from exporter.derive.devicecodes import EVENTS, Code, xid_code
 from exporter.model import Device, Holder, Sample, Snapshot
 
 log = logging.getLogger("exporter.events")

@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
 
-from exporter import hostfiles
 from exporter.model import Allocation, Device, Holder, JoinedDevice, PairPlacement, Snapshot
+from exporter.runtime import hostfiles
 
 _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -224,15 +224,3 @@ class PlacementReader:
                     if found is not None:
                         out.append(PairPlacement(holder, gpu, nic, int(found), found.name))
         return tuple(out)
-
-
-def best_and_worst(pairs: Iterable[PairPlacement]) -> dict[Holder, tuple[int, int]]:
-    """Per container: its best pair's level, and its worst GPU's best level (the GPU that
-    is farthest from its nearest NIC: what a job that gives each GPU its nearest NIC, as
-    NCCL does, is held back by). The worst of all pairs would say nothing: on any
-    two-socket node some GPU-NIC pair crosses sockets."""
-    nearest: dict[Holder, dict[str, int]] = {}
-    for pair in pairs:
-        per_gpu = nearest.setdefault(pair.holder, {})
-        per_gpu[pair.gpu_id] = min(per_gpu.get(pair.gpu_id, pair.level), pair.level)
-    return {h: (min(g.values()), max(g.values())) for h, g in nearest.items()}

@@ -1,7 +1,7 @@
 """What device error codes mean: XIDs by class, and the other events the exporter reports.
 
 One table for the alert rules (monitoring/alerts.py takes its XID classes from here), the
-OTLP log records and the Kubernetes Events of device events (exporter/events.py). XID
+OTLP log records and the Kubernetes Events of device events (exporter/derive/events.py). XID
 meanings are NVIDIA's (the XID catalog, docs.nvidia.com/deploy/xid-errors); the classes say
 who acts: `hardware` (reset or service the GPU now), `driver` (the driver, its firmware or
 the GPU's micro-controllers; usually a reset, repeated ones a driver update), `application`

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.cli.config import Config
-from exporter.events import DeviceEvent
-from exporter.log import StateLog
+from exporter.derive.events import DeviceEvent
 from exporter.model import Sample
+from exporter.runtime.log import StateLog
+from exporter.settings.config import Config
 
 log = logging.getLogger("exporter.k8sevents")
 

@@ -8,13 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.energy import EnergyLedger
+from exporter.cycle.poller import Poller
+from exporter.derive.energy import EnergyLedger
+from exporter.derive.numa import CpuNodeMap
+from exporter.derive.placement import PlacementReader
 from exporter.ids import ResourceMatcher
 from exporter.model import PodResourcesHealth, PodResourcesState, Snapshot, SourceResult
-from exporter.numa import CpuNodeMap
-from exporter.placement import PlacementReader
 from exporter.podresources.client import PodResourcesClient
-from exporter.poller import Poller
 from exporter.sinks.prometheus import render
 from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet

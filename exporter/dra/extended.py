@@ -22,18 +22,9 @@ gets with `--kubernetes.dra`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True, slots=True, order=True)
-class ExtendedClaim:
-    claim: str
-    """The ResourceClaim the scheduler made
-    (`status.extendedResourceClaimStatus.resourceClaimName`)."""
-    container: str
-    resource: str
-    """The extended resource the container asked for (`example.com/gpu`)."""
+from exporter.model import ExtendedClaim
 
 
 def parse_extended(obj: dict[str, Any]) -> tuple[ExtendedClaim, ...]:

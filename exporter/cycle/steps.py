@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from exporter.log import StateLog
 from exporter.model import Snapshot
+from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.steps")
 
