@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.cycle.poller import Poller
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -35,6 +34,7 @@ from exporter.model import (
 from exporter.runtime.heap import SHIPPED_ENV, HeapTrimmer
 from exporter.sinks.prometheus import PrometheusSink
 from exporter.web.app import DevicesView
+from tests.support.cycle import make_poller
 
 GPUS = 8
 SAMPLES = (
@@ -165,12 +165,12 @@ async def run(
     prometheus, view = PrometheusSink(), DevicesView()
     ticks = itertools.count()
     trimmer = HeapTrimmer(clock=lambda: float(next(ticks)))  # a cycle is a second here
-    poller = Poller(
+    poller = make_poller(
         node="bench-node",
         sources={"nvml": Gpus()},
-        client=kubelet,  # type: ignore[arg-type]
+        client=kubelet,
         sinks=[prometheus, view],
-        after_cycle=[trimmer] if trim else [],
+        after_cycle=[trimmer.after_cycle] if trim else [],
         interval=1.0,
         source_timeout=5.0,
     )

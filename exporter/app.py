@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import sys
-import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -16,8 +14,23 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from exporter.attribution.resolver import ProcessResolver
+from exporter.checks import host_path_problems
+from exporter.cycle.collect import Collect
+from exporter.cycle.pipeline import Pipeline, Stage, Step
 from exporter.cycle.poller import Poller
-from exporter.derive.budget import Budgeted
+from exporter.cycle.steps import (
+    Attribution,
+    Joiner,
+    SnapshotBuilder,
+    after,
+    derive,
+    dra_allocations,
+    exporter_series,
+    publish,
+    unseen_warnings,
+)
+from exporter.cycle.steps import budget as budget_step
+from exporter.derive.budget import Budget
 from exporter.derive.energy import EnergyLedger
 from exporter.derive.events import EventHub, Publisher
 from exporter.derive.numa import CpuNodeMap
@@ -28,6 +41,7 @@ from exporter.model import SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.runtime import log as logsetup
 from exporter.runtime.heap import HeapTrimmer
+from exporter.runtime.process import exit_now_if_stuck, install_signal_handlers
 from exporter.runtime.threads import BoundedWorker, DaemonExecutor, in_daemon_thread
 from exporter.settings.config import Config
 from exporter.sinks import SelfMetrics, SnapshotSink
@@ -107,7 +121,10 @@ class Exporter:
         self.config = config
         self.prometheus = PrometheusSink(schema=config.metrics_schema)
         self.view = DevicesView(ResourceMatcher(config.resource_patterns))
-        sinks: list[SnapshotSink] = [self.prometheus, self.view]  # behind the budget, below
+        sinks: list[tuple[str, SnapshotSink]] = [
+            ("prometheus", self.prometheus),
+            ("landing", self.view),
+        ]
         self.web_limits = ServerLimits(max_connections=config.web_max_connections)
         self.web_stats = ServerStats(self.web_limits.quiet_after)
         self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
@@ -116,7 +133,7 @@ class Exporter:
             from exporter.sinks.otlp import OtlpSink
 
             self.otlp = OtlpSink(config)
-            sinks.append(self.otlp)
+            sinks.append(("otlp", self.otlp))
             self_metrics.append(self.otlp)
         self.log_sink, self.event_poster = self._device_events(config, sinks, self_metrics)
         self.client = PodResourcesClient(
@@ -131,30 +148,17 @@ class Exporter:
             self.kubeapi, self.slices = build_watchers(config)
         self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
         self_metrics.append(self.dra)
-        self.poller = Poller(
-            node=config.node_name,
-            sources=build_sources(config) if sources is None else sources,
-            client=self.client,
-            sinks=[
-                Budgeted(sinks, groups=config.metric_groups, max_series=config.metrics_max_series)
-            ],
-            after_cycle=[HeapTrimmer()],  # after a shrink, the heap's free pages go back
-            after_publish=[self.prometheus.build_due],
-            self_metrics=self_metrics,
-            matcher=ResourceMatcher(config.resource_patterns),
+        collect = Collect(
+            build_sources(config) if sources is None else sources,
+            self.client,
             interval=config.collect_interval,
             kubelet_every=config.podresources_poll_interval,
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs, timeout=config.collect_timeout),
-            pods=self.kubeapi,
-            resolver=ProcessResolver(
-                config.procfs, config.container_logs, timeout=config.collect_timeout
-            ),
-            process_series=config.process_series,
-            dra=self.dra,
-            steps=[PlacementReader(config.sysfs).step, EnergyLedger().step],
         )
+        pipeline = Pipeline(collect, self._steps(sinks, self_metrics), node=config.node_name)
+        self.poller = Poller(pipeline, interval=config.collect_interval)
         self._runner: web.AppRunner | None = None
         self._server: GuardedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -171,9 +175,39 @@ class Exporter:
         scheme = "https" if self.web_stats.watcher and self.web_stats.watcher.config.tls else "http"
         return f"{scheme}://{host}:{self.port}/"
 
+    def _steps(self, sinks: list[tuple[str, SnapshotSink]], own: list[SelfMetrics]) -> list[Step]:
+        """Every cycle's steps after collect, in order (exporter/cycle/pipeline.py)."""
+        config = self.config
+        matcher = ResourceMatcher(config.resource_patterns)
+        resolver = ProcessResolver(
+            config.procfs, config.container_logs, timeout=config.collect_timeout
+        )
+        snapshot = SnapshotBuilder(
+            config.node_name,
+            health=self.client.health,
+            pods=self.kubeapi,
+            process_series=config.process_series,
+            wall_clock=time.time,
+        )
+        budget = Budget(groups=config.metric_groups, max_series=config.metrics_max_series)
+        return [
+            Step("join", Stage.BUILD, Joiner(matcher, self.dra).run),
+            dra_allocations(self.dra),
+            Step("snapshot", Stage.BUILD, snapshot.run),
+            Step("attribution", Stage.DERIVE, Attribution(resolver).run),
+            derive("placement", PlacementReader(config.sysfs).step),
+            derive("energy", EnergyLedger().step),
+            unseen_warnings(matcher),
+            exporter_series(own),
+            budget_step(budget),
+            *(publish(name, sink) for name, sink in sinks),
+            after("heap-trim", HeapTrimmer().after_cycle),  # after a shrink, pages go back
+            after("metrics-bodies", lambda _: self.prometheus.build_due()),
+        ]
+
     @staticmethod
     def _device_events(
-        config: Config, sinks: list[SnapshotSink], self_metrics: list[SelfMetrics]
+        config: Config, sinks: list[tuple[str, SnapshotSink]], self_metrics: list[SelfMetrics]
     ) -> tuple[OtlpLogSink | None, KubeEventPoster | None]:
         """Device events (docs/events.md) as OTLP log records when OTLP is on, and as
         Kubernetes Events with --kubernetes.events."""
@@ -189,7 +223,7 @@ class Exporter:
         publishers: list[Publisher] = [p.publish for p in (log_sink, poster) if p is not None]
         if publishers:
             hub = EventHub(publishers)
-            sinks.append(hub)
+            sinks.append(("device-events", hub))
             self_metrics.append(hub)
         if poster is not None:
             self_metrics.append(poster)
@@ -318,43 +352,6 @@ async def serve(exporter: Exporter, stop: asyncio.Event) -> None:
         await exporter.stop()
 
 
-def install_signal_handlers(stop: asyncio.Event) -> None:
-    """SIGINT and SIGTERM stop; SIGHUP reloads (`Exporter.reload`, installed once the
-    exporter runs) and until then is logged and ignored: its default action ends the
-    process, which an operator's `kill -HUP` never means."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(
-            signal.SIGHUP, lambda: log.info("SIGHUP while starting: nothing to reload yet")
-        )
-
-
-SYSFS_FREE_SOURCES = frozenset({"nvml"})
-"""Sources that read no sysfs (NVML asks the driver)."""
-
-
-def host_path_problems(config: Config) -> list[str]:
-    """Host mounts that cannot be what the flags say: each line names the flag. A missing
-    sysfs is not an error (every sysfs source reports zero devices) but never what was meant."""
-    problems = []
-    sysfs_sources = sorted(config.collectors - SYSFS_FREE_SOURCES)
-    if sysfs_sources and not (config.sysfs / "class").is_dir():
-        what = "no such directory" if not config.sysfs.is_dir() else "no class/ under it"
-        problems.append(
-            f"--path.sysfs {config.sysfs}: {what}, so {', '.join(sysfs_sources)} will see no "
-            "devices (mount the host's /sys and point --path.sysfs at it)"
-        )
-    if not config.procfs.is_dir():
-        problems.append(
-            f"--path.procfs {config.procfs}: no such directory (mount the host's /proc and "
-            "point --path.procfs at it)"
-        )
-    return problems
-
-
 def run(config: Config) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until Exporter.reload takes it: never fatal
     logsetup.setup(config.log_level, config.log_format)
@@ -378,21 +375,6 @@ def run(config: Config) -> int:
         log.error("cannot start: %s", exc)
         return 1
     return exit_now_if_stuck(0)
-
-
-def exit_now_if_stuck(code: int) -> int:
-    """Interpreter exit waits for non-daemon threads; a library's own thread stuck in a
-    driver call would hold the process past its grace period. Leave without waiting."""
-    stuck = [
-        t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()
-    ]
-    if stuck:
-        log.warning("leaving threads still in calls behind: %s", ", ".join(stuck))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
 
 
 async def _together(*watches: Coroutine[Any, Any, None]) -> None:

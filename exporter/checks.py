@@ -22,6 +22,7 @@ from exporter.model import (
 )
 from exporter.podresources.client import PodResourcesError
 from exporter.runtime.log import StateLog
+from exporter.settings.config import Config
 from exporter.sources.resources import SOURCE_FIXES, source_for
 
 OK, ABSENT, PROBLEM = "ok", "absent", "problem"
@@ -370,3 +371,26 @@ def warn_unseen(
     for resource, count in problems.items():
         finding = unseen_finding(resource, count, totals[resource], sources)
         states.failed(f"unseen/{resource}", finding.sentence())
+
+
+SYSFS_FREE_SOURCES = frozenset({"nvml"})
+"""Sources that read no sysfs (NVML asks the driver)."""
+
+
+def host_path_problems(config: Config) -> list[str]:
+    """Host mounts that cannot be what the flags say: each line names the flag. A missing
+    sysfs is not an error (every sysfs source reports zero devices) but never what was meant."""
+    problems = []
+    sysfs_sources = sorted(config.collectors - SYSFS_FREE_SOURCES)
+    if sysfs_sources and not (config.sysfs / "class").is_dir():
+        what = "no such directory" if not config.sysfs.is_dir() else "no class/ under it"
+        problems.append(
+            f"--path.sysfs {config.sysfs}: {what}, so {', '.join(sysfs_sources)} will see no "
+            "devices (mount the host's /sys and point --path.sysfs at it)"
+        )
+    if not config.procfs.is_dir():
+        problems.append(
+            f"--path.procfs {config.procfs}: no such directory (mount the host's /proc and "
+            "point --path.procfs at it)"
+        )
+    return problems

@@ -235,6 +235,7 @@ ATTRIBUTES: dict[str, str] = {
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
     "sink": "Sink name (`otlp`).",
+    "step": "A step of the exporter's cycle (docs/architecture.md).",
     "group": "Metric group (`--metrics.group.NAME`; docs/metrics.md).",
     "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
     "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
@@ -950,6 +951,17 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         scope=_E,
     ),
     MetricSpec("kube_device_exporter.cycles", C, "{cycle}", "Collection cycles run.", scope=_E),
+    MetricSpec(
+        "kube_device_exporter.cycle.step.failures",
+        C,
+        "{failure}",
+        "Times a step of the cycle raised (`step`: `collect`, `join`, `snapshot`, "
+        "`attribution`, `placement`, `energy`, a sink such as `prometheus`...): the cycle goes "
+        "on without it, and when `collect` or a build step fails /metrics keeps the last good "
+        "snapshot (docs/architecture.md). A step's series appears at its first failure.",
+        scope=_E,
+        attributes=("step",),
+    ),
     MetricSpec(
         "kube_device_exporter.attribution.enabled",
         G,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from exporter.cli.flags import env_name
+from exporter.cli.parser import env_name
 from exporter.settings.table import CORE, FLAGS, GROUPS
 from exporter.sources import registry
 

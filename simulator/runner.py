@@ -17,9 +17,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter.app import Exporter, exit_now_if_stuck, install_signal_handlers
-from exporter.cli.flags import UsageError, parse_config
+from exporter.app import Exporter
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.runtime import log as logsetup
+from exporter.runtime.process import exit_now_if_stuck, install_signal_handlers
 from exporter.settings.config import Config
 from simulator.node import SimulatedNode
 from simulator.scenario import Scenario, ScenarioError, bundled_names, load_scenario

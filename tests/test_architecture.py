@@ -1,6 +1,7 @@
-"""The house rules a reader relies on: no import circles among exporter/ modules, no module
-over MAX_LINES but the data tables, and the layout docs/architecture.md describes is the one
-on disk."""
+"""The house rules a reader relies on: the product's rooms stand on floors and every import
+runs down (so there is no circle), the settings are a leaf and the command line the top, at
+most MAX_TOP_MODULES modules at the top of exporter/, no module over MAX_LINES but the data
+tables, and the layout docs/architecture.md describes is the one on disk."""
 
 from __future__ import annotations
 
@@ -215,11 +216,87 @@ def test_no_sink_nor_the_web_side_imports_a_source() -> None:
     assert reaching == []
 
 
-def test_the_join_has_at_most_two_importers() -> None:
-    """The poller runs the join; the checks (doctor, landing page) explain its result."""
+def test_only_the_cycle_and_the_checks_import_the_join() -> None:
+    """The cycle's join step runs the join (its pipeline carries the result); the checks
+    (doctor, landing page) explain it."""
     graph = _graph()
     importers = sorted(n for n, targets in graph.items() if "exporter.join" in targets)
-    assert importers == ["exporter.checks", "exporter.poller"]
+    assert importers == ["exporter.checks", "exporter.cycle.pipeline", "exporter.cycle.steps"]
+
+
+FLOORS: dict[str, int] = {
+    "exporter.settings": 0,
+    "exporter.model": 1,
+    "exporter.ids": 2,
+    "exporter.metrics": 2,
+    "exporter.runtime": 2,
+    "exporter.points": 3,
+    "exporter.attribution": 3,
+    "exporter.kubeapi": 3,
+    "exporter.podresources": 3,
+    "exporter._proto": 3,
+    "exporter.derive": 4,
+    "exporter.sources": 4,
+    "exporter.dra": 4,
+    "exporter.join": 5,
+    "exporter.sinks": 5,
+    "exporter.checks": 6,
+    "exporter.web": 7,
+    "exporter.cycle": 7,
+    "exporter.app": 8,
+    "exporter.cli": 9,
+    "exporter.__main__": 10,
+}
+"""Each room of exporter/ (a top-level module or package) and its floor: a module imports
+only from its own room or from a room on a lower floor. The settings are the ground (they
+import nothing else of the product), the command line is the top (nothing but
+`python -m exporter` imports it)."""
+
+
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that does not run down to a lower floor (or stay in its room)."""
+    out = []
+    for name, targets in graph.items():
+        for target in targets:
+            a, b = _room(name), _room(target)
+            if a != b and "exporter" not in (a, b) and FLOORS[b] >= FLOORS[a]:
+                out.append(f"{name} -> {target} ({a} floor {FLOORS[a]}, {b} floor {FLOORS[b]})")
+    return sorted(out)
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {_room(n) for n in _modules()} - {"exporter"}
+    assert sorted(rooms - set(FLOORS)) == []
+    assert sorted(set(FLOORS) - rooms - {"exporter._proto"}) == []
+
+
+def test_every_import_runs_down() -> None:
+    """No import runs upward (so no circle between rooms): the settings import nothing else
+    of the product, and no module below cli/ imports it."""
+    assert _upward(_graph()) == []
+
+
+def test_the_floor_check_finds_an_import_that_runs_up() -> None:
+    graph = {"exporter.settings.table": {"exporter.cli.flags"}, "exporter.cli.flags": set()}
+    assert _upward(graph) == [
+        "exporter.settings.table -> exporter.cli.flags (exporter.settings floor 0, "
+        "exporter.cli floor 9)"
+    ]
+
+
+MAX_TOP_MODULES = 12
+"""Modules at the top of exporter/ besides __init__ and __main__: the rest lives in rooms."""
+
+
+def test_the_top_of_the_package_holds_few_modules() -> None:
+    top = sorted(
+        p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
+    assert len(top) <= MAX_TOP_MODULES, top
 
 
 def test_the_import_rules_see_imports_inside_functions_too(tmp_path: Path) -> None:
@@ -267,6 +344,8 @@ MAX_LINES = 400
 LONG_TABLES = {
     "exporter/metrics.py": "the metric-spec table: one row per metric and attribute, the "
     "row type and the name translation every row uses",
+    "exporter/settings/table.py": "the settings table: one row per flag with its typed "
+    "default and help, and the metric groups",
 }
 """Modules allowed over MAX_LINES, each with why. Generated code (`exporter/_proto`) is out."""
 

@@ -264,5 +264,5 @@ def test_ab_runs_the_other_revision_from_its_own_copy(tmp_path: Path) -> None:
         ["git", "-C", str(ROOT), "show", "HEAD:exporter/cycle/poller.py"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    assert (tmp_path / "exporter" / "poller.py").read_text() == head
+    assert (tmp_path / "exporter" / "cycle" / "poller.py").read_text() == head
     assert not (tmp_path / "bench").exists()

@@ -247,7 +247,7 @@ def test_asyncio_run_does_not_wait_for_a_stuck_default_executor_call() -> None:
     with the exporter's DaemonExecutor a stuck call is left behind."""
     code = (
         "import asyncio, threading, time\n"
-        "from exporter.threads import DaemonExecutor\n"
+        "from exporter.runtime.threads import DaemonExecutor\n"
         "async def main():\n"
         "    asyncio.get_running_loop().set_default_executor(DaemonExecutor())\n"
         "    asyncio.get_running_loop().run_in_executor(None, threading.Event().wait)\n"

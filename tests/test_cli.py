@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli.flags import UsageError, build_parser, env_name, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError, build_parser, env_name
 from exporter.settings.values import boolean, duration, listen_address
 from exporter.sources import SourceContext, SourceInfo, SourceOption
 

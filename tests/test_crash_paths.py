@@ -22,7 +22,8 @@ import pytest
 
 from exporter.app import _log_watcher_end
 from exporter.checks import OK, PROBLEM, check_procfs
-from exporter.cli.flags import UsageError, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.kubeapi.client import NotConfigured, load_config
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.settings.config import Config, OtlpConfig

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.cli.flags import UsageError, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.sinks.dcgm import FIELDS, THROTTLE_BITS, bus_id

@@ -19,7 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.cli.flags import env_name, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import env_name
 from exporter.settings.config import DEFAULTS
 from exporter.settings.table import default_of
 from monitoring.alerts import JOB

@@ -13,7 +13,6 @@ import pytest
 
 from exporter.app import Exporter, build_sources
 from exporter.cli.flags import parse_config
-from exporter.cycle.poller import Poller
 from exporter.derive.devicecodes import Severity
 from exporter.derive.events import DeviceEvent, EventDetector, EventHub
 from exporter.kubeapi.client import http_client, load_config
@@ -38,6 +37,7 @@ from tests.kubeapi_server import FakeApiServer
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node  # noqa: F401 - fixtures
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Receiver
 from tests.support import Clock, StaticSource
+from tests.support.cycle import make_poller
 
 GPU = "GPU-5e1f0a2b-7c3d-4e5f-8a9b-000000000000"
 A = Holder("ml", "trainer-a", "pytorch")
@@ -211,7 +211,7 @@ async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
     kubelet = SimulatedKubelet(node.scenario, tmp_path / "kubelet.sock", clock=lambda: node.now)
     await kubelet.start()
     client = PodResourcesClient(tmp_path / "kubelet.sock")
-    poller = Poller(node="events-node", sources={"nvml": source}, client=client, sinks=[hub])
+    poller = make_poller(node="events-node", sources={"nvml": source}, client=client, sinks=[hub])
     stop = asyncio.Event()
     posting = asyncio.create_task(poster.run(stop))
     try:
@@ -306,7 +306,7 @@ async def test_a_link_going_down_on_the_simulated_dgx_node_names_the_pod_holding
     await kubelet.start()
     client = PodResourcesClient(tmp_path / "kubelet.sock")
     hub = EventHub([found.extend])
-    poller = Poller(node=scenario.node, sources=sources, client=client, sinks=[hub])
+    poller = make_poller(node=scenario.node, sources=sources, client=client, sinks=[hub])
     try:
         for t in (18.0, 19.0, 21.0, 24.0, 27.0):
             clock.now = t

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli.flags import build_parser
+from exporter.cli.parser import build_parser
 from exporter.settings.table import default_of
 from monitoring import flagdoc
 
@@ -35,7 +35,9 @@ def test_readme_names_the_address_make_demo_serves() -> None:
     (address,) = re.findall(r"^DEMO_ADDR \?= (\S+)$", makefile, re.M)
     readme = (ROOT / "README.md").read_text()
     assert f"http://{address}/" in readme
-    assert address.endswith(f":{default_of('listen_address')[1]}")  # the product's own port, not dcgm's 9400
+    assert address.endswith(
+        f":{default_of('listen_address')[1]}"
+    )  # the product's own port, not dcgm's 9400
 
 
 def test_make_demo_installs_no_test_tools() -> None:

@@ -52,7 +52,7 @@ def test_the_real_status_parses_to_one_entry_per_container() -> None:
 
 
 def _view(*pods: dict[str, Any]) -> DraView:
-    watch = SimpleNamespace(pods={p["metadata"]["uid"]: pod_meta(p) for p in pods})
+    watch = SimpleNamespace(pods={p["metadata"]["uid"]: pod_meta(p, read_pod_status) for p in pods})
     return DraView(pods=cast(Any, watch))
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cycle.poller import Poller
 from exporter.join import merged_pods
 from exporter.model import (
     Container,
@@ -21,6 +20,7 @@ from exporter.model import (
 )
 from tests.peers import promtool_check_metrics
 from tests.support import FixedKubelet, StaticSource, metrics_text
+from tests.support.cycle import make_poller
 from tests.test_exporter import GPU, gpu_result
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -59,10 +59,10 @@ async def test_a_pod_listed_three_times_gives_each_series_once() -> None:
 
 
 async def _text_of(state: PodResourcesState) -> str:
-    poller = Poller(
+    poller = make_poller(
         node="n1",
         sources={"fake": StaticSource(gpu_result())},
-        client=FixedKubelet(state),  # type: ignore[arg-type]
+        client=FixedKubelet(state),
         clock=lambda: 0.0,
         wall_clock=lambda: 1.7e9,
     )

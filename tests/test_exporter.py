@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
 from exporter.cli.flags import parse_config
-from exporter.cycle import poller as poller_module
-from exporter.cycle.poller import Poller
+from exporter.cycle import steps as steps_module
 from exporter.join import join
 from exporter.model import (
     Container,
@@ -33,6 +32,7 @@ from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, FixedKubelet, StaticSource, metrics_text, one_cycle
+from tests.support.cycle import make_poller
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -260,12 +260,11 @@ async def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
 async def test_missing_kubelet_is_said_once_and_recovery_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from exporter.cycle.poller import Poller
     from exporter.podresources.client import PodResourcesClient
 
     sock = tmp_path / "kubelet.sock"
     client = PodResourcesClient(sock)
-    poller = Poller(node="n", sources={}, client=client)
+    poller = make_poller(node="n", sources={}, client=client)
     caplog.set_level("INFO", logger="exporter")
     for _ in range(3):
         await poller.run_once()
@@ -309,10 +308,10 @@ class SlowKubelet(FixedKubelet):
 async def test_a_hung_kubelet_does_not_hold_back_device_readings() -> None:
     pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
     kubelet = SlowKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
-    poller = Poller(
+    poller = make_poller(
         node="n1",
         sources={"fake": StaticSource(gpu_result())},
-        client=kubelet,  # type: ignore[arg-type]
+        client=kubelet,
         interval=0.2,
         source_timeout=5.0,
     )
@@ -341,11 +340,11 @@ async def test_the_join_is_redone_only_when_pods_or_devices_change(
         joined.append(state)
         return join(results, state, *args, **kw)
 
-    monkeypatch.setattr(poller_module, "join", counting_join)
+    monkeypatch.setattr(steps_module, "join", counting_join)
     pod = Pod("p", "ns", (Container("c", (ContainerDevices("nvidia.com/gpu", (GPU,)),)),))
     kubelet = FixedKubelet(PodResourcesState(pods=(pod,), api_version="v1"))
     source = StaticSource(gpu_result(0.25))
-    poller = Poller(node="n1", sources={"fake": source}, client=kubelet)  # type: ignore[arg-type]
+    poller = make_poller(node="n1", sources={"fake": source}, client=kubelet)
     try:
         first = await poller.run_once()
         source.result = gpu_result(0.75)  # new readings, same devices and pods
@@ -374,7 +373,7 @@ class Absent(StaticSource):
 async def test_a_source_without_hardware_is_asked_again_only_every_absent_recheck() -> None:
     clock = Clock()
     absent = Absent()
-    poller = Poller(node="n1", sources={"amdgpu": absent}, client=None, clock=clock)
+    poller = make_poller(node="n1", sources={"amdgpu": absent}, client=None, clock=clock)
     try:
         first = await poller.run_once()
         clock.now = 30.0

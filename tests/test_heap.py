@@ -18,7 +18,7 @@ import pytest
 
 from exporter.app import Exporter
 from exporter.cli.flags import parse_config
-from exporter.cycle.poller import Poller
+from exporter.cycle.pipeline import Stage
 from exporter.model import (
     Container,
     ContainerDevices,
@@ -33,6 +33,7 @@ from exporter.model import (
 from exporter.runtime import heap
 from exporter.runtime.heap import MIN_DROP, HeapTrimmer, malloc_trim
 from tests.support import Clock, FixedKubelet, StaticSource
+from tests.support.cycle import make_poller
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -76,11 +77,11 @@ def sized(n: int) -> Snapshot:
 async def test_a_node_that_shrinks_is_trimmed_on_the_next_cycle_and_a_minute_later() -> None:
     clock, trim, kubelet = Clock(), Counter(), Kubelet(600)
     trimmer = HeapTrimmer(trim, clock=clock)
-    poller = Poller(
+    poller = make_poller(
         node="n1",
         sources={"fake": gpu()},
-        client=kubelet,  # type: ignore[arg-type]
-        after_cycle=[trimmer],
+        client=kubelet,
+        after_cycle=[trimmer.after_cycle],
         interval=1.0,
     )
     trims = []
@@ -201,16 +202,12 @@ def test_the_exporter_trims_as_an_after_cycle_step_not_as_a_sink() -> None:
         env={}, sources={},
     )  # fmt: skip
     exporter = Exporter(config, sources={"fake": gpu()})
-    assert [step.name for step in exporter.poller.after_cycle] == ["heap-trim"]
-    assert isinstance(exporter.poller.after_cycle[0], HeapTrimmer)
-    assert not [s for s in exporter.poller.sinks if isinstance(s, HeapTrimmer)]
+    after = [s.name for s in exporter.poller.pipeline.steps if s.stage is Stage.AFTER]
+    assert after == ["heap-trim", "metrics-bodies"]
 
 
-class Broken:
-    name = "broken-step"
-
-    def after_cycle(self, snapshot: Snapshot) -> None:
-        raise RuntimeError("boom")
+def broken(snapshot: Snapshot) -> None:
+    raise RuntimeError("boom")
 
 
 async def test_a_failing_after_cycle_step_is_logged_by_name_and_the_cycle_goes_on(
@@ -219,19 +216,18 @@ async def test_a_failing_after_cycle_step_is_logged_by_name_and_the_cycle_goes_o
     clock, trim, kubelet = Clock(), Counter(), Kubelet(600)
     trimmer = HeapTrimmer(trim, clock=clock)
     built: list[int] = []
-    poller = Poller(
+    poller = make_poller(
         node="n1",
         sources={"fake": gpu()},
-        client=kubelet,  # type: ignore[arg-type]
-        after_cycle=[Broken(), trimmer],
-        after_publish=[lambda: built.append(1)],
+        client=kubelet,
+        after_cycle=[broken, trimmer.after_cycle, lambda _: built.append(1)],
         interval=1.0,
     )
     try:
         with caplog.at_level("ERROR", logger="exporter.poller"):
             snapshot = await poller.run_once()
         assert len(snapshot.allocations) == 600
-        assert "after-cycle step broken-step failed" in caplog.text
+        assert "cycle step after-0 failed" in caplog.text
         assert "RuntimeError: boom" in caplog.text
         assert built == [1]  # the /metrics body is still built
         kubelet.pods = 0

@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 
 from exporter.app import Exporter
-from exporter.derive.budget import Budgeted
 from exporter.web.server import ServerLimits
 from exporter.web.stats import ServerStats
 from tests.support import StaticSource
@@ -176,8 +175,8 @@ class _BrokenRendering:
 async def test_a_failing_handler_logs_its_traceback_once(
     exporter: Exporter, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (budgeted,) = [s for s in exporter.poller.sinks if isinstance(s, Budgeted)]
-    budgeted.sinks.remove(exporter.prometheus)  # keep the broken rendering in place
+    pipeline = exporter.poller.pipeline  # keep the broken rendering in place:
+    pipeline.steps = tuple(s for s in pipeline.steps if s.name != "prometheus")
     sink = type(exporter.prometheus)
     monkeypatch.setattr(sink, "rendered", property(lambda self: _BrokenRendering()))
     monkeypatch.setattr(sink, "cached", property(lambda self: True))

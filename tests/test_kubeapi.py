@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from exporter.cli.flags import UsageError, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cycle.poller import Poller
 from exporter.model import Device, DeviceReading, Sample, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.sinks.prometheus import render
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource
+from tests.support.cycle import make_poller
 
 SCENARIO = """
 node: node-1
@@ -94,7 +94,7 @@ class Node:
         self.client = PodResourcesClient(
             sock, clock=self.wall, allocatable_interval=1.0, restart_settle=settle
         )
-        self.poller = Poller(
+        self.poller = make_poller(
             node="node-1",
             sources={"nvml": StaticSource(readings)},
             client=self.client,

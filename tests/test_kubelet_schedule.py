@@ -26,6 +26,7 @@ from exporter.podresources.client import PodResourcesClient
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource
+from tests.support.cycle import make_poller
 
 SCENARIO = """
 node: node-1
@@ -55,7 +56,7 @@ READINGS = SourceResult(
 def _poller(
     client: PodResourcesClient, clock: Clock, every: float, source: StaticSource | None = None
 ) -> Poller:
-    return Poller(
+    return make_poller(
         node="node-1",
         sources={"nvml": source or StaticSource(READINGS)},
         client=client,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.cli.flags import env_name, parse_config
-from exporter.derive.budget import Budgeted
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import env_name
+from exporter.derive.budget import Budget
 from exporter.metrics import SPECS
 from exporter.model import Snapshot
 from exporter.settings.table import CORE, DEFAULT_GROUPS, GROUP_NAMES, GROUPS
@@ -83,8 +84,8 @@ async def test_default_series_per_whole_gpu_within_dcgm_exporters_defaults(
     attribution) come on top, a fixed few per holder, where dcgm-exporter has no per-holder
     series at all (it puts one pod's labels on the GPU's series)."""
     limit = len(dcgm_default_series())
-    default = metrics_text(Budgeted([]).apply(dense))
-    everything = metrics_text(Budgeted([], groups=frozenset(GROUP_NAMES)).apply(dense))
+    default = metrics_text(Budget().apply(dense))
+    everything = metrics_text(Budget(groups=frozenset(GROUP_NAMES)).apply(dense))
     gpus = whole_gpus(default)
     assert len(gpus) == 2  # dense: GPUs 6 and 7, each time-sliced to 3 pods
     own = {gpu: [s for s in per_gpu(default, gpu) if "k8s_pod_name=" not in s] for gpu in gpus}
@@ -121,7 +122,7 @@ async def test_default_series_per_whole_gpu_within_dcgm_exporters_defaults(
 async def test_a_group_flag_brings_its_series_back(dense: Snapshot) -> None:
     config = parse_config(["--metrics.group.clocks", "--metrics.group.interconnect"], env={})
     assert config.metric_groups == {CORE, "clocks", "interconnect"}
-    text = metrics_text(Budgeted([], groups=config.metric_groups).apply(dense))
+    text = metrics_text(Budget(groups=config.metric_groups).apply(dense))
     assert "hw_gpu_clock_hertz{" in text
     assert 'hw_gpu_clock_throttled{hw_gpu_clock_throttle_reason="gpu_idle"' in text
     assert 'error_type="nvlink_crc"' in text and "hw_gpu_nvlink_io_bytes_total{" in text

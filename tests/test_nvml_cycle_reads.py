@@ -64,7 +64,9 @@ def _cycle(
 
 
 def test_an_mps_client_is_read_every_cycle_while_listed(lists: _Lists) -> None:
-    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    reader = Reader(
+        Calls(logging.getLogger("test")), clock=lambda: 0.0, slow_interval=10.0, gpm_interval=10.0
+    )
     lists.procs["mps"] = [_Proc(7, 2**30)]
     # The first read of a device reads every list.
     assert _cycle(reader, lists, slow=False) == ({7: GIB}, {"compute", "graphics", "mps"})
@@ -79,7 +81,9 @@ def test_an_mps_client_is_read_every_cycle_while_listed(lists: _Lists) -> None:
 
 
 def test_a_new_graphics_or_mps_process_shows_on_the_slow_interval(lists: _Lists) -> None:
-    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    reader = Reader(
+        Calls(logging.getLogger("test")), clock=lambda: 0.0, slow_interval=10.0, gpm_interval=10.0
+    )
     lists.procs["compute"] = [_Proc(5, 2**30)]
     assert _cycle(reader, lists, slow=True)[1] == {"compute", "graphics", "mps"}
     lists.procs["graphics"] = [_Proc(9, 2**28)]
@@ -94,7 +98,9 @@ def test_a_new_graphics_or_mps_process_shows_on_the_slow_interval(lists: _Lists)
 
 
 def test_a_process_in_two_lists_counts_its_memory_once(lists: _Lists) -> None:
-    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: 0.0)
+    reader = Reader(
+        Calls(logging.getLogger("test")), clock=lambda: 0.0, slow_interval=10.0, gpm_interval=10.0
+    )
     lists.procs["compute"] = [_Proc(7, 2**30)]
     lists.procs["mps"] = [_Proc(7, 2**30)]
     assert _cycle(reader, lists, slow=True)[0] == {7: GIB}
@@ -108,7 +114,12 @@ def test_a_gpm_that_gives_no_rate_is_retried_a_few_cycles_then_left_to_the_gpm_i
     from exporter.sources.nvml.gpm import Gpm
 
     now = [0.0]
-    reader = Reader(Calls(logging.getLogger("test")), clock=lambda: now[0], gpm_interval=10.0)
+    reader = Reader(
+        Calls(logging.getLogger("test")),
+        clock=lambda: now[0],
+        slow_interval=10.0,
+        gpm_interval=10.0,
+    )
     asked: list[int] = []
 
     def failing_sample(buffer: object) -> None:

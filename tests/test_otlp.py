@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from exporter.cli.flags import UsageError, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.metrics import SPECS, Kind, prometheus_label, prometheus_name
 from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.otlp_transport import export_timeout, http_url

@@ -23,6 +23,7 @@ from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource
+from tests.support.cycle import make_poller
 
 SCENARIO = """
 node: node-1
@@ -63,7 +64,9 @@ class Node:
         """A freshly started exporter (no memory of earlier answers)."""
         client = PodResourcesClient(self.sock, clock=self.clock)
         source = StaticSource(SourceResult("nvml", READINGS))
-        poller = Poller(node="node-1", sources={"nvml": source}, client=client, clock=self.clock)
+        poller = make_poller(
+            node="node-1", sources={"nvml": source}, client=client, clock=self.clock
+        )
         self.pollers.append((poller, client))
         return poller
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from exporter.cycle.poller import Poller
 from exporter.model import SourceResult
+from tests.support.cycle import make_poller
 
 _thread_time = threading.local()
 
@@ -33,7 +33,7 @@ class Takes:
 
 
 async def test_each_source_is_timed_in_its_own_thread() -> None:
-    poller = Poller(
+    poller = make_poller(
         node="n",
         sources={"slow": Takes(3.0), "fast": Takes(0.0), "broken": Takes(1.5, fail=True)},
         client=None,

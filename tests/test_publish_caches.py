@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
 from exporter.cycle.poller import Poller
-from exporter.derive.budget import Budgeted
+from exporter.derive.budget import Budget
 from exporter.derive.energy import EnergyLedger
 from exporter.derive.placement import PlacementReader
 from exporter.model import (
@@ -37,6 +37,7 @@ from exporter.model import (
 from exporter.sinks.prometheus import PrometheusSink
 from simulator.procfs import container_id
 from tests.support import Clock, FixedKubelet, StaticSource, metrics_text
+from tests.support.cycle import make_poller
 from tests.test_placement import _dgx_sysfs
 
 UID_A = "8c1e2f3a-4b5c-4d6e-8f70-00000000000a"
@@ -103,15 +104,16 @@ class Twin:
     poller: Poller
     kubelet: FixedKubelet
     source: StaticSource
-    budget: Budgeted
+    budget: Budget
     ledger: EnergyLedger
     placement: PlacementReader
 
     def forget(self) -> None:
         """Empty everything the publish step keeps between cycles (the resolver's cache by
         PID start time is its own, tested in test_attribution)."""
-        self.poller._join_cache = None
-        self.poller._held._last = None
+        steps = {step.name: step.run for step in self.poller.pipeline.steps}
+        getattr(steps["join"], "__self__")._cache = None  # noqa: B009 - a bound method's owner
+        getattr(steps["attribution"], "__self__")._held._last = None  # noqa: B009
         self.budget._masks.clear()
         self.ledger._families = None
         self.ledger._by_size.clear()
@@ -120,7 +122,7 @@ class Twin:
 
 def _twin(node: Node, sysfs: Path, proc: Path, logs: Path) -> Twin:
     kubelet, source = FixedKubelet(node.state()), StaticSource(node.result())
-    budget = Budgeted([PrometheusSink()], groups=frozenset({"energy"}))
+    budget = Budget(groups=frozenset({"energy"}))
     ledger, placement = EnergyLedger(), PlacementReader(sysfs)
     now = [1.7e9]
 
@@ -128,15 +130,16 @@ def _twin(node: Node, sysfs: Path, proc: Path, logs: Path) -> Twin:
         now[0] += 10.0
         return now[0]
 
-    poller = Poller(
+    poller = make_poller(
         node="n1",
         sources={"fake": source},
-        client=kubelet,  # type: ignore[arg-type]
-        sinks=[budget],
+        client=kubelet,
+        budget=budget,
+        sinks=[PrometheusSink()],
         clock=lambda: 0.0,
         wall_clock=wall_clock,
         resolver=ProcessResolver(proc, logs),
-        steps=[placement.step, ledger.step],
+        parts=[placement.step, ledger.step],
     )
     return Twin(poller, kubelet, source, budget, ledger, placement)
 

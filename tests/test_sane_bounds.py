@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli.flags import MIN_COLLECT_INTERVAL, UsageError, parse_config
-from exporter.cycle.poller import Poller
+from exporter.cli.flags import MIN_COLLECT_INTERVAL, parse_config
+from exporter.cli.parser import UsageError
 from exporter.ids import normalize_device_id, pci_address
 from exporter.model import Device, DeviceReading, Holder, JoinedDevice, Sample, Snapshot
 from exporter.podresources.client import PodResourcesClient, device_id_problem
@@ -27,6 +27,7 @@ from exporter.sinks.prometheus import render
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import StaticSource
+from tests.support.cycle import make_poller
 from tests.test_exporter import gpu_result
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
@@ -84,7 +85,7 @@ async def test_empty_and_malformed_device_ids_are_counted_skipped_and_logged_onc
     kubelet = SimulatedKubelet(parse_scenario(HOSTILE_IDS), socket, clock=lambda: 0.0)
     await kubelet.start()
     client = PodResourcesClient(socket)
-    poller = Poller(node="n1", sources={"fake": StaticSource(gpu_result())}, client=client)
+    poller = make_poller(node="n1", sources={"fake": StaticSource(gpu_result())}, client=client)
     try:
         snapshots = [await poller.run_once() for _ in range(3)]
     finally:

@@ -17,11 +17,11 @@ import yaml
 
 from bench.bignode import big_pods, run
 from exporter.cli.flags import parse_config
-from exporter.cycle.poller import Poller
-from exporter.derive.budget import Budgeted
+from exporter.derive.budget import Budget
 from exporter.model import Container, ContainerDevices, Pod, PodResourcesState, Snapshot
 from exporter.sinks.prometheus import PrometheusSink
 from tests.support import FixedKubelet, StaticSource, metrics_text
+from tests.support.cycle import make_poller
 from tests.test_exporter import GPU, gpu_result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,16 +38,16 @@ def _value(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no {name} {labels}")
 
 
-async def _cycle(pods: PodResourcesState, budget: int) -> tuple[str, Budgeted, Snapshot]:
+async def _cycle(pods: PodResourcesState, budget: int) -> tuple[str, Budget, Snapshot]:
     """One poller cycle over a GPU a source sees and `pods`, through the budget: the
     text, the budget, and the snapshot before it."""
-    sink = PrometheusSink()
-    budgeted = Budgeted([sink], max_series=budget)
-    poller = Poller(
+    budgeted = Budget(max_series=budget)
+    poller = make_poller(
         node="n1",
         sources={"fake": StaticSource(gpu_result())},
-        client=FixedKubelet(pods),  # type: ignore[arg-type]
-        sinks=[budgeted],
+        client=FixedKubelet(pods),
+        budget=budgeted,
+        sinks=[PrometheusSink()],
         clock=lambda: 0.0,
         wall_clock=lambda: 1.7e9,
     )

@@ -10,7 +10,8 @@ import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from exporter.cli.flags import UsageError, parse_config
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import UsageError
 from exporter.sources.netdev import NetdevSource, NetlinkVfStats, NetStats, parse_vf_stats
 from simulator.netlink import RecordedVfStats, record_vf_stats
 from simulator.node import SimulatedNode

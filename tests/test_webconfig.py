@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.app import Exporter
-from exporter.cli.flags import UsageError
+from exporter.cli.parser import UsageError
 from exporter.web.config import WebConfigError, parse_web_config
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result

@@ -30,6 +30,7 @@ from exporter.attribution.containerlogs import ContainerLogDirectory
 from exporter.model import Owner
 from exporter.runtime import hostfiles
 from exporter.runtime.threads import BoundedWorker, Stuck
+from exporter.settings.config import DEFAULTS
 
 PID_NS_INIT_INO = 0xEFFFFFFC
 """The initial PID namespace's inode (`PROC_PID_INIT_INO`, include/linux/proc_ns.h)."""
@@ -81,7 +82,9 @@ def own_pid_namespace(procfs: Path) -> str:
 
 
 class ProcessResolver:
-    def __init__(self, procfs: Path, container_logs: Path, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, procfs: Path, container_logs: Path, *, timeout: float = DEFAULTS.collect_timeout
+    ) -> None:
         self.procfs = procfs
         self._pid_dirs = os.path.join(procfs, "")
         """`procfs` and a slash, as a string: a PID's files are joined to it every cycle

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 
-from exporter.app import build_sources, exit_now_if_stuck, host_path_problems
+from exporter.app import build_sources
 from exporter.checks import (
     PROBLEM,
     Finding,
@@ -25,14 +26,17 @@ from exporter.checks import (
     check_unattributed,
     check_unseen,
     failed,
+    host_path_problems,
     render,
     source_findings,
 )
-from exporter.cycle.poller import Poller
+from exporter.cycle.collect import Collect
+from exporter.cycle.pipeline import Cycle
 from exporter.ids import ResourceMatcher
 from exporter.model import DeviceReading, PodResourcesState, SourceHealth
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.runtime import log as logsetup
+from exporter.runtime.process import exit_now_if_stuck
 from exporter.settings.config import Config
 
 # --- the command ------------------------------------------------------------------------------
@@ -93,23 +97,19 @@ async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodRes
 
 
 async def _collect_once(config: Config) -> tuple[list[SourceHealth], list[DeviceReading]]:
-    """One cycle of the exporter's own poller over every enabled source (in daemon threads,
+    """The exporter's own collect step over every enabled source (in daemon threads,
     `--collect-timeout` each, all at once), then each source closed; a source that fails
     to close is failed."""
-    poller = Poller(
-        node=config.node_name,
-        sources=build_sources(config),
-        client=None,
-        source_timeout=config.collect_timeout,
-    )
+    collect = Collect(build_sources(config), None, source_timeout=config.collect_timeout)
+    cycle = Cycle(number=1, started=time.monotonic())
     try:
-        snapshot = await poller.run_once()
+        await collect.run(cycle)
     finally:
-        unclosed = await poller.close(config.collect_timeout)
+        unclosed = await collect.close(config.collect_timeout)
     healths = [
         replace(h, success=False, error=h.error or f"close: {unclosed[h.name]}")
         if h.name in unclosed
         else h
-        for h in snapshot.sources
+        for h in cycle.healths
     ]
-    return healths, [d.reading for d in snapshot.devices]
+    return healths, [reading for result in cycle.collected for reading in result.readings]

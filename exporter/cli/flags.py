@@ -1,197 +1,41 @@
-"""Flags and variables -> frozen Config: the parser every command shares.
+"""Flags and variables -> frozen Config: what every command shares.
 
-Each flag is also `KDE_<NAME>` in the environment (a flag wins); a bad value raises
+Each flag is also `KDE_<NAME>` in the environment (a flag wins), and a bad value raises
 UsageError with one line naming the flag or variable, which the commands turn into exit 2.
-The flags themselves are a table (`exporter/settings/table.py`, each row with its typed
-default), from which `monitoring/flagdoc.py` writes the README's table; `main.py` dispatches
-the commands.
+The flags themselves are the settings table (`exporter/settings/table.py`, each row with
+its typed default), from which `parser.py` builds the parser and `monitoring/flagdoc.py` the
+README's table; `main.py` dispatches the commands.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import socket
-import sys
-import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from exporter import __version__
 from exporter.cli.envnames import unknown_variables
+from exporter.cli.parser import (
+    ENV_PREFIX,
+    PROG,
+    UsageError,
+    build_parser,
+    env_name,
+    parse_args,
+    validated,
+)
 from exporter.settings.config import Config, OtlpConfig
 from exporter.settings.otelenv import otel_problem
-from exporter.settings.table import BY_DEST, CORE, FLAGS, GROUP_TITLES, GROUPS, OTLP_PROTOCOLS
-from exporter.settings.values import METAVARS, boolean, choice, regex
+from exporter.settings.table import BY_DEST, CORE, FLAGS, GROUPS, OTLP_PROTOCOLS
+from exporter.settings.values import boolean, choice, regex
 from exporter.sources import SourceInfo, registry
-
-PROG = "kube-device-exporter"
-ENV_PREFIX = "KDE_"
-
-COMMANDS = (
-    (
-        "podresources [--pod NS/NAME] [-o table|json] [--devices-only] [--resource GLOB] [-n NS]",
-        "print what the kubelet reports: device IDs, resources",
-    ),
-    ("doctor [FLAGS]", "why are my metrics missing? checks the kubelet, each source, /proc"),
-    ("help [COMMAND]", "this help, or a command's (as --help)"),
-)
-"""The other commands, as the exporter's --help lists them."""
-
-DOCTOR = (
-    "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
-    "at the host /sys and /proc, and compares what the node advertises with what the sources "
-    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
-    "there is one. Run it in the exporter's pod with the exporter's flags."
-)
 
 MIN_COLLECT_INTERVAL = 1.0
 """Each cycle makes one PodResources List; the kubelet allows 100 calls/s (burst 10) for all
 its clients together, so one exporter keeps to 1% of that (the simulator, whose kubelet is ours,
 goes lower)."""
-
-
-class UsageError(Exception):
-    """Raised by parsers instead of printing; main() turns it into one line and exit 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """Wrap a parser so argparse reports our ValueError text."""
-
-    def wrapped(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    wrapped.__name__ = parse.__name__
-    return wrapped
-
-
-def env_name(flag: str) -> str:
-    """`--web.listen-address` -> `KDE_WEB_LISTEN_ADDRESS`."""
-    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", flag.lstrip("-")).upper()
-
-
-def _metavar(metavar: str, parse: Callable[[str], Any]) -> str:
-    return metavar or METAVARS.get(getattr(parse, "__name__", ""), "VALUE")
-
-
-def _default_note(default: str, flag: str) -> str:
-    return f"(default {default}; env {env_name(flag)})" if default else f"(env {env_name(flag)})"
-
-
-def build_parser(
-    sources: dict[str, SourceInfo] | None = None, prog: str = PROG, description: str = ""
-) -> Parser:
-    sources = registry() if sources is None else sources
-    commands = "\n".join(f"  {PROG} {usage}\n      {what}" for usage, what in COMMANDS)
-    parser = Parser(
-        prog=prog,
-        description=textwrap.fill(
-            (description or "Which pod uses which GPU, accelerator or NIC, and how hard.")
-            + " Every flag can also be set as KDE_<FLAG> in the environment"
-            " (--web.listen-address -> KDE_WEB_LISTEN_ADDRESS); flags win. A bad value exits 2"
-            " naming the flag.",
-            width=79,
-        ),
-        epilog=f"other commands:\n{commands}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    groups = {k: parser.add_argument_group(v) for k, v in GROUP_TITLES.items()}
-    for row in FLAGS:
-        kwargs: dict[str, Any] = {
-            "dest": row.dest,
-            "type": _typed(row.parse),
-            "metavar": _metavar(row.metavar, row.parse),
-        }
-        # Absent unless given: a flag whose value parses to None (`--web.listen-address none`)
-        # must still win over the environment and the default.
-        kwargs["default"] = argparse.SUPPRESS
-        if row.repeatable:
-            kwargs["action"] = "append"
-        if row.parse is boolean:  # `--kubernetes.api` alone means on
-            kwargs["nargs"] = "?"
-            kwargs["const"] = True
-        help_ = f"{row.help} {_default_note(row.default, row.flag)}"
-        groups[row.group].add_argument(row.flag, help=help_, **kwargs)
-    for group in GROUPS:
-        if group.name == CORE:
-            continue  # always on
-        flag = f"--metrics.group.{group.name}"
-        groups["metrics"].add_argument(
-            flag,
-            dest=f"metrics_group_{group.name}",
-            action=argparse.BooleanOptionalAction,
-            help=f"{group.help} (default {'on' if group.default else 'off'}; env {env_name(flag)})",
-        )
-    for info in sources.values():
-        flag = f"--collector.{info.name}"
-        groups["collectors"].add_argument(
-            flag,
-            dest=f"collector_{info.name}",
-            action=argparse.BooleanOptionalAction,
-            help=f"{info.help} (default {'on' if info.default_enabled else 'off'}; "
-            f"env {env_name(flag)})",
-        )
-        # BooleanOptionalAction spells the negative --no-collector.X: what node_exporter users type.
-        for option in info.options:
-            oflag = f"--collector.{info.name}.{option.name}"
-            groups["collectors"].add_argument(
-                oflag,
-                dest=f"option_{info.name}_{option.name}",
-                type=_typed(_validated(option.parse)),
-                metavar=_metavar("", option.parse),
-                help=f"{option.help} {_default_note(option.default, oflag)}",
-            )
-    return parser
-
-
-def _validated(parse: Callable[[str], object]) -> Callable[[str], str]:
-    """A source option's check: the source gets the text, but only text its type accepts."""
-
-    def check(text: str) -> str:
-        parse(text)
-        return text
-
-    check.__name__ = getattr(parse, "__name__", "check")
-    return check
-
-
-def attach_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
-    """`--collect-interval -5s` -> `--collect-interval=-5s`: argparse takes a value that
-    starts with `-` for a flag and answers "expected one argument"; joined, the value reaches
-    its type, whose error names what is wrong with it."""
-    out: list[str] = []
-    takes_value = {
-        name
-        for action in parser._actions
-        if action.nargs is None and action.option_strings
-        for name in action.option_strings
-    }
-    for token in argv:
-        prev = out[-1] if out else ""
-        if (
-            prev in takes_value
-            and token.startswith("-")
-            and token not in parser._option_string_actions
-        ):
-            out[-1] = f"{prev}={token}"
-        else:
-            out.append(token)
-    return out
-
-
-def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    return parser.parse_args(attach_dash_values(parser, argv))
 
 
 def _check_otel(env: dict[str, str], protocol: str, *, push: bool) -> None:
@@ -223,7 +67,7 @@ def parse_config(
     env = dict(os.environ) if env is None else env
     sources = registry() if sources is None else sources
 
-    given = vars(_parse_args(build_parser(sources, prog, description), argv))
+    given = vars(parse_args(build_parser(sources, prog, description), argv))
     flag_dests = {row.dest for row in FLAGS}
 
     def pick(flag: str, dest: str, parse: Callable[[str], Any], default: Any) -> Any:
@@ -258,7 +102,7 @@ def parse_config(
             collectors.add(info.name)
         options[info.name] = {
             o.name: pick(
-                f"{flag}.{o.name}", f"option_{info.name}_{o.name}", _validated(o.parse), o.default
+                f"{flag}.{o.name}", f"option_{info.name}_{o.name}", validated(o.parse), o.default
             )
             for o in info.options
         }
@@ -382,14 +226,14 @@ def _otel_protocol(env: dict[str, str], *, push: bool) -> str:
     if name not in env:
         name = "OTEL_EXPORTER_OTLP_PROTOCOL"
     try:
-        return choice(*OTLP_PROTOCOLS)(env.get(name, "grpc"))
+        return choice(*OTLP_PROTOCOLS)(env.get(name, BY_DEST["otlp_protocol"].value))
     except ValueError as exc:
         if push:
             raise UsageError(
                 f"environment variable {name}: {exc} (OTLP push speaks grpc and "
                 "http/protobuf; set --otlp.protocol)"
             ) from exc
-        return "grpc"
+        return str(BY_DEST["otlp_protocol"].value)
 
 
 def _web_config(path: Path | None) -> Path | None:
@@ -416,8 +260,3 @@ def _kubeconfig(path: Path | None, used: bool) -> Path | None:
         except NotConfigured as exc:
             raise UsageError(f"--kubernetes.kubeconfig: {exc}") from exc
     return path
-
-
-def usage_error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2

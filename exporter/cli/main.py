@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from exporter.cli.flags import DOCTOR, PROG, UsageError, parse_config, usage_error
+from exporter.cli.flags import parse_config
+from exporter.cli.parser import DOCTOR, PROG, UsageError, usage_error
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from exporter.settings.config import DEFAULTS
 
 
 def run_inspect(argv: Sequence[str]) -> int:
-    from exporter.cli.flags import Parser, UsageError, env_name
+    from exporter.cli.parser import Parser, UsageError, env_name
 
     # The same socket the exporter uses: its flag, then its variable, then the default.
     variable = env_name("--kubelet-socket")

@@ -1,37 +1,232 @@
-"""Snapshot steps: parts of a snapshot derived from the whole of it (GPU-NIC placement,
-energy per container), added in the publish worker after the join.
+"""The steps of a cycle after collect: what each reads from the cycle and adds to it.
 
-A step that raises costs only its own part: the snapshot goes on without it, and the
-failure is logged once per state change, not once per cycle (a bug in a derived series
-must not take the device readings with it).
+The features themselves know nothing of the cycle (a derived part is a function of a
+snapshot, a sink takes a snapshot); these adapters put them in order. The composition root
+(exporter/app.py) lists them in order.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Protocol
 
-from exporter.model import Snapshot
+from exporter.attribution.resolver import ProcessResolver
+from exporter.attribution.usage import HeldIndex, container_usage
+from exporter.checks import warn_unseen
+from exporter.cycle.pipeline import Cycle, Stage, Step
+from exporter.derive.budget import Budget
+from exporter.dra.view import DraView
+from exporter.ids import ResourceMatcher
+from exporter.join import JoinResult, join
+from exporter.model import JoinedDevice, KubeApiHealth, PodInfo, PodResourcesHealth, Snapshot
 from exporter.runtime.log import StateLog
+from exporter.sinks import SelfMetrics, SnapshotSink
 
-log = logging.getLogger("exporter.steps")
+log = logging.getLogger("exporter.poller")
 
-SnapshotStep = Callable[[Snapshot, Mapping[int, int]], Snapshot]
-"""(snapshot, CPU -> NUMA map) -> the snapshot with the step's part added."""
+SnapshotPart = Callable[[Snapshot, Mapping[int, int]], Snapshot]
+"""(snapshot, CPU -> NUMA map) -> the snapshot with a derived part added."""
 
 
-class Steps:
-    def __init__(self, steps: Sequence[SnapshotStep] = ()) -> None:
-        self.steps = list(steps)
-        self._states = StateLog(log)
+class PodsView(Protocol):
+    """The Kubernetes API's view of this node's pods, kept current elsewhere (no I/O here)."""
 
-    def __call__(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
-        for step in self.steps:
-            name = getattr(step, "__qualname__", repr(step))
-            try:
-                snapshot = step(snapshot, cpu_nodes)
-            except Exception as exc:  # noqa: BLE001 - one derived part, not the cycle
-                self._states.failed(name, f"{name} failed, its series are left out: {exc!r}")
-                continue
-            self._states.ok(name, f"{name} works again")
-        return snapshot
+    def pod_infos(self, holders: Iterable[tuple[str, str]]) -> tuple[PodInfo, ...]: ...
+
+    def health(self) -> KubeApiHealth: ...
+
+
+class Joiner:
+    """The join step: redone only when the pods, the set of devices, the CPU map or the DRA
+    identities changed; otherwise last cycle's assignment takes the new readings."""
+
+    def __init__(self, matcher: ResourceMatcher, dra: DraView | None = None) -> None:
+        self.matcher = matcher
+        self.dra = dra
+        self._resources: dict[str, str] = {}
+        """hw.id -> the resource it was listed under: kept when it leaves the list (unhealthy)."""
+        self._cache: tuple[object, JoinResult] | None = None
+
+    def run(self, cycle: Cycle) -> None:
+        cycle.joined = self._join(cycle)
+        self._resources.update(
+            (d.reading.device.id, d.resource) for d in cycle.joined.devices if d.resource
+        )
+
+    def _join(self, cycle: Cycle) -> JoinResult:
+        results = cycle.collected
+        readings = [r for result in results for r in result.readings]
+        devices = tuple(r.device for r in readings)
+        dra = self.dra.identity(devices) if self.dra is not None else None
+        dra_numa = self.dra.numa() if self.dra is not None else None
+        key = (cycle.kubelet, devices, tuple(sorted(cycle.cpu_nodes.items())), dra, dra_numa)
+        if self._cache is not None and self._cache[0] == key:
+            last = self._cache[1]
+            joined_devices = tuple(
+                JoinedDevice(r, j.holder, j.holders, j.allocatable, j.resource)
+                for r, j in zip(readings, last.devices, strict=True)
+            )
+            return replace(last, devices=joined_devices)
+        joined = join(
+            results,
+            cycle.kubelet,
+            self.matcher,
+            cpu_nodes=cycle.cpu_nodes,
+            known_resources=self._resources,
+            dra=dra,
+            dra_numa=dra_numa,
+        )
+        self._cache = (key, joined)
+        return joined
+
+
+def dra_allocations(dra: DraView) -> Step:
+    """DRA allocations named by the extended resource a claim serves (KEP-5004); the view
+    told what containers hold (for its series and its log)."""
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.joined is not None
+        allocations = tuple(dra.extended(cycle.joined.allocations))
+        cycle.joined = replace(cycle.joined, allocations=allocations)
+        dra.observe(allocations)
+
+    return Step("dra", Stage.BUILD, run)
+
+
+class SnapshotBuilder:
+    """The snapshot step: the joined devices and allocations, the sources' and the
+    kubelet's health, and the pods the Kubernetes API knows."""
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        health: Callable[[], PodResourcesHealth] = PodResourcesHealth,
+        pods: PodsView | None = None,
+        process_series: bool = False,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.node = node
+        self.health = health
+        self.pods = pods
+        self.process_series = process_series
+        """Keep per-process series (bare PIDs: one series per process, opt-in)."""
+        self._wall_clock = wall_clock
+
+    def run(self, cycle: Cycle) -> None:
+        joined = cycle.joined
+        assert joined is not None
+        now = self._wall_clock()
+        health = self.health()
+        if not cycle.answered:
+            health = replace(health, connected=False)
+        processes = tuple(p for r in cycle.collected for p in r.processes)
+        assert cycle.previous_duration is not None  # the pipeline's
+        holders = [(a.holder.namespace, a.holder.pod) for a in joined.allocations]
+        cycle.snapshot = Snapshot(
+            timestamp=now,
+            node=self.node,
+            devices=joined.devices,
+            allocations=joined.allocations,
+            allocatable=joined.allocatable,
+            processes=processes if self.process_series else (),
+            sources=tuple(cycle.healths),
+            podresources=health,
+            cycle_duration_seconds=cycle.previous_duration,
+            cycles_total=cycle.number,
+            last_success_timestamp=now,
+            unseen=joined.unseen,
+            registered=joined.registered,
+            containers=joined.containers,
+            pods=self.pods.pod_infos(holders) if self.pods else (),
+            kubeapi=self.pods.health() if self.pods else None,
+        )
+
+
+class Attribution:
+    """Process attribution: each process the sources saw to its container, and what each
+    container uses of each device. Off for a cycle (the snapshot says so) when the host's
+    /proc or the container logs cannot be read in time."""
+
+    def __init__(self, resolver: ProcessResolver) -> None:
+        self.resolver = resolver
+        self._held = HeldIndex()
+
+    def run(self, cycle: Cycle) -> None:
+        snapshot = cycle.snapshot
+        assert snapshot is not None
+        processes = [p for r in cycle.collected for p in r.processes]
+        owners = self.resolver.resolve([p.pid for p in processes])
+        if owners is None:
+            return
+        devices = [d.reading.device for d in snapshot.devices]
+        held = partial(self._held.held, snapshot.allocations, devices)
+        usage = container_usage(processes, owners, snapshot.allocations, devices, held=held)
+        cycle.snapshot = replace(snapshot, owners=owners, container_usage=usage, attribution=True)
+
+
+def derive(name: str, part: SnapshotPart) -> Step:
+    """A part derived from the whole snapshot (GPU-NIC placement, energy per container)."""
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.snapshot is not None
+        cycle.snapshot = part(cycle.snapshot, cycle.cpu_nodes)
+
+    return Step(name, Stage.DERIVE, run)
+
+
+def unseen_warnings(matcher: ResourceMatcher) -> Step:
+    """One warning per resource the kubelet can allocate and no source sees (as `doctor`
+    says it), one line when they are seen again."""
+    states = StateLog(log)
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.joined is not None
+        warn_unseen(states, cycle.joined, cycle.healths, matcher)
+
+    return Step("unseen-warnings", Stage.DERIVE, run)
+
+
+def exporter_series(providers: Sequence[SelfMetrics]) -> Step:
+    """The exporter's own series from the parts that count things (the web server, OTLP,
+    DRA, device events): fresh every cycle, also on the last good snapshot when this cycle
+    built none. (The step failures are the pipeline's to add, `Cycle.to_publish`.)"""
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.snapshot is not None
+        own = tuple(s for provider in providers for s in provider.self_samples())
+        cycle.snapshot = replace(cycle.snapshot, self_samples=own)
+
+    return Step("exporter-series", Stage.PUBLISH, run)
+
+
+def budget(applied: Budget) -> Step:
+    """The metric groups that are on and the series budget: what every sink publishes."""
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.snapshot is not None
+        cycle.published = applied.apply(cycle.snapshot)
+
+    return Step("series-budget", Stage.PUBLISH, run)
+
+
+def publish(name: str, sink: SnapshotSink) -> Step:
+    """Hand the published snapshot to one sink (a sink that raises costs only itself)."""
+
+    def run(cycle: Cycle) -> None:
+        sink.update(cycle.to_publish())
+
+    return Step(name, Stage.PUBLISH, run)
+
+
+def after(name: str, work: Callable[[Snapshot], None]) -> Step:
+    """Work after the cycle's duration is taken (the heap trim, bodies ahead of scrapes)."""
+
+    def run(cycle: Cycle) -> None:
+        assert cycle.snapshot is not None
+        work(cycle.snapshot)
+
+    return Step(name, Stage.AFTER, run)

@@ -1,9 +1,9 @@
 """What a snapshot may carry: the metric groups that are on, and the series budget.
 
-Sits between the poller and the sinks (`Budgeted` is the one sink the poller feeds), so
-/metrics in every schema, OTLP and the landing page see the same series.
+Applied by the cycle's `series-budget` step before every sink, so /metrics in every schema,
+OTLP and the landing page see the same series.
 
-- **Groups** (`--metrics.group.NAME`, `exporter.metrics.GROUPS`): a sample of a group that
+- **Groups** (`--metrics.group.NAME`, `exporter.settings.table.GROUPS`): a sample of a group that
   is off is left out of its device's reading.
 - **The series budget** (`--metrics.max-series`): memory and Prometheus's load are bounded
   by configuration, not by what the kubelet lists. Never left out: every device a source
@@ -44,7 +44,6 @@ from exporter.points import points
 from exporter.runtime.log import StateLog
 from exporter.settings.config import DEFAULTS
 from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
-from exporter.sinks import SnapshotSink
 
 log = logging.getLogger("exporter.budget")
 
@@ -59,18 +58,15 @@ _MAX_SHAPES = 1024
 the memo starts over past this many, so it never grows with the node's history)."""
 
 
-class Budgeted:
-    """The sink the poller feeds: applies groups and the budget once, then hands the
-    result to every real sink."""
+class Budget:
+    """Applied once per cycle, before every sink (the cycle's `series-budget` step)."""
 
     def __init__(
         self,
-        sinks: Sequence[SnapshotSink],
         *,
         groups: frozenset[str] = DEFAULT_GROUPS,
         max_series: int = DEFAULTS.metrics_max_series,
     ) -> None:
-        self.sinks = list(sinks)
         self.groups = groups | DEFAULT_GROUPS
         self.max_series = max_series
         self._whole: dict[str, bool | None] = {
@@ -79,16 +75,11 @@ class Budgeted:
         """metric -> every series kept (True), none (False), or decided by a label (None)."""
         self._states = StateLog(log)
         self.last: Snapshot | None = None
+        """What the last `apply` returned."""
         self._masks: dict[_Shape, tuple[bool, ...] | None] = {}
         """Sample layout (each sample's metric and attributes) -> which samples the groups
         keep, None for all: the decision reads nothing else, and a device's layout is the
         same cycle after cycle, only the values change."""
-
-    def update(self, snapshot: Snapshot) -> None:
-        out = self.apply(snapshot)
-        self.last = out
-        for sink in self.sinks:
-            sink.update(out)
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the groups that are off left out, trimmed to the budget, and the
@@ -110,7 +101,8 @@ class Budgeted:
             )
         else:
             self._states.ok("series", "series budget: the node fits again")
-        return replace(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
+        self.last = replace(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
+        return self.last
 
     def _own(self, dropped: int) -> tuple[Sample, ...]:
         enabled = "kube_device_exporter.metric_group.enabled"

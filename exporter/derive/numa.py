@@ -22,6 +22,7 @@ from pathlib import Path
 
 from exporter.runtime import hostfiles
 from exporter.runtime.threads import BoundedWorker
+from exporter.settings.config import DEFAULTS
 
 log = logging.getLogger("exporter.numa")
 
@@ -77,7 +78,7 @@ class CpuNodeMap:
         *,
         refresh: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
-        timeout: float = 5.0,
+        timeout: float = DEFAULTS.collect_timeout,
     ) -> None:
         self.sysfs = sysfs
         self.refresh = refresh

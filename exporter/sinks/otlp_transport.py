@@ -38,10 +38,10 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 
 from exporter.runtime.log import StateLog
 from exporter.settings.config import OtlpConfig
+from exporter.settings.table import OTLP_PROTOCOLS
 
 log = logging.getLogger("exporter.otlp")
 
-PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_TIMEOUT_SECONDS = 10.0
 METRICS_PATH = "v1/metrics"
 
@@ -287,6 +287,6 @@ def build_exporter(
         )
     else:
         raise ValueError(
-            f"OTLP protocol must be one of {', '.join(PROTOCOLS)}, not {otlp.protocol!r}"
+            f"OTLP protocol must be one of {', '.join(OTLP_PROTOCOLS)}, not {otlp.protocol!r}"
         )
     return CountingExporter(inner, stats, quiet, target)

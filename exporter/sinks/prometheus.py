@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from exporter.metrics import MetricSpec, Scope, prometheus_label
 from exporter.model import Attributes, Snapshot
 from exporter.points import Point, points
+from exporter.settings.config import DEFAULTS
 from exporter.settings.table import SCHEMAS
 from exporter.sinks.cadence import Format, ScrapeCadence
 from exporter.sinks.dcgm import dcgm_points
@@ -214,7 +215,9 @@ def new_process_collector() -> Collector:
     return ProcessCollector(registry=None)
 
 
-def schema_points(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> list[Point]:
+def schema_points(
+    snapshot: Snapshot, schema: Sequence[str] = DEFAULTS.metrics_schema
+) -> list[Point]:
     """The points of the schemas asked for (`--metrics.schema`). `dcgm` alone keeps the
     exporter's own health series (alerts on the exporter need them in every schema)."""
     native = list(points(snapshot))
@@ -233,7 +236,7 @@ class Renderer:
     """Keeps the last layout; `render` is called once per cycle from one thread."""
 
     def __init__(
-        self, *, process: Collector | None = None, schema: Sequence[str] = ("native",)
+        self, *, process: Collector | None = None, schema: Sequence[str] = DEFAULTS.metrics_schema
     ) -> None:
         unknown = set(schema) - set(SCHEMAS)
         if unknown or not schema:
@@ -254,7 +257,7 @@ class Renderer:
         return Rendered(layout, values, process=self._process, lookup=self._lookup)
 
 
-def render(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> Rendered:
+def render(snapshot: Snapshot, schema: Sequence[str] = DEFAULTS.metrics_schema) -> Rendered:
     """One snapshot rendered without history (tests, tools): no `process_*` series."""
     return Renderer(schema=schema).render(snapshot)
 
@@ -288,7 +291,9 @@ class _Families(Collector):
         return self.metrics
 
 
-def reference(snapshot: Snapshot, schema: Sequence[str] = ("native",)) -> tuple[bytes, bytes]:
+def reference(
+    snapshot: Snapshot, schema: Sequence[str] = DEFAULTS.metrics_schema
+) -> tuple[bytes, bytes]:
     """(text, OpenMetrics) of the snapshot as prometheus_client renders it (tests, bench)."""
     pts = schema_points(snapshot, schema)
     text, om = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
@@ -309,7 +314,7 @@ class PrometheusSink:
         self,
         *,
         process_metrics: bool = True,
-        schema: Sequence[str] = ("native",),
+        schema: Sequence[str] = DEFAULTS.metrics_schema,
         cadence: ScrapeCadence | None = None,
     ) -> None:
         process = new_process_collector() if process_metrics else None

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from exporter.model import Sample, SourceResult
 from exporter.settings import values
+from exporter.settings.config import DEFAULTS
 
 SOURCE_MODULES = ("nvml", "amdgpu", "intel", "rdma", "netdev")
 """Modules under exporter/sources/ that hold sources, in the order they are polled."""
@@ -34,8 +35,8 @@ class RestartRequired(RuntimeError):
 class SourceContext:
     """What a source may know of the world: host paths, its own options, a clock."""
 
-    sysfs: Path = Path("/sys")
-    procfs: Path = Path("/proc")
+    sysfs: Path = DEFAULTS.sysfs
+    procfs: Path = DEFAULTS.procfs
     options: Mapping[str, str] = field(default_factory=dict)
     """The options given for this source, as text (`option_values` types them)."""
     clock: Callable[[], float] | None = None

@@ -34,6 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from exporter.settings.config import DEFAULTS
 from exporter.web.config import WebConfigWatcher
 from exporter.web.stats import ServerStats
 
@@ -46,7 +47,7 @@ the connection cap is lowered to fit under the fd limit, so accept() does not fa
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    max_connections: int = 512
+    max_connections: int = DEFAULTS.web_max_connections
     header_timeout: float = 10.0
     idle_timeout: float = 60.0
     write_timeout: float = 30.0

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from exporter.attribution.resolver import ProcessResolver
-from exporter.cycle.poller import Poller
 from exporter.derive.energy import EnergyLedger
 from exporter.derive.numa import CpuNodeMap
 from exporter.derive.placement import PlacementReader
@@ -19,8 +18,9 @@ from exporter.sinks.prometheus import render
 from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import Scenario
+from tests.support.cycle import make_poller
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FIXED_WALL_TIME = 1_800_000_000.0
 
 
@@ -90,7 +90,7 @@ async def one_cycle(
     kubelet = SimulatedKubelet(scenario, socket_path, clock=lambda: t)
     await kubelet.start()
     client = PodResourcesClient(socket_path, clock=lambda: 0.0, wall_clock=lambda: FIXED_WALL_TIME)
-    poller = Poller(
+    poller = make_poller(
         node=scenario.node,
         sources=sources,
         client=client,
@@ -100,7 +100,7 @@ async def one_cycle(
         wall_clock=lambda: FIXED_WALL_TIME,
         resolver=resolver,
         process_series=process_series,
-        steps=[*([PlacementReader(sysfs).step] if sysfs else []), EnergyLedger().step],
+        parts=[*([PlacementReader(sysfs).step] if sysfs else []), EnergyLedger().step],
     )
     try:
         return await poller.run_once()

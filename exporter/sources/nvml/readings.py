@@ -155,8 +155,8 @@ class Reader:
         self,
         calls: Calls,
         clock: Callable[[], float],
-        slow_interval: float = 10.0,
-        gpm_interval: float = 10.0,
+        slow_interval: float,
+        gpm_interval: float,
     ) -> None:
         self.calls = calls
         self.counters = MonotonicCounters()
