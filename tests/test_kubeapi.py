@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -20,6 +21,7 @@ import pytest
 
 from exporter.cli.flags import UsageError, parse_config
 from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
+from exporter.kubeapi.listwatch import Timing
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from tests.kubeapi_server import FakeApiServer, owner_object, pod
@@ -52,16 +54,18 @@ def server() -> Iterator[FakeApiServer]:
     srv.stop()
 
 
-def make_watcher(kubeconfig: Path, **kw: object) -> PodWatcher:
+def fast(**changes: object) -> Timing:
+    timing = Timing(backoff=(0.05, 0.2), denied_backoff=0.2, rng=random.Random(1))
+    return dataclasses.replace(timing, **changes)  # type: ignore[arg-type]
+
+
+def make_watcher(kubeconfig: Path, timing: Timing | None = None, **kw: object) -> PodWatcher:
     def connect() -> KubeApi:
         return KubeApi(http_client(load_config(kubeconfig), 5.0))
 
     kw.setdefault("labels", LabelFilter([r"team", r"app\.kubernetes\.io/.*"]))
-    kw.setdefault("backoff", (0.05, 0.2))
-    kw.setdefault("denied_backoff", 0.2)
     kw.setdefault("owner_retry", 0.05)
-    kw.setdefault("rng", random.Random(1))
-    return PodWatcher(connect, NODE, **kw)  # type: ignore[arg-type]
+    return PodWatcher(connect, NODE, timing=timing or fast(), **kw)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager
@@ -236,7 +240,7 @@ async def test_unreachable_server_backs_off(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = FakeApiServer()  # never started: nothing listens on its port
-    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), backoff=(0.05, 0.1))
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), fast(backoff=(0.05, 0.1)))
     async with running(watcher):
         await asyncio.sleep(0.5)
     attempts = sum(watcher.health().requests_total.values())
@@ -305,8 +309,8 @@ async def test_requests_per_hour_in_steady_state(server: FakeApiServer, tmp_path
     the exporter asks for (client-go's randomization), and the owner TTL is scaled alike
     (3600 s -> 9 s, so none is due in the run). Counted over the run after the first sync."""
     scale = 450.0  # one test second = the mean watch timeout's worth of real seconds / 1 s
-    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), watch_timeout=(1, 1),
-                           owner_ttl=3600.0 / 400, short_watch=0.5)  # fmt: skip
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"),
+                           fast(watch_timeout=(1, 1), short_watch=0.5), owner_ttl=3600.0 / 400)  # fmt: skip
     async with running(watcher):
         await until(lambda: len(watcher.owners) == 2)
         before = list(server.requests)

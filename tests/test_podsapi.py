@@ -9,6 +9,7 @@ Tier: simulated node (the Pods API) + loopback API server (owners).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -22,12 +23,9 @@ from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter.app import build_watchers
 from exporter.cli.flags import parse_config
 from exporter.kubeapi.client import KubeApi, http_client, load_config
-from exporter.kubeapi.podsapi import (
-    SOURCE_KUBELET,
-    KubeletPodWatcher,
-    decode_pod,
-)
-from exporter.kubeapi.watcher import PodWatcher
+from exporter.kubeapi.listwatch import Timing
+from exporter.kubeapi.podsapi import SOURCE_KUBELET, KubeletPods, decode_pod
+from exporter.kubeapi.watcher import ApiPods, PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from exporter.settings.config import DEFAULTS
 from tests import kustomize
@@ -65,14 +63,21 @@ async def podsapi(tmp_path: Path) -> AsyncIterator[FakePodsApi]:
 
 def make_watcher(
     server: FakeApiServer, socket: Path, tmp_path: Path, grace: float = 0.5
-) -> KubeletPodWatcher:
+) -> PodWatcher:
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
 
     def connect() -> KubeApi:
         return KubeApi(http_client(load_config(kubeconfig), 5.0))
 
-    return KubeletPodWatcher(connect, NODE, LabelFilter([r"team"]), socket=socket,
-                             backoff=(0.05, 0.2), restart_grace=grace, rng=random.Random(1))  # fmt: skip
+    feed = functools.partial(KubeletPods, socket=socket, restart_grace=grace)
+    timing = Timing(backoff=(0.05, 0.2), rng=random.Random(1))
+    return PodWatcher(connect, NODE, LabelFilter([r"team"]), feed=feed, timing=timing)
+
+
+def streams(watcher: PodWatcher) -> int:
+    """WatchPods calls the watcher made."""
+    assert isinstance(watcher.feed, KubeletPods)
+    return watcher.feed.streams
 
 
 def workloads(watcher: PodWatcher) -> dict[str, str]:
@@ -129,8 +134,8 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
         await until(lambda: len(workloads(watcher)) == 3)
         await podsapi.stop()
         await until(lambda: not watcher.health().up)
-        streams = watcher.streams
-        await until(lambda: watcher.streams >= streams + 3)  # three more tries, socket gone
+        made = streams(watcher)
+        await until(lambda: streams(watcher) >= made + 3)  # three more tries, socket gone
         assert workloads(watcher) == {"train-7d9f-abcde": "train", "db-0": "db", "debug": "debug"}
         # The kubelet is back: debug was deleted meanwhile, new-0 started.
         podsapi.pods.pop(BARE["metadata"]["uid"])
@@ -200,11 +205,11 @@ def test_the_socket_chooses_the_source(server: FakeApiServer, tmp_path: Path) ->
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
     args = ["--kubernetes.api", "--node-name", NODE, "--kubernetes.kubeconfig", str(kubeconfig),
             "--kubernetes.pods-api-socket", str(socket)]  # fmt: skip
-    assert type(build_watchers(parse_config(args, {}))[0]) is PodWatcher
+    assert type(build_watchers(parse_config(args, {}))[0].feed) is ApiPods
     socket.touch()
-    assert type(build_watchers(parse_config(args, {}))[0]) is KubeletPodWatcher
+    assert type(build_watchers(parse_config(args, {}))[0].feed) is KubeletPods
     off = [*args[:-1], ""]
-    assert type(build_watchers(parse_config(off, {}))[0]) is PodWatcher
+    assert type(build_watchers(parse_config(off, {}))[0].feed) is ApiPods
 
 
 def test_the_kit_component_mounts_the_folder_the_flag_names(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from exporter.dra.claimhealth import read_pod_status
 from exporter.dra.slicewatch import SliceWatcher
 from exporter.kubeapi import client as kubeclient
 from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.listwatch import Timing
 from exporter.kubeapi.watcher import PodWatcher
 from simulator.apiserver import ApiServer
 
@@ -59,8 +60,8 @@ def watcher(server: ApiServer, tmp: Path) -> SliceWatcher:
             made.append(KubeApi(http_client(load_config(kubeconfig), 5.0)))
         return made[0]
 
-    return SliceWatcher(connect, NODE, backoff=(0.05, 0.2), denied_backoff=0.2,
-                        rule_interval=0.1, rules_absent=0.3, rng=random.Random(1))  # fmt: skip
+    timing = Timing(backoff=(0.05, 0.2), denied_backoff=0.2, rng=random.Random(1))
+    return SliceWatcher(connect, NODE, timing=timing, rule_interval=0.1, rules_absent=0.3)
 
 
 @contextlib.asynccontextmanager
@@ -188,7 +189,7 @@ async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
         pods = PodWatcher(
             lambda: KubeApi(http_client(load_config(kubeconfig), 5.0), pod_status=read_pod_status),
             NODE,
-            backoff=(0.05, 0.2),
+            timing=Timing(backoff=(0.05, 0.2)),
         )
         stop = asyncio.Event()
         pod_task = asyncio.create_task(pods.run(stop))
