@@ -1,5 +1,4 @@
-"""What the two loopback Kubernetes API servers share: the simulated node's (apiserver.py) and
-the pod watch's test peer (tests/kubeapi_server.py).
+"""The loopback Kubernetes API server's plumbing, apart from its resources (apiserver.py).
 
 An aiohttp app on 127.0.0.1 served by its own event loop in a daemon thread, so sync code
 (the node's `advance()`, a test running the exporter as a subprocess) and async tests use it

@@ -30,10 +30,10 @@ from exporter.podresources.client import PodResourcesClient
 from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.k8sevents import EventGate, KubeEventPoster
 from exporter.sinks.otlp_logs import OtlpLogSink
+from simulator.apiserver import ApiServer
 from simulator.kubelet import SimulatedKubelet
 from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario, parse_scenario
-from tests.kubeapi_server import FakeApiServer
 from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node  # noqa: F401 - fixtures
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Receiver
 from tests.support import Clock, StaticSource
@@ -176,8 +176,8 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
+def api() -> Iterator[ApiServer]:
+    server = ApiServer().start()
     yield server
     server.stop()
 
@@ -194,7 +194,7 @@ async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
     nvidia_node: Callable[[str], NvidiaNode],  # noqa: F811
     fakenvml: ctypes.CDLL,  # noqa: F811
     receiver: Receiver,
-    api: FakeApiServer,
+    api: ApiServer,
     tmp_path: Path,
 ) -> None:
     node = nvidia_node(SCENARIO)
@@ -268,9 +268,9 @@ async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
 
 
 async def test_events_the_api_server_refuses_are_counted_failed(
-    api: FakeApiServer, tmp_path: Path
+    api: ApiServer, tmp_path: Path
 ) -> None:
-    api.forbid_events()
+    api.forbidden.add("events")
     detector = EventDetector()
     detector.detect(_snapshot())
     events = detector.detect(_snapshot(_xid(48, 1)))
@@ -344,7 +344,7 @@ def _gpu_with_xids(count: float) -> SourceResult:
 
 
 async def test_the_exporter_wires_events_to_otlp_and_the_api_server(
-    api: FakeApiServer, tmp_path: Path
+    api: ApiServer, tmp_path: Path
 ) -> None:
     """The composition root: --otlp.endpoint and --kubernetes.events on, one XID later one
     record at the receiver, one Event, and the self-metrics on /metrics."""

@@ -36,11 +36,11 @@ import yaml
 from bench.fleet import EVERY_GROUP
 from exporter.metrics import SPECS, Scope, prometheus_label
 from exporter.sources import registry
+from simulator.apiserver import ApiServer
 from simulator.nvml_scenario import parse_nvidia
 from simulator.nvml_spec import GPM_SHARES
 from simulator.scenario import bundled_names, load_scenario
 from tests import kit
-from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, free_port, need
 from tests.scenario_facts import (
     device_behind,
@@ -48,6 +48,7 @@ from tests.scenario_facts import (
     idle_while_held,
     nvidia_spec,
 )
+from tests.support.kubeapi import owner_object, pod, put_owner
 
 pytestmark = pytest.mark.peer
 
@@ -159,18 +160,20 @@ def _wait_ready(proc: subprocess.Popen[bytes], target: str, log: Path) -> None:
     raise RuntimeError(f"exporter at {target} never became ready: {log.read_text()[-3000:]}")
 
 
-def _demo_api() -> FakeApiServer:
+def _demo_api() -> ApiServer:
     """The demo node's pods on a Kubernetes API server: a Deployment, a CronJob, bare pods."""
     node = "demo-node-1"
-    api = FakeApiServer().start()
-    api.add_owner(owner_object("ReplicaSet", "trainer-5d", "rs-t", "ml-team",
-                               ("Deployment", "trainer", "d-t")))  # fmt: skip
-    api.add_owner(owner_object("Job", "batch-29", "job-b", "batch", ("CronJob", "batch", "cj-b")))
-    api.add_pod(pod("trainer-0", "ml-team", node=node, owner=("ReplicaSet", "trainer-5d", "rs-t")))
+    api = ApiServer().start()
+    put_owner(api, owner_object("ReplicaSet", "trainer-5d", "rs-t", "ml-team",
+                                ("Deployment", "trainer", "d-t")))  # fmt: skip
+    put_owner(api, owner_object("Job", "batch-29", "job-b", "batch", ("CronJob", "batch", "cj-b")))
+    api.put(
+        "pods", pod("trainer-0", "ml-team", node=node, owner=("ReplicaSet", "trainer-5d", "rs-t"))
+    )
     for name in ("batch-a", "batch-b", "short-job"):
-        api.add_pod(pod(name, "batch", node=node, owner=("Job", "batch-29", "job-b")))
-    api.add_pod(pod("notebook-alice", "research", node=node))
-    api.add_pod(pod("inference-small", "serving", node=node))
+        api.put("pods", pod(name, "batch", node=node, owner=("Job", "batch-29", "job-b")))
+    api.put("pods", pod("notebook-alice", "research", node=node))
+    api.put("pods", pod("inference-small", "serving", node=node))
     return api
 
 

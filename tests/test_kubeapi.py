@@ -1,4 +1,5 @@
-"""The pod watch against an HTTP server speaking the Kubernetes list/watch protocol.
+"""The pod watch against the loopback API server (simulator/apiserver.py), which speaks the
+Kubernetes list/watch protocol.
 
 Initial list, watch events, bookmarks, a watch the server ends, 410 Gone -> re-list, 401/403,
 an unreachable server; owners resolved once; and the requests it costs per hour.
@@ -7,12 +8,10 @@ an unreachable server; owners resolved once; and the requests it costs per hour.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import random
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
@@ -21,11 +20,20 @@ import pytest
 from exporter.cli.flags import parse_config
 from exporter.cli.parser import UsageError
 from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
+from exporter.kubeapi.listwatch import Timing
 from exporter.kubeapi.watcher import PodWatcher
-from exporter.kubeapi.workloads import LabelFilter
-from tests.kubeapi_server import FakeApiServer, owner_object, pod
+from simulator.apiserver import ApiServer
+from tests.support.kubeapi import (
+    NODE,
+    fast,
+    owner_object,
+    pod,
+    pod_watcher,
+    put_owner,
+    running,
+    until,
+)
 
-NODE = "node-a"
 TRAIN = pod("train-7d9f-abcde", "ml", labels={"team": "vision", "app.kubernetes.io/name": "train",
             "pod-template-hash": "7d9f"}, owner=("ReplicaSet", "train-7d9f", "rs-1"))  # fmt: skip
 NIGHTLY = pod("nightly-290-x1", "ml", labels={"team": "nlp"}, owner=("Job", "nightly-290", "job-1"))
@@ -41,57 +49,32 @@ HOLDERS = [
 
 
 @pytest.fixture
-def server() -> Iterator[FakeApiServer]:
-    srv = FakeApiServer().start()
-    srv.add_owner(
-        owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
+def server() -> Iterator[ApiServer]:
+    srv = ApiServer().start()
+    put_owner(
+        srv, owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
     )
-    srv.add_owner(owner_object("Job", "nightly-290", "job-1", "ml", ("CronJob", "nightly", "cj-1")))
+    put_owner(
+        srv, owner_object("Job", "nightly-290", "job-1", "ml", ("CronJob", "nightly", "cj-1"))
+    )
     for p in (TRAIN, NIGHTLY, DB, BARE, ELSEWHERE):
-        srv.add_pod(p)
+        srv.put("pods", p)
     yield srv
     srv.stop()
 
 
-def make_watcher(kubeconfig: Path, **kw: object) -> PodWatcher:
-    def connect() -> KubeApi:
-        return KubeApi(http_client(load_config(kubeconfig), 5.0))
-
-    kw.setdefault("labels", LabelFilter([r"team", r"app\.kubernetes\.io/.*"]))
-    kw.setdefault("backoff", (0.05, 0.2))
-    kw.setdefault("denied_backoff", 0.2)
-    kw.setdefault("owner_retry", 0.05)
-    kw.setdefault("rng", random.Random(1))
-    return PodWatcher(connect, NODE, **kw)  # type: ignore[arg-type]
-
-
-@contextlib.asynccontextmanager
-async def running(watcher: PodWatcher) -> AsyncIterator[asyncio.Event]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(watcher.run(stop))
-    try:
-        yield stop
-    finally:
-        stop.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+def make_watcher(
+    kubeconfig: Path, timing: Timing | None = None, owner_ttl: float = 3600.0
+) -> PodWatcher:
+    return pod_watcher(kubeconfig, [r"team", r"app\.kubernetes\.io/.*"], timing=timing or fast(),
+                       owner_ttl=owner_ttl, owner_retry=0.05)  # fmt: skip
 
 
 def infos(watcher: PodWatcher) -> dict[str, dict[str, str]]:
     return {p.pod: dict(p.attributes) for p in watcher.pod_infos([*HOLDERS, ("ml", "new-0")])}
 
 
-async def test_list_resolves_workloads_labels_and_uids(
-    server: FakeApiServer, tmp_path: Path
-) -> None:
+async def test_list_resolves_workloads_labels_and_uids(server: ApiServer, tmp_path: Path) -> None:
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
         await until(lambda: len(watcher.owners) == 2)
@@ -129,85 +112,86 @@ async def test_list_resolves_workloads_labels_and_uids(
     # Only this node's pods; one list, one GET per owner, all metadata-only.
     assert watcher.health().pods == 4
     assert (
-        server.count("list"),
+        server.count("list", "pods"),
         server.count("get", "replicasets"),
         server.count("get", "jobs"),
     ) == (1, 1, 1)
-    assert server.metadata_only_requests == len([r for r in server.requests if r[1] == "pods"])
+    pods = [r for r in server.requests if r[1] == "pods"]
+    assert [r for r in server.metadata_only if r[1] == "pods"] == pods
     assert watcher.health().requests_total[("list", "pods", "200")] == 1
 
 
-async def test_watch_events_add_modify_delete(server: FakeApiServer, tmp_path: Path) -> None:
+async def test_watch_events_add_modify_delete(server: ApiServer, tmp_path: Path) -> None:
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
         await until(lambda: watcher.health().up)
         new = pod("new-0", "ml", labels={"team": "audio"})
-        server.add_pod(new)
+        server.put("pods", new)
         await until(lambda: "new-0" in infos(watcher))
         assert infos(watcher)["new-0"]["k8s.pod.label.team"] == "audio"
         new["metadata"]["labels"]["team"] = "speech"
-        server.update_pod(new)
+        server.put("pods", new)
         await until(lambda: infos(watcher)["new-0"].get("k8s.pod.label.team") == "speech")
-        server.delete_pod(DB)
+        server.delete("pods", DB)
         await until(lambda: "db-0" not in infos(watcher))
-        server.add_pod(pod("elsewhere-2", "ml", node="node-b"))
+        server.put("pods", pod("elsewhere-2", "ml", node="node-b"))
         await asyncio.sleep(0.1)
     assert watcher.health().pods == 4  # 4 listed, +new-0, -db-0; node-b's pod never arrives
-    assert server.count("list") == 1
+    assert server.count("list", "pods") == 1
 
 
 async def test_server_closing_the_watch_resumes_without_a_list(
-    server: FakeApiServer, tmp_path: Path
+    server: ApiServer, tmp_path: Path
 ) -> None:
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
-        await until(lambda: server.count("watch") == 1)
+        await until(lambda: server.count("watch", "pods") == 1)
         server.close_watches()
-        await until(lambda: server.count("watch") == 2)
-        server.add_pod(pod("new-0", "ml"))
+        await until(lambda: server.count("watch", "pods") == 2)
+        server.put("pods", pod("new-0", "ml"))
         await until(lambda: "new-0" in infos(watcher))
-    assert server.count("list") == 1
+    assert server.count("list", "pods") == 1
     assert server.watch_versions[1] == server.watch_versions[0]  # nothing happened in between
 
 
 async def test_bookmark_moves_the_resume_version(tmp_path: Path) -> None:
-    server = FakeApiServer(bookmark_every=0.1).start()
+    server = ApiServer(bookmark_every=0.1).start()
     try:
-        server.add_pod(TRAIN)
+        server.put("pods", TRAIN)
         watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
         async with running(watcher):
-            await until(lambda: server.count("watch") == 1)
+            await until(lambda: server.count("watch", "pods") == 1)
             for i in range(5):  # changes this watch never sees: another node's pods
-                server.add_pod(pod(f"b-{i}", node="node-b"))
+                server.put("pods", pod(f"b-{i}", node="node-b"))
             await asyncio.sleep(0.3)  # a bookmark carries the newer version
             server.close_watches()
-            await until(lambda: server.count("watch") == 2)
+            await until(lambda: server.count("watch", "pods") == 2)
         assert server.watch_versions[1] == server.version > server.watch_versions[0]
-        assert server.count("list") == 1
+        assert server.count("list", "pods") == 1
     finally:
         server.stop()
 
 
 async def test_410_gone_relists_and_drops_pods_deleted_in_the_gap(
-    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.kubeapi")
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
-        await until(lambda: server.count("watch") == 1)
-        server.delete_unseen(BARE)
-        await until(lambda: server.count("list") == 2)
+        await until(lambda: server.count("watch", "pods") == 1)
+        server.change_unseen("pods", BARE, deleted=True)
+        await until(lambda: server.count("list", "pods") == 2)
         await until(lambda: "debug" not in infos(watcher))
-        await until(lambda: server.count("watch") == 3)
+        await until(lambda: server.count("watch", "pods") == 3)
     assert set(infos(watcher)) == {"train-7d9f-abcde", "nightly-290-x1", "db-0"}
     assert "410 Gone" in caplog.text
     assert server.watch_versions[1] < server.watch_versions[2]  # resumed from the new list
 
 
 async def test_forbidden_says_so_once_and_recovers(
-    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.forbid()
+    server.forbidden.add("pods")
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     with caplog.at_level(logging.INFO, logger="exporter.kubeapi"):
         async with running(watcher):
@@ -215,7 +199,7 @@ async def test_forbidden_says_so_once_and_recovers(
             await until(lambda: watcher.health().requests_total.get(denied, 0) >= 3)
             assert not watcher.health().up
             assert watcher.pod_infos(HOLDERS) == ()
-            server.forbid(False)
+            server.forbidden.clear()
             await until(lambda: watcher.health().up)
             await until(lambda: len(watcher.owners) == 2)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -225,7 +209,7 @@ async def test_forbidden_says_so_once_and_recovers(
     assert len(infos(watcher)) == 4
 
 
-async def test_wrong_token_is_401(server: FakeApiServer, tmp_path: Path) -> None:
+async def test_wrong_token_is_401(server: ApiServer, tmp_path: Path) -> None:
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig", token="stale"))
     async with running(watcher):
         await until(lambda: watcher.health().requests_total)
@@ -236,8 +220,9 @@ async def test_wrong_token_is_401(server: FakeApiServer, tmp_path: Path) -> None
 async def test_unreachable_server_backs_off(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server = FakeApiServer()  # never started: nothing listens on its port
-    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), backoff=(0.05, 0.1))
+    server = ApiServer()  # never started: nothing listens on its port
+    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    watcher = make_watcher(kubeconfig, fast(backoff=(0.05, 0.1)))
     async with running(watcher):
         await asyncio.sleep(0.5)
     attempts = sum(watcher.health().requests_total.values())
@@ -257,7 +242,7 @@ async def test_a_silent_server_is_named_with_its_address(tmp_path: Path) -> None
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
-        never_started = FakeApiServer()
+        never_started = ApiServer()
         never_started.port = int(silent.getsockname()[1])
         url = never_started.url
         kubeconfig = never_started.kubeconfig(tmp_path / "kubeconfig")
@@ -271,7 +256,7 @@ async def test_a_silent_server_is_named_with_its_address(tmp_path: Path) -> None
 
 
 async def test_requests_are_not_logged_one_by_one(
-    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The HTTP library's INFO line per request stays out of the log (they are counted in
     kubernetes_requests_total); at debug level it is there."""
@@ -299,15 +284,15 @@ async def test_no_cluster_configuration_says_so(
     assert "Kubernetes API unavailable" in caplog.text
 
 
-async def test_requests_per_hour_in_steady_state(server: FakeApiServer, tmp_path: Path) -> None:
+async def test_requests_per_hour_in_steady_state(server: ApiServer, tmp_path: Path) -> None:
     """Steady state costs one watch request per watch timeout, plus owner re-reads.
 
     The server ends each watch after its `timeoutSeconds`; here 1 s stands for the 300-600 s
     the exporter asks for (client-go's randomization), and the owner TTL is scaled alike
     (3600 s -> 9 s, so none is due in the run). Counted over the run after the first sync."""
     scale = 450.0  # one test second = the mean watch timeout's worth of real seconds / 1 s
-    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"), watch_timeout=(1, 1),
-                           owner_ttl=3600.0 / 400, short_watch=0.5)  # fmt: skip
+    watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"),
+                           fast(watch_timeout=(1, 1), short_watch=0.5), owner_ttl=3600.0 / 400)  # fmt: skip
     async with running(watcher):
         await until(lambda: len(watcher.owners) == 2)
         before = list(server.requests)
@@ -324,33 +309,37 @@ async def test_requests_per_hour_in_steady_state(server: FakeApiServer, tmp_path
 
 async def test_watches_cut_at_once_back_off(tmp_path: Path) -> None:
     """A proxy that ends every watch immediately: backing off, not a request loop."""
-    server = FakeApiServer(max_watch_seconds=0).start()
+    server = ApiServer()
+    server.max_watch_seconds = 0  # a proxy that ends every watch at once
+    server.start()
     try:
-        server.add_pod(TRAIN)
+        server.put("pods", TRAIN)
         watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
         async with running(watcher):
             await asyncio.sleep(1.0)
-        assert 3 <= server.count("watch") <= 12
-        assert server.count("list") == 1
+        assert 3 <= server.count("watch", "pods") <= 12
+        assert server.count("list", "pods") == 1
         assert len(infos(watcher)) == 1
     finally:
         server.stop()
 
 
-async def test_410_on_every_watch_backs_off(server: FakeApiServer, tmp_path: Path) -> None:
+async def test_410_on_every_watch_backs_off(server: ApiServer, tmp_path: Path) -> None:
     server.always_gone = True
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
         await asyncio.sleep(1.0)
-    assert 3 <= server.count("list") <= 12
-    assert abs(server.count("watch") - server.count("list")) <= 1  # one may be cut by the stop
+    assert 3 <= server.count("list", "pods") <= 12
+    assert (
+        abs(server.count("watch", "pods") - server.count("list", "pods")) <= 1
+    )  # one may be cut by the stop
     assert len(infos(watcher)) == 4  # each list still refreshes the cache
 
 
 async def test_owners_forbidden_fall_back_to_the_direct_owner(
-    server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.owners_forbidden = True
+    server.forbidden |= {"replicasets", "jobs"}
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))
     async with running(watcher):
         await until(lambda: len(watcher.owners) == 2)

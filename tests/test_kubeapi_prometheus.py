@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from simulator.apiserver import ApiServer
 from simulator.scenario import load_scenario
-from tests.kubeapi_server import FakeApiServer, owner_object, pod
 from tests.peers import PrometheusServer, scraped_simulation
+from tests.support.kubeapi import owner_object, pod, put_owner
 
 NODE = "demo-node-1"
 ENDS_AT = 20.0
@@ -47,31 +48,32 @@ def _scenario(tmp: Any) -> Any:
     return path
 
 
-def _api() -> FakeApiServer:
-    api = FakeApiServer().start()
-    api.add_owner(
-        owner_object("ReplicaSet", "train-5d", "rs-t", "ml-team", ("Deployment", "train", "d-t"))
+def _api() -> ApiServer:
+    api = ApiServer().start()
+    put_owner(
+        api,
+        owner_object("ReplicaSet", "train-5d", "rs-t", "ml-team", ("Deployment", "train", "d-t")),
     )
-    api.add_owner(owner_object("ReplicaSet", "inference-7c", "rs-i", "serving",
-                               ("Deployment", "inference", "d-i")))  # fmt: skip
-    api.add_owner(
-        owner_object("Job", "nightly-29", "job-n", "batch", ("CronJob", "nightly", "cj-n"))
+    put_owner(api, owner_object("ReplicaSet", "inference-7c", "rs-i", "serving",
+                                ("Deployment", "inference", "d-i")))  # fmt: skip
+    put_owner(
+        api, owner_object("Job", "nightly-29", "job-n", "batch", ("CronJob", "nightly", "cj-n"))
     )
-    api.add_pod(pod("trainer-0", "ml-team", node=NODE, labels={"team": "vision"},
-                    owner=("ReplicaSet", "train-5d", "rs-t")))  # fmt: skip
+    api.put("pods", pod("trainer-0", "ml-team", node=NODE, labels={"team": "vision"},
+                        owner=("ReplicaSet", "train-5d", "rs-t")))  # fmt: skip
     for name in ("inference-small", "inference-large"):
-        api.add_pod(pod(name, "serving", node=NODE, labels={"team": "serving", "secret": "x"},
-                        owner=("ReplicaSet", "inference-7c", "rs-i")))  # fmt: skip
-    api.add_pod(pod("short-job", "batch", node=NODE, owner=("Job", "nightly-29", "job-n")))
+        api.put("pods", pod(name, "serving", node=NODE, labels={"team": "serving", "secret": "x"},
+                            owner=("ReplicaSet", "inference-7c", "rs-i")))  # fmt: skip
+    api.put("pods", pod("short-job", "batch", node=NODE, owner=("Job", "nightly-29", "job-n")))
     for name in ("batch-a", "batch-b"):
-        api.add_pod(pod(name, "batch", node=NODE))
+        api.put("pods", pod(name, "batch", node=NODE))
     return api
 
 
 @pytest.fixture(scope="module")
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[PrometheusServer, FakeApiServer]]:
+) -> Iterator[tuple[PrometheusServer, ApiServer]]:
     tmp = tmp_path_factory.mktemp("kubeapi-e2e")
     scenario = _scenario(tmp)
     api = _api()
@@ -97,7 +99,7 @@ def _values(result: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...],
 
 @pytest.mark.peer
 def test_cronjob_workload_leaves_when_its_pod_does(
-    stack: tuple[PrometheusServer, FakeApiServer],
+    stack: tuple[PrometheusServer, ApiServer],
 ) -> None:
     prom, api = stack
     query = f"sum by (k8s_workload_kind, k8s_workload_name) ({UTIL} * {JOIN} group_left(k8s_workload_kind, k8s_workload_name) k8s_pod_workload_info)"
@@ -114,18 +116,18 @@ def test_cronjob_workload_leaves_when_its_pod_does(
         assert (
             _values(result, "k8s_workload_kind", "k8s_workload_name")[("CronJob", "nightly")] == 0.9
         )
-    api.delete_pod(pod("short-job", "batch", node=NODE, owner=("Job", "nightly-29", "job-n")))
+    api.delete("pods", pod("short-job", "batch", node=NODE, owner=("Job", "nightly-29", "job-n")))
     prom.wait_for(
         'k8s_pod_workload_info{k8s_workload_name="nightly"}',
         lambda r: r == [],
         timeout=ENDS_AT + 15,
     )
-    assert api.count("list") == 1  # the whole run: one list, then the watch
+    assert api.count("list", "pods") == 1  # the whole run: one list, then the watch
 
 
 @pytest.mark.peer
 def test_utilization_by_deployment_through_the_info_join(
-    stack: tuple[PrometheusServer, FakeApiServer],
+    stack: tuple[PrometheusServer, ApiServer],
 ) -> None:
     prom, _ = stack
     by = "k8s_namespace_name, k8s_deployment_name"
@@ -138,7 +140,7 @@ def test_utilization_by_deployment_through_the_info_join(
 
 @pytest.mark.peer
 def test_info_series_carries_uid_workload_and_allowed_labels(
-    stack: tuple[PrometheusServer, FakeApiServer],
+    stack: tuple[PrometheusServer, ApiServer],
 ) -> None:
     prom, _ = stack
     (series,) = prom.wait_for('k8s_pod_workload_info{k8s_pod_name="trainer-0"}', timeout=20)
@@ -160,13 +162,15 @@ def test_info_series_carries_uid_workload_and_allowed_labels(
 
 @pytest.mark.peer
 def test_pod_created_during_the_run_joins_its_deployment(
-    stack: tuple[PrometheusServer, FakeApiServer],
+    stack: tuple[PrometheusServer, ApiServer],
 ) -> None:
     prom, api = stack
     # The kubelet has admitted late-0 (it holds a MIG slice) but the API cache has not seen it.
     prom.wait_for('hw_allocation_info{k8s_pod_name="late-0"}', timeout=20)
     assert prom.query('k8s_pod_workload_info{k8s_pod_name="late-0"}') == []
-    api.add_pod(pod("late-0", "serving", node=NODE, owner=("ReplicaSet", "inference-7c", "rs-i")))
+    api.put(
+        "pods", pod("late-0", "serving", node=NODE, owner=("ReplicaSet", "inference-7c", "rs-i"))
+    )
     devices = (
         "count by (k8s_namespace_name, k8s_deployment_name) (hw_allocation_info"
         f" * {JOIN} group_left(k8s_deployment_name) k8s_pod_workload_info)"

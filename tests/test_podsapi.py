@@ -1,5 +1,5 @@
 """The pod cache read from the kubelet Pods API (exporter/kubeapi/podsapi.py) against the
-simulated Pods API (tests/podsapi_server.py): the initial sync, events, a kubelet restart
+simulated Pods API (tests/support/podsapi.py): the initial sync, events, a kubelet restart
 (reconnect with back-off, the old cache served until INITIAL_SYNC_COMPLETE, one log line per
 state change), and no pod list or watch on the API server, which still names the owners above
 a ReplicaSet or Job.
@@ -9,9 +9,9 @@ Tier: simulated node (the Pods API) + loopback API server (owners).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,19 +21,13 @@ import yaml
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter.app import build_watchers
 from exporter.cli.flags import parse_config
-from exporter.kubeapi.client import KubeApi, http_client, load_config
-from exporter.kubeapi.podsapi import (
-    SOURCE_KUBELET,
-    KubeletPodWatcher,
-    decode_pod,
-)
-from exporter.kubeapi.watcher import PodWatcher
-from exporter.kubeapi.workloads import LabelFilter
+from exporter.kubeapi.podsapi import SOURCE_KUBELET, KubeletPods, decode_pod
+from exporter.kubeapi.watcher import ApiPods, PodWatcher
 from exporter.settings.config import DEFAULTS
+from simulator.apiserver import ApiServer
 from tests import kustomize
-from tests.kubeapi_server import FakeApiServer, owner_object, pod
-from tests.podsapi_server import FakePodsApi, encode
-from tests.test_kubeapi import NODE, running, until
+from tests.support.kubeapi import NODE, owner_object, pod, pod_watcher, put_owner, running, until
+from tests.support.podsapi import FakePodsApi, encode
 
 TRAIN = pod("train-7d9f-abcde", "ml", labels={"team": "vision", "pod-template-hash": "7d9f"},
             owner=("ReplicaSet", "train-7d9f", "rs-1"))  # fmt: skip
@@ -44,10 +38,10 @@ HOLDERS = [("ml", "train-7d9f-abcde"), ("data", "db-0"), ("default", "debug"), (
 
 
 @pytest.fixture
-def server() -> Iterator[FakeApiServer]:
-    srv = FakeApiServer().start()
-    srv.add_owner(
-        owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
+def server() -> Iterator[ApiServer]:
+    srv = ApiServer().start()
+    put_owner(
+        srv, owner_object("ReplicaSet", "train-7d9f", "rs-1", "ml", ("Deployment", "train", "d-1"))
     )
     yield srv
     srv.stop()
@@ -63,16 +57,15 @@ async def podsapi(tmp_path: Path) -> AsyncIterator[FakePodsApi]:
     await fake.stop()
 
 
-def make_watcher(
-    server: FakeApiServer, socket: Path, tmp_path: Path, grace: float = 0.5
-) -> KubeletPodWatcher:
-    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+def make_watcher(server: ApiServer, socket: Path, tmp_path: Path, grace: float = 0.5) -> PodWatcher:
+    feed = functools.partial(KubeletPods, socket=socket, restart_grace=grace)
+    return pod_watcher(server.kubeconfig(tmp_path / "kubeconfig"), [r"team"], feed=feed)
 
-    def connect() -> KubeApi:
-        return KubeApi(http_client(load_config(kubeconfig), 5.0))
 
-    return KubeletPodWatcher(connect, NODE, LabelFilter([r"team"]), socket=socket,
-                             backoff=(0.05, 0.2), restart_grace=grace, rng=random.Random(1))  # fmt: skip
+def streams(watcher: PodWatcher) -> int:
+    """WatchPods calls the watcher made."""
+    assert isinstance(watcher.feed, KubeletPods)
+    return watcher.feed.streams
 
 
 def workloads(watcher: PodWatcher) -> dict[str, str]:
@@ -94,7 +87,7 @@ def test_decode_pod_reads_the_controlling_owner_labels_and_uid() -> None:
 
 
 async def test_pods_from_the_kubelet_owners_from_the_api(
-    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path
+    server: ApiServer, podsapi: FakePodsApi, tmp_path: Path
 ) -> None:
     watcher = make_watcher(server, podsapi.socket, tmp_path)
     async with running(watcher):
@@ -115,13 +108,13 @@ async def test_pods_from_the_kubelet_owners_from_the_api(
         health = watcher.health()
     assert (health.up, health.pods, health.source) == (True, 3, SOURCE_KUBELET)
     # The API server served one owner read and no pod list or watch.
-    assert server.count("list") == server.count("watch") == 0
+    assert server.count("list", "pods") == server.count("watch", "pods") == 0
     assert server.count("get", "replicasets") == 1
     assert podsapi.watches == 1
 
 
 async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
-    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.kubeapi.podsapi")
     watcher = make_watcher(server, podsapi.socket, tmp_path)
@@ -129,8 +122,8 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
         await until(lambda: len(workloads(watcher)) == 3)
         await podsapi.stop()
         await until(lambda: not watcher.health().up)
-        streams = watcher.streams
-        await until(lambda: watcher.streams >= streams + 3)  # three more tries, socket gone
+        made = streams(watcher)
+        await until(lambda: streams(watcher) >= made + 3)  # three more tries, socket gone
         assert workloads(watcher) == {"train-7d9f-abcde": "train", "db-0": "db", "debug": "debug"}
         # The kubelet is back: debug was deleted meanwhile, new-0 started.
         podsapi.pods.pop(BARE["metadata"]["uid"])
@@ -153,11 +146,11 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
     assert [r.getMessage() for r in lines if r.levelno == logging.INFO][-1].endswith(
         "answering again"
     )
-    assert server.count("list") == server.count("watch") == 0
+    assert server.count("list", "pods") == server.count("watch", "pods") == 0
 
 
 async def test_an_empty_replay_after_a_restart_loses_no_pod(
-    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path
+    server: ApiServer, podsapi: FakePodsApi, tmp_path: Path
 ) -> None:
     """As the real 1.36 kubelet after a restart (tests/test_real_cluster_podsapi.py): the first
     WatchPods replays no pod, INITIAL_SYNC_COMPLETE, then ADDED for each pod it runs."""
@@ -182,7 +175,7 @@ async def test_an_empty_replay_after_a_restart_loses_no_pod(
 
 
 async def test_pod_bytes_that_do_not_decode_reconnect_and_keep_the_cache(
-    server: FakeApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: ApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.kubeapi.podsapi")
     watcher = make_watcher(server, podsapi.socket, tmp_path)
@@ -195,16 +188,16 @@ async def test_pod_bytes_that_do_not_decode_reconnect_and_keep_the_cache(
     assert len(warnings) == 1 and "(Error parsing message" in warnings[0], warnings
 
 
-def test_the_socket_chooses_the_source(server: FakeApiServer, tmp_path: Path) -> None:
+def test_the_socket_chooses_the_source(server: ApiServer, tmp_path: Path) -> None:
     socket = tmp_path / "pods-api.sock"
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
     args = ["--kubernetes.api", "--node-name", NODE, "--kubernetes.kubeconfig", str(kubeconfig),
             "--kubernetes.pods-api-socket", str(socket)]  # fmt: skip
-    assert type(build_watchers(parse_config(args, {}))[0]) is PodWatcher
+    assert type(build_watchers(parse_config(args, {}))[0].feed) is ApiPods
     socket.touch()
-    assert type(build_watchers(parse_config(args, {}))[0]) is KubeletPodWatcher
+    assert type(build_watchers(parse_config(args, {}))[0].feed) is KubeletPods
     off = [*args[:-1], ""]
-    assert type(build_watchers(parse_config(off, {}))[0]) is PodWatcher
+    assert type(build_watchers(parse_config(off, {}))[0].feed) is ApiPods
 
 
 def test_the_kit_component_mounts_the_folder_the_flag_names(tmp_path: Path) -> None:

@@ -7,10 +7,8 @@ without a list, 410 Gone re-listed, 403 said once, rules not served, pods read f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +17,8 @@ import pytest
 from exporter.dra.claimhealth import read_pod_status
 from exporter.dra.slicewatch import SliceWatcher
 from exporter.kubeapi import client as kubeclient
-from exporter.kubeapi.client import KubeApi, http_client, load_config
-from exporter.kubeapi.watcher import PodWatcher
 from simulator.apiserver import ApiServer
-
-NODE = "node-a"
+from tests.support.kubeapi import NODE, connector, fast, pod_watcher, running, until
 
 
 def rslice(name: str, node: str = NODE, devices: int = 1, taint: str = "") -> dict[str, Any]:
@@ -51,36 +46,8 @@ def server() -> Iterator[ApiServer]:
 
 
 def watcher(server: ApiServer, tmp: Path) -> SliceWatcher:
-    kubeconfig = server.kubeconfig(tmp / "kubeconfig")
-    made: list[KubeApi] = []
-
-    def connect() -> KubeApi:
-        if not made:
-            made.append(KubeApi(http_client(load_config(kubeconfig), 5.0)))
-        return made[0]
-
-    return SliceWatcher(connect, NODE, backoff=(0.05, 0.2), denied_backoff=0.2,
-                        rule_interval=0.1, rules_absent=0.3, rng=random.Random(1))  # fmt: skip
-
-
-@contextlib.asynccontextmanager
-async def running(w: SliceWatcher) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(w.run(stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    connect = connector(server.kubeconfig(tmp / "kubeconfig"))
+    return SliceWatcher(connect, NODE, timing=fast(), rule_interval=0.1, rules_absent=0.3)
 
 
 def names(w: SliceWatcher) -> list[str]:
@@ -185,47 +152,35 @@ async def test_rules_where_served_and_claim_health_from_the_whole_pod_watch(
         server.put("pods", train)
         w = watcher(server, tmp_path)
         kubeconfig = server.kubeconfig(tmp_path / "pods.kubeconfig")
-        pods = PodWatcher(
-            lambda: KubeApi(http_client(load_config(kubeconfig), 5.0), pod_status=read_pod_status),
-            NODE,
-            backoff=(0.05, 0.2),
-        )
-        stop = asyncio.Event()
-        pod_task = asyncio.create_task(pods.run(stop))
-        try:
-            async with running(w):
-                await until(lambda: [r.name for r in w.current()[2]] == ["drain"])
-                await until(lambda: "u1" in pods.pods)
-                assert not pods.pods["u1"].health
-                # The kubelet writes the driver's Unhealthy report: the watch event brings it.
-                train["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
-                    {
-                        "name": "claim:gpu",
-                        "resources": [
-                            {
-                                "resourceID": "gpu.example.com/node-a/s0-dev0",
-                                "health": "Unhealthy",
-                                "message": "XID 79",
-                            }
-                        ],
-                    }
-                ]
-                server.put("pods", train)
-                await until(lambda: pods.pods["u1"].health)
-                (health,) = pods.pods["u1"].health
-                assert (
-                    health.container,
-                    health.claim,
-                    health.resource_id,
-                    health.health,
-                    health.message,
-                ) == ("main", "gpu", "gpu.example.com/node-a/s0-dev0", "Unhealthy", "XID 79")
-                assert server.requests.count(("list", "pods")) == 1
-                assert ("get", "pods") not in server.requests
-        finally:
-            stop.set()
-            pod_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pod_task
+        pods = pod_watcher(kubeconfig, pod_status=read_pod_status)
+        async with running(pods), running(w):
+            await until(lambda: [r.name for r in w.current()[2]] == ["drain"])
+            await until(lambda: "u1" in pods.pods)
+            assert not pods.pods["u1"].health
+            # The kubelet writes the driver's Unhealthy report: the watch event brings it.
+            train["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+                {
+                    "name": "claim:gpu",
+                    "resources": [
+                        {
+                            "resourceID": "gpu.example.com/node-a/s0-dev0",
+                            "health": "Unhealthy",
+                            "message": "XID 79",
+                        }
+                    ],
+                }
+            ]
+            server.put("pods", train)
+            await until(lambda: pods.pods["u1"].health)
+            (health,) = pods.pods["u1"].health
+            assert (
+                health.container,
+                health.claim,
+                health.resource_id,
+                health.health,
+                health.message,
+            ) == ("main", "gpu", "gpu.example.com/node-a/s0-dev0", "Unhealthy", "XID 79")
+            assert server.requests.count(("list", "pods")) == 1
+            assert ("get", "pods") not in server.requests
     finally:
         server.stop()

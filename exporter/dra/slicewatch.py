@@ -1,6 +1,7 @@
 """This node's ResourceSlices, kept current by one list and a watch; DeviceTaintRules, listed.
 
-Beside the pod watch (`--kubernetes.api`), the same Reflector loop (listwatch.py): list
+Beside the pod watch (`--kubernetes.api`), the same Reflector loop (kubeapi/listwatch.py),
+of which this watcher is the `Watched`: list
 `/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>` page by page,
 then watch from the list's resourceVersion with bookmarks; a watch the server ends resumes
 from the newest version; `410 Gone` re-lists; other failures back off (1 s to 60 s, 5 min
@@ -22,20 +23,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from exporter.dra.slices import Slice, TaintRule, parse_slice, parse_taint_rule
 from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi, describe
 from exporter.kubeapi.listwatch import (
-    BACKOFF_SECONDS,
-    DENIED_BACKOFF_SECONDS,
-    WATCH_TIMEOUT_SECONDS,
+    Failure,
     ListWatch,
+    Sync,
+    Timing,
+    Wait,
+    api_key,
+    api_wait,
     pause,
 )
-from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi.slices")
 
@@ -49,41 +51,44 @@ ObjectEvent = tuple[str, str, dict[str, Any]]
 
 
 class SliceWatcher:
+    """This node's slices and the cluster's taint rules, as the poller reads them; the
+    `Watched` of its own slice loop."""
+
+    name = "ResourceSlice"
+    bounded = True
+    failures: tuple[type[BaseException], ...] = (ApiError, *UNAVAILABLE)
+
     def __init__(
         self,
         connect: Callable[[], KubeApi],
         node: str,
         *,
-        watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
-        backoff: tuple[float, float] = BACKOFF_SECONDS,
-        denied_backoff: float = DENIED_BACKOFF_SECONDS,
+        timing: Timing | None = None,
         rule_interval: float = RULE_INTERVAL_SECONDS,
         rules_absent: float = RULES_ABSENT_SECONDS,
-        rng: random.Random | None = None,
     ) -> None:
         self._connect = connect
         self.node = node
-        self.denied_backoff = denied_backoff
+        self.timing = timing or Timing()
         self.rule_interval = rule_interval
         self.rules_absent = rules_absent
-        self._rng = rng or random.Random()
         self.slices: dict[str, Slice] = {}
         self.rules: tuple[TaintRule, ...] = ()
         self.rules_served: bool | None = None
         """None until the first answer; False when the cluster does not serve the kind."""
         self.generation = 0
         """Moves on every change of `slices` or `rules` (the join's cache key)."""
-        self.up = False
-        self.synced = asyncio.Event()
-        self._states = StateLog(log)
+        self.sync = Sync(log, "slices/")
         self._current: tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]] = (0, (), ())
-        self._loop = ListWatch(
-            "ResourceSlice", connect, list_into=self._list, events=self._events,
-            apply=self._apply, gone=self._watch_gone, failed=self._watch_failed,
-            states=self._states, key="slices/", relist_at_once=False,
-            watch_timeout=watch_timeout, backoff=backoff, denied_backoff=denied_backoff,
-            rng=self._rng,
-        )  # fmt: skip
+        self._loop: ListWatch[ObjectEvent] = ListWatch(self, self.timing)
+
+    @property
+    def up(self) -> bool:
+        return self.sync.up
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.sync.synced
 
     def current(self) -> tuple[int, tuple[Slice, ...], tuple[TaintRule, ...]]:
         """What the cache holds now; no request. One immutable tuple, replaced on the event
@@ -95,45 +100,20 @@ class SliceWatcher:
         self._current = (self.generation, tuple(self.slices.values()), self.rules)
 
     async def run(self, stop: asyncio.Event) -> None:
-        others = [asyncio.create_task(self._rules_forever(stop))]
+        rules = asyncio.create_task(self._rules_forever(stop))
         try:
-            await self._watch_forever(stop)
+            await self._loop.run(stop)
         finally:
-            for task in others:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            rules.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rules
 
-    # --- slices ---------------------------------------------------------------------
+    # --- slices: the loop's Watched ---------------------------------------------------
 
-    async def _watch_forever(self, stop: asyncio.Event) -> None:
-        await self._loop.run(stop)
-
-    def _watch_gone(self, exc: ApiError) -> None:
-        self.up = False
-        log.info("ResourceSlice watch expired (410 Gone); listing again")
-
-    def _watch_failed(self, exc: BaseException, denied: bool) -> str:
-        self.up = False
-        if isinstance(exc, ApiError):
-            return (
-                f"cannot watch ResourceSlices ({exc})"
-                + ("; check the ServiceAccount's RBAC (the dra component)" if denied else "")
-                + "; DRA devices are joined by name only until it answers"
-            )
-        return (
-            f"ResourceSlices unavailable ({describe(exc)}); DRA devices are joined by "
-            "name only until they are"
+    async def list(self) -> str:
+        items, version = await self._connect().list_objects(
+            "resourceslices", SLICES_PATH, self._params()
         )
-
-    def _jitter(self) -> float:
-        return self._rng.uniform(0.8, 1.0)
-
-    def _params(self) -> dict[str, str]:
-        return {"fieldSelector": f"spec.nodeName={self.node}"}
-
-    async def _list(self, api: KubeApi) -> str:
-        items, version = await api.list_objects("resourceslices", SLICES_PATH, self._params())
         slices = {}
         for obj in items:
             parsed = self._parse(obj)
@@ -143,11 +123,11 @@ class SliceWatcher:
         self._changed()
         return version
 
-    def _events(self, api: KubeApi, version: str, timeout: int) -> AsyncIterator[ObjectEvent]:
+    def watch(self, version: str, timeout: int) -> AsyncIterator[ObjectEvent]:
         params = {**self._params(), "resourceVersion": version}
-        return api.watch_objects("resourceslices", SLICES_PATH, params, timeout)
+        return self._connect().watch_objects("resourceslices", SLICES_PATH, params, timeout)
 
-    def _apply(self, event: ObjectEvent) -> str:
+    def apply(self, event: ObjectEvent) -> str:
         kind, version, obj = event
         if kind == "BOOKMARK":
             return version
@@ -162,22 +142,42 @@ class SliceWatcher:
         self._changed()
         return version
 
+    def failure(self, exc: BaseException) -> Failure:
+        wait = api_wait(exc, gone=Wait.RELIST_SOON)
+        if wait is Wait.RELIST_SOON:
+            return Failure("410", "ResourceSlice watch expired (410 Gone); listing again", wait)
+        if isinstance(exc, ApiError):
+            line = (
+                f"cannot watch ResourceSlices ({exc})"
+                + ("; check the ServiceAccount's RBAC (the dra component)" if wait is Wait.DENIED
+                   else "")
+                + "; DRA devices are joined by name only until it answers"
+            )  # fmt: skip
+        else:
+            line = (
+                f"ResourceSlices unavailable ({describe(exc)}); DRA devices are joined by "
+                "name only until they are"
+            )
+        return Failure(api_key(exc), line, wait)
+
+    def _params(self) -> dict[str, str]:
+        return {"fieldSelector": f"spec.nodeName={self.node}"}
+
     def _parse(self, obj: dict[str, Any]) -> Slice | None:
         try:
             return parse_slice(obj)
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             name = (obj.get("metadata") or {}).get("name", "?")
-            self._states.failed(f"parse/{name}", f"ResourceSlice {name} not understood: {exc!r}")
+            message = f"ResourceSlice {name} not understood: {exc!r}"
+            self.sync.states.failed(f"parse/{name}", message)
             return None
 
     def _changed(self) -> None:
         self._publish()
-        if not self.up:
-            self._states.ok_all("slices/", "ResourceSlices readable again")
-            if not self.synced.is_set():
-                log.info("watching the %d ResourceSlices of node %s", len(self.slices), self.node)
-        self.up = True
-        self.synced.set()
+        self.sync.answering(
+            "ResourceSlices readable again",
+            lambda: f"watching the {len(self.slices)} ResourceSlices of node {self.node}",
+        )
 
     # --- taint rules ------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class SliceWatcher:
                 items, _ = await self._connect().list_objects("devicetaintrules", RULES_PATH, {})
                 rules = tuple(sorted((parse_taint_rule(o) for o in items), key=lambda r: r.name))
                 self.rules_served = True
-                self._states.ok_all("rules/", "DeviceTaintRules readable again")
+                self.sync.states.ok_all("rules/", "DeviceTaintRules readable again")
                 if rules != self.rules:
                     self.rules = rules
                     self._publish()
@@ -206,10 +206,10 @@ class SliceWatcher:
                         self._publish()
                 else:  # the last rules read are kept
                     message = f"cannot list DeviceTaintRules ({exc})"
-                    self._states.failed(f"rules/{exc.code}", message)
-                    wait = self.denied_backoff if exc.code in (401, 403) else wait
+                    self.sync.states.failed(f"rules/{exc.code}", message)
+                    wait = self.timing.denied_backoff if exc.code in (401, 403) else wait
             except UNAVAILABLE as exc:
-                self._states.failed(
+                self.sync.states.failed(
                     f"rules/{type(exc).__name__}", f"DeviceTaintRules unavailable ({describe(exc)})"
                 )
-            await pause(stop, wait * self._jitter())
+            await pause(stop, self.timing.jittered(wait))

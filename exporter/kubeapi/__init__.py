@@ -1,14 +1,16 @@
 """Pod UIDs, workloads and labels from the Kubernetes API (`--kubernetes.api`, off by default).
 
 client.py speaks the API (metadata only, every request counted), watcher.py keeps this node's
-pods current in the background (podsapi.py: from the kubelet's Pods API where it answers),
-listwatch.py is the list, watch and back-off loop they share with the DRA slice watch,
-workloads.py turns a pod and its owner chain into the attributes of `k8s.pod.workload.info`.
-The poller only reads the watcher's cache.
+pods current in the background, fed by the API server's pod watch or (podsapi.py) the
+kubelet's Pods API where it answers; listwatch.py is the one resumable list, watch and
+back-off loop that drives both feeds and the DRA slice watch; workloads.py turns a pod and
+its owner chain into the attributes of `k8s.pod.workload.info`. The poller only reads the
+watcher's cache.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +34,11 @@ def pod_watcher(config: Config, connect: Callable[[], KubeApi]) -> PodWatcher:
     socket = Path(config.pods_api_socket) if config.pods_api_socket else None
     if socket is not None and socket.exists() and not config.kubernetes_dra:
         # The kubelet's Pods API: no pod watch on the API server (docs/kubernetes-api.md).
-        from exporter.kubeapi.podsapi import KubeletPodWatcher
+        from exporter.kubeapi.podsapi import KubeletPods
 
         log.info("pod metadata from the kubelet Pods API at %s", socket)
-        return KubeletPodWatcher(connect, config.node_name, labels, socket=socket)
+        feed = functools.partial(KubeletPods, socket=socket)
+        return PodWatcher(connect, config.node_name, labels, feed=feed)
     # --kubernetes.dra reads whole pods (claim health) from the API watch: kept then.
     log.info("pod metadata from the API server's pod watch (no Pods API socket at %s%s)",
              socket, ", or --kubernetes.dra" if config.kubernetes_dra else "")  # fmt: skip

@@ -95,10 +95,10 @@ class PodMeta:
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     type: str
-    """ADDED, MODIFIED, DELETED or BOOKMARK."""
+    """ADDED, MODIFIED, DELETED or BOOKMARK (the Pods API: INITIAL_SYNC_COMPLETE, no version)."""
     resource_version: str
     pod: PodMeta | None = None
-    """None for a BOOKMARK."""
+    """None for a BOOKMARK or INITIAL_SYNC_COMPLETE."""
 
 
 def controller_of(meta: dict[str, Any]) -> OwnerRef | None:

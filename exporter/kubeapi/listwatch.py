@@ -1,12 +1,17 @@
-"""client-go's Reflector loop, shared by the pod watch (watcher.py) and the slice watch.
+"""One resumable list-watch (client-go's Reflector loop) for everything the exporter watches.
 
-List once, then watch from the list's resourceVersion with bookmarks, so a watch the server
-ends (its `timeoutSeconds`, 5 to 10 minutes, randomized like client-go's) resumes from the
-newest version without a list; `410 Gone` (the version fell out of the watch cache) lists
-again; any other failure backs off (1 s doubling to 60 s; 5 minutes after a failure only an
-operator fixes, such as 401/403) and the cache is kept meanwhile. A watch that ends at once
-with no event backs off too. What is listed, how an event is applied and what is logged
-belong to each watcher: it hands them in as callables.
+List, then watch from the list's version; a watch the peer ends resumes from the newest
+version seen (an event's or a bookmark's) without a list; `410 Gone` (the version fell out
+of the watch cache) lists again; any other failure backs off (1 s doubling to 60 s; 5
+minutes after a failure only an operator fixes, such as 401/403), logged once per state
+change, the cache kept meanwhile. A peer with no versions (the kubelet's Pods API) has no
+resume: every reconnect lists again, by replaying.
+
+What is listed and watched, how an event is decoded and applied, and what a failure means
+belong to the watched thing (`Watched`: the API server's pods, kubeapi/watcher.py; the
+kubelet's, kubeapi/podsapi.py; the ResourceSlices, dra/slicewatch.py). How long the loop
+waits is `Timing`, defaults once. Every failure of a list or a watch is caught here, in one
+place.
 """
 
 from __future__ import annotations
@@ -16,26 +21,133 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Generic, Protocol, TypeVar
 
-from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi
+from exporter.kubeapi.client import ApiError
 from exporter.runtime.backoff import Backoff
 from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi")
 
-WATCH_TIMEOUT_SECONDS = (300, 600)
-"""client-go's reflector: minWatchTimeout 5 min, times 1 to 2 at random."""
-WATCH_GRACE_SECONDS = 60.0
-"""A watch the server did not end this long after its timeout is a dead connection."""
-BACKOFF_SECONDS = (1.0, 60.0)
-DENIED_BACKOFF_SECONDS = 300.0
-SHORT_WATCH_SECONDS = 1.0
-"""A watch that ends sooner with no event is a failure (client-go's "very short watch"): a
-proxy cutting every watch at once must not turn into a loop of requests."""
-
 Event = TypeVar("Event")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How long the loop waits, and how randomly (client-go's reflector's numbers)."""
+
+    watch_timeout: tuple[int, int] = (300, 600)
+    """The `timeoutSeconds` a watch asks for: minWatchTimeout 5 min, times 1 to 2 at random."""
+    watch_grace: float = 60.0
+    """A watch the server did not end this long after its timeout is a dead connection."""
+    short_watch: float = 1.0
+    """A watch that ends sooner with no event is a failure (client-go's "very short watch"):
+    a proxy cutting every watch at once must not turn into a loop of requests."""
+    backoff: tuple[float, float] = (1.0, 60.0)
+    """The first wait after a failure, doubling to the second."""
+    denied_backoff: float = 300.0
+    """The wait after a failure only an operator fixes (401/403, no configuration)."""
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+    def jittered(self, seconds: float) -> float:
+        """The agents of many nodes that failed together do not retry together."""
+        return seconds * self.rng.uniform(0.8, 1.0)
+
+
+class Wait(Enum):
+    """What a failure waits for before the next attempt."""
+
+    RETRY = auto()
+    """The retry schedule's next wait."""
+    DENIED = auto()
+    """`denied_backoff` (the failure still counts in the retry schedule)."""
+    RELIST = auto()
+    """The version is gone: list again, at once after a success, on a schedule of its own
+    when that 410s again (the pod watch, as client-go)."""
+    RELIST_SOON = auto()
+    """The version is gone: list again after a short random part of the retry schedule
+    (the slice watch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What the watched thing makes of an exception its list or watch raised."""
+
+    key: str
+    """The state's key in `Sync.states`, after its prefix: one log line per change."""
+    line: str
+    """What to log: a warning once per state; for a relist, an info line each time."""
+    wait: Wait = Wait.RETRY
+    restart: bool = False
+    """The stream had synced before it ended: the retry schedule starts over (the Pods API)."""
+
+    @property
+    def relists(self) -> bool:
+        return self.wait in (Wait.RELIST, Wait.RELIST_SOON)
+
+
+class Sync:
+    """Whether a watched thing is in sync with its peer, each change logged once."""
+
+    def __init__(self, logger: logging.Logger, key: str) -> None:
+        self.states = StateLog(logger)
+        self.key = key
+        """The prefix of this watch's keys in `states`."""
+        self.up = False
+        """The last list or watch worked."""
+        self.synced = asyncio.Event()
+        """Set at the first sync; never cleared."""
+
+    def answering(self, again: str, first: Callable[[], str]) -> None:
+        """In sync: say `again` after a failure, `first()` at the first sync."""
+        if not self.up:
+            self.states.ok_all(self.key, again)
+            if not self.synced.is_set():
+                self.states.logger.info("%s", first())
+        self.up = True
+        self.synced.set()
+
+    def down(self, failure: Failure) -> None:
+        """Out of sync: a warning once per state, or the relist said."""
+        self.up = False
+        if failure.relists:
+            self.states.logger.info("%s", failure.line)
+        else:
+            self.states.failed(self.key + failure.key, failure.line)
+
+
+class Watched(Protocol[Event]):
+    """One watched thing, as the loop drives it."""
+
+    name: str
+    """For the log: "the {name} watch ended..."."""
+    sync: Sync
+    failures: tuple[type[BaseException], ...]
+    """What its list or watch raises when the peer is unusable for now; anything else ends
+    the loop."""
+    bounded: bool
+    """The peer ends each watch after the `timeoutSeconds` asked (the API server); False: a
+    stream it never ends by itself (the kubelet's)."""
+
+    async def list(self) -> str:
+        """Replace the cache with what the peer holds; the version to watch from."""
+        ...
+
+    def watch(self, version: str, timeout: int) -> AsyncIterator[Event]:
+        """One watch's events from `version`, decoded."""
+        ...
+
+    def apply(self, event: Event) -> str:
+        """Apply one event to the cache; the version after it ("": the one before)."""
+        ...
+
+    def failure(self, exc: BaseException) -> Failure:
+        """What `exc`, one of `failures`, means."""
+        ...
 
 
 class ShortWatch(Exception):
@@ -43,120 +155,104 @@ class ShortWatch(Exception):
 
 
 class ListWatch(Generic[Event]):
-    """One list-then-watch loop. The callables are the watcher's own:
+    """The loop of one watched thing."""
 
-    - `list_into(api)` lists and replaces the cache; the list's resourceVersion;
-    - `events(api, version, timeout)` one watch request's events;
-    - `apply(event)` applies one event (bookmarks too); its resourceVersion, "" if none;
-    - `gone(exc)` marks the watcher down and logs the 410;
-    - `failed(exc, denied)` marks it down; the line to log, once per state change, under
-      `key` + the code or the exception's name in `states`. Denied (the long `denied_backoff`
-      wait): 401/403, and the exceptions in `operator_only`, that only an operator fixes.
-
-    `relist_at_once`: the first 410 since a success lists again at once and repeated ones
-    back off on their own schedule (the pod watch); otherwise every 410 waits a short random
-    part of the retry schedule (the slice watch)."""
-
-    def __init__(
-        self,
-        name: str,
-        connect: Callable[[], KubeApi],
-        *,
-        list_into: Callable[[KubeApi], Awaitable[str]],
-        events: Callable[[KubeApi, str, int], AsyncIterator[Event]],
-        apply: Callable[[Event], str],
-        gone: Callable[[ApiError], None],
-        failed: Callable[[BaseException, bool], str],
-        states: StateLog,
-        key: str,
-        relist_at_once: bool,
-        operator_only: tuple[type[BaseException], ...] = (),
-        watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
-        watch_grace: float = WATCH_GRACE_SECONDS,
-        short_watch: float = SHORT_WATCH_SECONDS,
-        backoff: tuple[float, float] = BACKOFF_SECONDS,
-        denied_backoff: float = DENIED_BACKOFF_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.name = name
-        self._connect = connect
-        self._list_into = list_into
-        self._events = events
-        self._apply = apply
-        self._gone = gone
-        self._failed = failed
-        self._states = states
-        self.key = key
-        self.relist_at_once = relist_at_once
-        self.operator_only = operator_only
-        self.watch_timeout = watch_timeout
-        self.watch_grace = watch_grace
-        self.short_watch = short_watch
-        self.backoff = backoff
-        self.denied_backoff = denied_backoff
-        self._clock = clock
-        self._rng = rng or random.Random()
+    def __init__(self, watched: Watched[Event], timing: Timing) -> None:
+        self.watched = watched
+        self.timing = timing
 
     async def run(self, stop: asyncio.Event) -> None:
-        """List and watch until `stop` is set; errors it does not retry end it."""
+        """List and watch until `stop` is set (a list or watch in flight then ends at once);
+        an error not in `failures` ends it."""
+        looping = asyncio.ensure_future(self._loop(stop))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((looping, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not looping.done():
+                looping.cancel()
+                await asyncio.wait((looping,))  # its cleanup (a response closed) before ours
+        if not looping.cancelled():
+            looping.result()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         version = ""
-        retry = Backoff(*self.backoff)
-        relist = Backoff(*self.backoff)  # a watch cache that cannot serve the list's version
+        retry = Backoff(*self.timing.backoff)
+        relist = Backoff(*self.timing.backoff)  # a watch cache that cannot serve the list's
         gone = False  # a 410 since the last success: the next one waits
         while not stop.is_set():
             try:
-                api = self._connect()
                 if not version:
-                    version = await self._list_into(api)
-                version = await self._watch(api, version, stop)
+                    version = await self.watched.list()
+                version = await self._watch(version, stop)
                 retry.success()
                 relist.success()
                 gone = False
-            except ApiError as exc:
-                if exc.code != 410:
-                    denied = exc.code in (401, 403)
-                    self._states.failed(f"{self.key}{exc.code}", self._failed(exc, denied))
-                    await pause(stop, self._delay(retry, denied))
-                    continue
-                self._gone(exc)
-                version = ""
-                if not self.relist_at_once:
-                    await pause(stop, retry.failure() * self._rng.uniform(0.0, 0.2))
-                elif gone:
-                    await pause(stop, self.jittered(relist.failure()))
-                gone = True
+                continue
             except ShortWatch as exc:
                 log.debug("%s", exc)
-                await pause(stop, self._delay(retry, denied=False))
-            except UNAVAILABLE as exc:
-                denied = isinstance(exc, self.operator_only)
-                self._states.failed(f"{self.key}{type(exc).__name__}", self._failed(exc, denied))
-                await pause(stop, self._delay(retry, denied))
+                wait: float | None = self._delay(retry, denied=False)
+            except self.watched.failures as exc:
+                failure = self.watched.failure(exc)
+                self.watched.sync.down(failure)
+                wait = self._wait(failure, retry, relist if gone else None)
+                if failure.relists:
+                    version, gone = "", True
+            if wait is not None:
+                await pause(stop, wait)
 
-    async def _watch(self, api: KubeApi, version: str, stop: asyncio.Event) -> str:
-        """Apply events until the server ends the watch; the version to resume from."""
-        timeout = self._rng.randint(*self.watch_timeout)
-        started, events = self._clock(), 0
-        async with asyncio.timeout(timeout + self.watch_grace):
-            async for event in self._events(api, version, timeout):
+    async def _watch(self, version: str, stop: asyncio.Event) -> str:
+        """Apply events until the peer ends the watch; the version to resume from."""
+        bounded = self.watched.bounded
+        timeout = self.timing.rng.randint(*self.timing.watch_timeout) if bounded else 0
+        started, events = self.timing.clock(), 0
+        async with asyncio.timeout(timeout + self.timing.watch_grace if bounded else None):
+            async for event in self.watched.watch(version, timeout):
                 if stop.is_set():
                     break
                 events += 1
-                version = self._apply(event) or version
-        if events == 0 and self._clock() - started < self.short_watch:
-            elapsed = self._clock() - started
-            raise ShortWatch(f"the {self.name} watch ended after {elapsed:.3f}s, no event")
+                version = self.watched.apply(event) or version
+        elapsed = self.timing.clock() - started
+        if events == 0 and elapsed < self.timing.short_watch:
+            name = self.watched.name
+            raise ShortWatch(f"the {name} watch ended after {elapsed:.3f}s, no event")
         return version
+
+    def _wait(self, failure: Failure, retry: Backoff, relist: Backoff | None) -> float | None:
+        """The wait after `failure`; `relist`: the schedule of a 410 repeated since the
+        last success (None: the first, which lists again at once)."""
+        if failure.wait is Wait.RELIST:
+            return None if relist is None else self.timing.jittered(relist.failure())
+        if failure.wait is Wait.RELIST_SOON:
+            return retry.failure() * self.timing.rng.uniform(0.0, 0.2)
+        if failure.restart:
+            retry.success()
+        return self._delay(retry, failure.wait is Wait.DENIED)
 
     def _delay(self, retry: Backoff, denied: bool) -> float:
         """The next wait; a denied request still counts as a failure in the schedule."""
         wait = retry.failure()
-        return self.jittered(self.denied_backoff if denied else wait)
+        return self.timing.jittered(self.timing.denied_backoff if denied else wait)
 
-    def jittered(self, seconds: float) -> float:
-        """The agents of many nodes that failed together do not retry together."""
-        return seconds * self._rng.uniform(0.8, 1.0)
+
+def api_wait(
+    exc: BaseException, *, gone: Wait, operator_only: tuple[type[BaseException], ...] = ()
+) -> Wait:
+    """The wait after an API server's failure: `gone` after its 410; long after 401/403
+    and the exceptions in `operator_only`; else the retry schedule's."""
+    if isinstance(exc, ApiError):
+        if exc.code == 410:
+            return gone
+        denied = exc.code in (401, 403)
+    else:
+        denied = isinstance(exc, operator_only)
+    return Wait.DENIED if denied else Wait.RETRY
+
+
+def api_key(exc: BaseException) -> str:
+    """An API server failure's state: its HTTP code, or the exception's name."""
+    return str(exc.code) if isinstance(exc, ApiError) else type(exc).__name__
 
 
 async def pause(stop: asyncio.Event, seconds: float) -> None:

@@ -1,7 +1,8 @@
-"""The pods of this node, kept current by one list and a watch (`--kubernetes.api`).
+"""The pods of this node, kept current in the background (`--kubernetes.api`).
 
 A background task, never part of a cycle: the poller reads the latest cache with
-`pod_infos()`, which makes no request. The protocol is client-go's Reflector:
+`pod_infos()`, which makes no request. A feed keeps the cache, driven by listwatch.py's loop:
+`ApiPods` here, client-go's Reflector on the API server —
 
 - list once (`fieldSelector=spec.nodeName=<node>`), then watch from the list's
   resourceVersion with bookmarks, so a watch the server ends (its `timeoutSeconds`, 5 to 10
@@ -9,15 +10,15 @@ A background task, never part of a cycle: the poller reads the latest cache with
 - `410 Gone` (the version fell out of the watch cache) re-lists and replaces the cache;
 - any other failure backs off (1 s doubling to 60 s; 5 minutes after 401/403, which only an
   operator fixes) and is logged once per state change; the cache is kept meanwhile and the
-  exporter goes on exporting what PodResources gives.
+  exporter goes on exporting what PodResources gives —
 
-That loop is listwatch.py's, shared with the slice watch; this module says what is listed,
-how an event changes the cache and what is logged.
+or, where the kubelet serves its Pods API, podsapi.py's `KubeletPods`.
 
 Owners: a pod's controller is in its own metadata; the workload above a ReplicaSet or Job
 (Deployment, CronJob) needs that owner's metadata, read once per owner UID and re-read
-after `owner_ttl` while a pod still refers to it. Steady state is one watch request per
-watch timeout plus the owner re-reads: see docs/kubernetes-api.md for the measured numbers.
+after `owner_ttl` while a pod still refers to it, whatever the feed. Steady state is one
+watch request per watch timeout plus the owner re-reads: see docs/kubernetes-api.md for the
+measured numbers.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx2 as httpx
 
 from exporter.kubeapi.client import (
     OWNER_RESOURCES,
+    UNAVAILABLE,
     ApiError,
     KubeApi,
     NotConfigured,
@@ -43,16 +44,17 @@ from exporter.kubeapi.client import (
     describe,
 )
 from exporter.kubeapi.listwatch import (
-    BACKOFF_SECONDS,
-    DENIED_BACKOFF_SECONDS,
-    SHORT_WATCH_SECONDS,
-    WATCH_GRACE_SECONDS,
-    WATCH_TIMEOUT_SECONDS,
+    Failure,
     ListWatch,
+    Sync,
+    Timing,
+    Wait,
+    Watched,
+    api_key,
+    api_wait,
 )
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.model import KubeApiHealth, PodInfo
-from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi")
 
@@ -66,31 +68,34 @@ class _Owner:
     expires: float
 
 
+class PodFeed(Watched[WatchEvent], Protocol):
+    """Where a PodWatcher's pods come from; it writes them with `replace` and `apply`."""
+
+    source: str
+    """`KubeApiHealth.source`."""
+
+
 class PodWatcher:
+    """This node's pods, as one feed keeps them (`feed(watcher)`; the API server's pod
+    watch by default), and the owners above their ReplicaSets and Jobs."""
+
     def __init__(
         self,
         connect: Callable[[], KubeApi],
         node: str,
         labels: LabelFilter | None = None,
         *,
-        watch_timeout: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
-        watch_grace: float = WATCH_GRACE_SECONDS,
-        short_watch: float = SHORT_WATCH_SECONDS,
-        backoff: tuple[float, float] = BACKOFF_SECONDS,
-        denied_backoff: float = DENIED_BACKOFF_SECONDS,
+        feed: Callable[[PodWatcher], PodFeed] | None = None,
+        timing: Timing | None = None,
         owner_ttl: float = OWNER_TTL_SECONDS,
         owner_retry: float = OWNER_RETRY_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
     ) -> None:
         self._connect = connect
         self.node = node
         self.labels = labels or LabelFilter()
-        self.backoff = backoff
+        self.timing = timing or Timing()
         self.owner_ttl = owner_ttl
         self.owner_retry = owner_retry
-        self._clock = clock
-        self._rng = rng or random.Random()
         self.api: KubeApi | None = None
         self.pods: dict[str, PodMeta] = {}
         """uid -> metadata of every pod on this node."""
@@ -98,17 +103,13 @@ class PodWatcher:
         """owner uid (ReplicaSet, Job) -> its controller, as last read."""
         self._infos: dict[str, tuple[PodMeta, OwnerRef | None, PodInfo]] = {}
         self._owner_wanted = asyncio.Event()
-        self._up = False
-        self._states = StateLog(log)
-        self.synced = asyncio.Event()
-        """Set once the first list has answered."""
-        self._loop = ListWatch(
-            "pod", self._client, list_into=self._list, events=self._events, apply=self._apply,
-            gone=self._watch_gone, failed=self._watch_failed, states=self._states, key="api/",
-            relist_at_once=True, operator_only=(NotConfigured,),
-            watch_timeout=watch_timeout, watch_grace=watch_grace, short_watch=short_watch,
-            backoff=backoff, denied_backoff=denied_backoff, clock=clock, rng=self._rng,
-        )  # fmt: skip
+        self.feed: PodFeed = (feed or ApiPods)(self)
+        self._loop = ListWatch(self.feed, self.timing)
+
+    @property
+    def synced(self) -> asyncio.Event:
+        """Set once the feed first synced."""
+        return self.feed.sync.synced
 
     # --- read by the poller (the event loop, no request) ---------------------------------
 
@@ -131,7 +132,7 @@ class PodWatcher:
 
     def health(self) -> KubeApiHealth:
         requests = dict(self.api.requests) if self.api is not None else {}
-        return KubeApiHealth(self._up, len(self.pods), requests)
+        return KubeApiHealth(self.feed.sync.up, len(self.pods), requests, self.feed.source)
 
     def _info(self, uid: str, pod: PodMeta) -> PodInfo:
         owner = self.owners.get(pod.owner.uid) if pod.owner else None
@@ -142,6 +143,29 @@ class PodWatcher:
         info = pod_info(pod, parent, self.labels)
         self._infos[uid] = (pod, parent, info)
         return info
+
+    # --- written by the feed -----------------------------------------------------------
+
+    def client(self) -> KubeApi:
+        """The one client, made at the first attempt (a retry after NotConfigured makes it)."""
+        if self.api is None:
+            self.api = self._connect()
+        return self.api
+
+    def replace(self, pods: dict[str, PodMeta]) -> None:
+        """The feed's whole list (or replay) becomes the cache."""
+        self.pods = pods
+        self._infos = {uid: v for uid, v in self._infos.items() if uid in pods}
+        self._want_owners(pods.values())
+
+    def apply(self, kind: str, pod: PodMeta) -> None:
+        """One pod added or changed, or (`kind` DELETED) gone."""
+        if kind == "DELETED":
+            self.pods.pop(pod.uid, None)
+            self._infos.pop(pod.uid, None)
+        else:
+            self.pods[pod.uid] = pod
+            self._want_owners((pod,))
 
     # --- the background tasks ------------------------------------------------------------
 
@@ -158,62 +182,6 @@ class PodWatcher:
 
     async def _watch_forever(self, stop: asyncio.Event) -> None:
         await self._loop.run(stop)
-
-    def _client(self) -> KubeApi:
-        """The one client, made at the first attempt (a retry after NotConfigured makes it)."""
-        if self.api is None:
-            self.api = self._connect()
-        return self.api
-
-    def _watch_gone(self, exc: ApiError) -> None:
-        self._up = False
-        log.info("pod watch expired (410 Gone: %s); listing again", exc)
-
-    def _watch_failed(self, exc: BaseException, denied: bool) -> str:
-        self._up = False
-        if isinstance(exc, ApiError):
-            rbac = "; check the ServiceAccount's RBAC" if denied else ""
-            why = f"Kubernetes API answers {exc}{rbac}"
-        else:
-            why = f"Kubernetes API unavailable ({describe(exc)})"
-        return (
-            f"{why}; pod UIDs, owners and labels are missing until it answers, devices are "
-            "exported as PodResources gives them"
-        )
-
-    def _jittered(self, seconds: float) -> float:
-        return self._loop.jittered(seconds)
-
-    async def _list(self, api: KubeApi) -> str:
-        pods, version = await api.list_pods(self.node)
-        self.pods = {pod.uid: pod for pod in pods}
-        self._infos = {uid: v for uid, v in self._infos.items() if uid in self.pods}
-        self._want_owners(pods)
-        self._synced()
-        return version
-
-    def _events(self, api: KubeApi, version: str, timeout: int) -> AsyncIterator[WatchEvent]:
-        return api.watch_pods(self.node, version, timeout)
-
-    def _apply(self, event: WatchEvent) -> str:
-        self._synced()
-        if event.pod is None:  # BOOKMARK: only the version moves
-            return event.resource_version
-        if event.type == "DELETED":
-            self.pods.pop(event.pod.uid, None)
-            self._infos.pop(event.pod.uid, None)
-        else:
-            self.pods[event.pod.uid] = event.pod
-            self._want_owners((event.pod,))
-        return event.resource_version
-
-    def _synced(self) -> None:
-        if not self._up:
-            self._states.ok_all("api/", "Kubernetes API answering again")
-            if not self.synced.is_set():
-                log.info("watching the %d pods of node %s", len(self.pods), self.node)
-        self._up = True
-        self.synced.set()
 
     # --- owners ----------------------------------------------------------------------
 
@@ -232,7 +200,7 @@ class PodWatcher:
                 await self._read_due_owners(self.api)
 
     async def _read_due_owners(self, api: KubeApi) -> None:
-        now = self._clock()
+        now = self.timing.clock()
         referenced = {
             pod.owner.uid: (pod.namespace, pod.owner)
             for pod in list(self.pods.values())
@@ -248,7 +216,7 @@ class PodWatcher:
                 parent = await api.controller_of(namespace, ref.kind, ref.name)
             except ApiError as exc:
                 if exc.code != 404:  # 404: the owner is gone; its pods are going too
-                    self._states.failed(
+                    self.feed.sync.states.failed(
                         f"owner/{exc.code}",
                         f"cannot read {ref.kind} owners ({exc}): workloads above them "
                         "(Deployments, CronJobs) stay unnamed; check the ServiceAccount's RBAC",
@@ -258,9 +226,59 @@ class PodWatcher:
                 log.debug("reading %s %s/%s failed: %s", ref.kind, namespace, ref.name, exc)
                 # Retried after owner_retry; meanwhile the pod's series names what is known.
                 parent = known.parent if known else None
-                self.owners[uid] = _Owner(parent, self._clock() + self.owner_retry)
+                self.owners[uid] = _Owner(parent, self.timing.clock() + self.owner_retry)
                 continue
             else:
-                self._states.ok_all("owner/", "owners readable again")
-            ttl = self.owner_ttl * self._rng.uniform(0.9, 1.1)
-            self.owners[uid] = _Owner(parent, self._clock() + ttl)
+                self.feed.sync.states.ok_all("owner/", "owners readable again")
+            ttl = self.owner_ttl * self.timing.rng.uniform(0.9, 1.1)
+            self.owners[uid] = _Owner(parent, self.timing.clock() + ttl)
+
+
+class ApiPods:
+    """The pods from the API server: a list, then a watch, metadata only (whole pods with
+    `--kubernetes.dra`, which reads their claims' health)."""
+
+    name = "pod"
+    source = "kubernetes-api"
+    bounded = True
+    failures: tuple[type[BaseException], ...] = (ApiError, *UNAVAILABLE)
+
+    def __init__(self, pods: PodWatcher) -> None:
+        self.pods = pods
+        self.sync = Sync(log, "api/")
+
+    async def list(self) -> str:
+        pods, version = await self.pods.client().list_pods(self.pods.node)
+        self.pods.replace({pod.uid: pod for pod in pods})
+        self._answering()
+        return version
+
+    def watch(self, version: str, timeout: int) -> AsyncIterator[WatchEvent]:
+        return self.pods.client().watch_pods(self.pods.node, version, timeout)
+
+    def apply(self, event: WatchEvent) -> str:
+        self._answering()
+        if event.pod is not None:  # a BOOKMARK only moves the version
+            self.pods.apply(event.type, event.pod)
+        return event.resource_version
+
+    def failure(self, exc: BaseException) -> Failure:
+        wait = api_wait(exc, gone=Wait.RELIST, operator_only=(NotConfigured,))
+        if wait is Wait.RELIST:
+            return Failure("410", f"pod watch expired (410 Gone: {exc}); listing again", wait)
+        if isinstance(exc, ApiError):
+            rbac = "; check the ServiceAccount's RBAC" if wait is Wait.DENIED else ""
+            why = f"Kubernetes API answers {exc}{rbac}"
+        else:
+            why = f"Kubernetes API unavailable ({describe(exc)})"
+        line = (
+            f"{why}; pod UIDs, owners and labels are missing until it answers, devices are "
+            "exported as PodResources gives them"
+        )
+        return Failure(api_key(exc), line, wait)
+
+    def _answering(self) -> None:
+        self.sync.answering(
+            "Kubernetes API answering again",
+            lambda: f"watching the {len(self.pods.pods)} pods of node {self.pods.node}",
+        )

@@ -32,7 +32,7 @@ from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    """A pod dict (tests.kubeapi_server.pod) as v1.Pod protobuf bytes (metadata only)."""
+    """A pod dict (tests.support.kubeapi.pod) as v1.Pod protobuf bytes (metadata only)."""
     meta = obj["metadata"]
     refs = [
         corev1.OwnerReference(kind=r["kind"], name=r["name"], uid=r["uid"],
