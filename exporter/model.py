@@ -42,10 +42,10 @@ class Device:
 class Sample(NamedTuple):
     """One value of one metric (a key of `metrics.SPECS`) for one device, in base units.
 
-    A named tuple, not a frozen dataclass: a dense node builds ~450 a cycle, and a frozen
-    dataclass's `__init__` sets each field through `object.__setattr__` (3x the cost of a
-    tuple; the NVML source builds them with `tuple.__new__`, cheaper still). Equal and hashed
-    by (metric, value, attributes), as the dataclass was."""
+    A named tuple, not a frozen dataclass: a dense node builds hundreds a cycle, and a frozen
+    dataclass's `__init__` sets each field through `object.__setattr__`, several times the
+    cost of a tuple (docs/design-figures.md; the NVML source builds them with
+    `tuple.__new__`, cheaper still). Equal and hashed by (metric, value, attributes)."""
 
     metric: str
     value: float

@@ -1,17 +1,17 @@
 """When the cycle asks the kubelet, and what it uses in between.
 
 Pods change far more slowly than utilization, and each poll starts and stops gRPC's
-threads (the kubelet's part was a fifth of a dense 1 s cycle, docs/performance.md). So
-the kubelet is asked when what the sources see changes, and otherwise at most every
-`--kubernetes.poll-interval` (30 s, in whole cycles, rounded up); a cycle in between uses
-the last answer.
+threads (what that costs: docs/design-figures.md). So the kubelet is asked when what the
+sources see changes, and otherwise at most every `--kubernetes.poll-interval` (in whole
+cycles, rounded up); a cycle in between uses the last answer.
 
 What the sources see: the devices, their state and XIDs, and each device's processes.
 A device that goes bad makes the kubelet be asked too: its device plugin's verdict
 (GetAllocatableResources) usually follows from the same event (NVIDIA's marks a GPU
 unhealthy on an XID). A workload that starts a process on a device makes the cycle that
 first sees it ask the kubelet, within that cycle, so its utilization goes to the right
-pod from the first cycle on (a fixed 5 s schedule gave the last holder up to 5 s of it).
+pod from the first cycle on (a fixed schedule gave the last holder the time up to its
+next poll).
 The kubelet is asked once more `SOONEST` seconds later, because what follows a change
 settles after it (a deleted pod leaves `List` about 3 s after deletion, control-plane.md).
 A poll the sources ask for comes at most every `SOONEST` seconds: processes that come and
@@ -24,11 +24,9 @@ back after a kubelet restart (the restart window, settle.py).
 
 After each poll the channel is closed (the next poll opens a new one): an open grpc.aio
 channel keeps gRPC's event-engine threads, its timer and its completion-queue poller
-alive, and they wake 18 to 58 times a second with nothing to do; closed, gRPC stops them
-all. Measured against the simulated kubelet (`python -m bench grpc-idle`, two processes
-side by side): with a `List` every 1 s, 2.41 ms of CPU per call kept open against 2.48 ms
-closed between, 58 context switches a second against 11; every 2 s, 3.21 against 2.72 ms
-and 41 against 5; every 10 s, 6.77 against 3.04 ms and 18 against 2.
+alive, and they wake many times a second with nothing to do; closed, gRPC stops them all,
+and reopening costs no more CPU than keeping it (`python -m bench grpc-idle`;
+docs/performance.md).
 """
 
 from __future__ import annotations

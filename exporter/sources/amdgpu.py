@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from exporter.attribution.resolver import read_small
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
-from exporter.settings import values
-from exporter.sources import SourceContext, SourceOption, add, option_values, register
-from exporter.sources.sysfs.drmfdinfo import DrmProcesses
+from exporter.sources import SourceContext, add, option_values, register
+from exporter.sources.sysfs.drmfdinfo import DrmProcesses, processes_option
 from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
 from exporter.sources.sysfs.reader import PERCENT, U64, Reader, numbered, parse_integer
 from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
@@ -41,14 +40,7 @@ KFD_PROCESSES = "class/kfd/kfd/proc"
 PARTITIONS = "devices/platform"
 
 
-OPTIONS = (
-    SourceOption(
-        "processes",
-        "per-process VRAM (KFD) and DRM fdinfo memory and engine time",
-        "true",
-        values.boolean,
-    ),
-)
+OPTIONS = (processes_option("per-process VRAM (KFD) and DRM fdinfo memory and engine time"),)
 """`--collector.amdgpu.*`."""
 
 
@@ -57,7 +49,6 @@ class AmdgpuSource(SysfsSource):
     looks_for = "class/drm cards bound to amdgpu"
 
     def __init__(self, ctx: SourceContext) -> None:
-
         super().__init__(ctx)
         self.with_processes: bool = option_values(OPTIONS, ctx.options)["processes"]
         self.drm = DrmProcesses(ctx.procfs, ("amdgpu",), ctx.clock or time.monotonic, ctx.logger)

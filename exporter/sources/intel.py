@@ -17,9 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from exporter.model import Device, DeviceReading, ProcessUsage, Sample
-from exporter.settings import values
-from exporter.sources import SourceContext, SourceOption, add, option_values, register
-from exporter.sources.sysfs.drmfdinfo import DrmProcesses
+from exporter.sources import SourceContext, add, option_values, register
+from exporter.sources.sysfs.drmfdinfo import DrmProcesses, processes_option
 from exporter.sources.sysfs.hwmon import hwmon_samples, read_hwmon
 from exporter.sources.sysfs.reader import MEGAHERTZ, Reader, numbered
 from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
@@ -37,14 +36,7 @@ DEVICE_HWMON = {"i915", "xe"}
 """hwmon chip names of the whole device (i915 also has per-GT `i915_gtN` chips)."""
 
 
-OPTIONS = (
-    SourceOption(
-        "processes",
-        "per-process memory and engine time from DRM fdinfo",
-        "true",
-        values.boolean,
-    ),
-)
+OPTIONS = (processes_option("per-process memory and engine time from DRM fdinfo"),)
 """`--collector.intel.*`."""
 
 
@@ -53,7 +45,6 @@ class IntelSource(SysfsSource):
     looks_for = "class/drm cards bound to i915 or xe"
 
     def __init__(self, ctx: SourceContext) -> None:
-
         super().__init__(ctx)
         self.with_processes: bool = option_values(OPTIONS, ctx.options)["processes"]
         self.drm = DrmProcesses(ctx.procfs, ("i915", "xe"), ctx.clock or time.monotonic, ctx.logger)

@@ -2,7 +2,7 @@
 `--authorization-mode=Node,RBAC`, kube-scheduler, kube-controller-manager) on loopback, from
 binaries named by `KDE_E2E_HYPERKUBE` and `KDE_E2E_ETCD` (docs/testing.md says how they run
 here and what they did). It proves what the project's loopback API server
-(tests/kubeapi_server.py) cannot: the kit's RBAC under the real authorizer, ServiceAccount
+(simulator/apiserver.py) cannot: the kit's RBAC under the real authorizer, ServiceAccount
 tokens from the TokenRequest API, and owners made by the real controllers.
 
 binaries.py names the binaries (through tests/realnode/binaries.py); pki.py makes the

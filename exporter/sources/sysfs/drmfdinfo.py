@@ -30,6 +30,8 @@ from pathlib import Path
 from exporter.attribution.resolver import own_pid_namespace, read_small
 from exporter.ids import pci_address
 from exporter.model import ProcessUsage
+from exporter.settings.values import boolean
+from exporter.sources import SourceOption
 
 _UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _LINE = re.compile(r"^(?P<key>[a-z][a-z0-9_.-]*):\s*(?P<value>\S+)(?:\s+(?P<unit>\S+))?\s*$")
@@ -198,6 +200,11 @@ def _fractions(client: DrmClient, before: DrmClient, seconds: float) -> list[flo
         engines = max(1, client.capacity.get(engine, 1))
         found.append(min(1.0, (busy - was_busy) / (total - was_total) / engines))
     return found
+
+
+def processes_option(what: str) -> SourceOption:
+    """`--collector.NAME.processes` of a DRM GPU source: `what` it reads per process."""
+    return SourceOption("processes", what, "true", boolean)
 
 
 class DrmProcesses:
