@@ -20,7 +20,7 @@ from exporter.sources import Source
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import Scenario
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 FIXED_WALL_TIME = 1_800_000_000.0
 
 
