@@ -77,6 +77,7 @@ async def flood(url: str, stop: asyncio.Event) -> int:
     return sent
 
 
+@pytest.mark.slow
 async def test_a_flood_of_wrong_guesses_never_starves_the_real_scraper(guarded: Exporter) -> None:
     url = f"{guarded.url}metrics"
     right = {"Authorization": header("prometheus", PASSWORD)}

@@ -26,6 +26,8 @@ from monitoring.alerts import JOB
 from tests import kustomize
 from tests.crd_schemas import SCHEMAS
 
+pytestmark = pytest.mark.peer
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())

@@ -35,7 +35,9 @@ def test_readme_names_the_address_make_demo_serves() -> None:
     (address,) = re.findall(r"^DEMO_ADDR \?= (\S+)$", makefile, re.M)
     readme = (ROOT / "README.md").read_text()
     assert f"http://{address}/" in readme
-    assert address.endswith(f":{default_of('listen_address')[1]}")  # the product's own port, not dcgm's 9400
+    assert address.endswith(
+        f":{default_of('listen_address')[1]}"
+    )  # the product's own port, not dcgm's 9400
 
 
 def test_make_demo_installs_no_test_tools() -> None:
@@ -46,6 +48,7 @@ def test_make_demo_installs_no_test_tools() -> None:
     assert "debs" not in demo_deps[1]
 
 
+@pytest.mark.peer
 def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "simulation.md").read_text()
     (command,) = re.findall(r"`(make -C simulator/fakenvml [^`]*)`", doc)
@@ -60,6 +63,7 @@ def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
     assert (build / "libnvidia-ml.so.1").is_file()
 
 
+@pytest.mark.peer
 def test_a_relative_python_for_fakenvml_says_what_to_do(tmp_path: Path) -> None:
     done = subprocess.run(
         ["make", "-s", "-C", "simulator/fakenvml", "PYTHON=.venv/bin/python",

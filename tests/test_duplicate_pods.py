@@ -49,6 +49,7 @@ TRAINER = Pod(
 )
 
 
+@pytest.mark.peer
 async def test_a_pod_listed_three_times_gives_each_series_once() -> None:
     text = await _text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
     assert "hw_container_cpus_exclusive{" in text

@@ -1,4 +1,5 @@
-"""Whole /metrics of every bundled scenario, compared with tests/golden/, linted by promtool.
+"""Whole /metrics of every bundled scenario, compared with tests/golden/; promtool lints those
+files (the `peer` tests).
 
 The real sources (NVML through nvidia-ml-py and the simulated library, the sysfs sources
 over the rendered tree) run against the simulated node at fixed scenario times with frozen
@@ -49,7 +50,13 @@ async def test_golden_metrics(
     text = metrics_text(snapshot)
     _assert_what_the_scenario_says(load_scenario(name), text)
     assert_golden(f"scenario-{name}.prom", text, update_golden)
-    promtool_check_metrics(text)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("name", sorted(bundled_names()))
+def test_golden_metrics_pass_promtool(name: str) -> None:
+    """promtool lints the file test_golden_metrics holds the output to, byte for byte."""
+    promtool_check_metrics((GOLDEN / f"scenario-{name}.prom").read_text())
 
 
 async def test_golden_dense_in_dcgm_schema(
@@ -61,12 +68,23 @@ async def test_golden_dense_in_dcgm_schema(
     snapshot = await scenario_snapshot("dense", tmp_path, monkeypatch)
     text = metrics_text(snapshot, schema=("dcgm",))
     assert_golden("scenario-dense-dcgm.prom", text, update_golden)
-    # dcgm-exporter's names are the point: its counters have no `_total` and its labels
-    # are camelCase (`modelName`, `UUID`, `Hostname`). promtool's lint says exactly that,
-    # for exactly its families, and nothing else.
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in _dcgm_families(text)[1]
+
+
+def _dcgm_families(text: str) -> tuple[set[str], set[str]]:
+    """The DCGM_ families of a dcgm-schema output, and those of them that are counters."""
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE DCGM_")}
-    counters = {f.spec.name for f in FIELDS if f.spec.kind is Kind.COUNTER} & families
-    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in counters
+    return families, {f.spec.name for f in FIELDS if f.spec.kind is Kind.COUNTER} & families
+
+
+@pytest.mark.peer
+def test_golden_dense_in_dcgm_schema_lints_as_dcgm_exporter_names() -> None:
+    """dcgm-exporter's names are the point: its counters have no `_total` and its labels
+    are camelCase (`modelName`, `UUID`, `Hostname`). promtool's lint on the golden file
+    (the output, byte for byte) says exactly that, for exactly its families, and nothing
+    else."""
+    text = (GOLDEN / "scenario-dense-dcgm.prom").read_text()
+    families, counters = _dcgm_families(text)
     camel = "label names should be written in 'snake_case' not 'camelCase'"
     promtool_check_metrics(
         text,

@@ -276,6 +276,7 @@ SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
 }  # fmt: skip
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("choice", sorted(SAME_CHOICES))
 def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) -> None:
     values, overlay, components = SAME_CHOICES[choice]
@@ -303,6 +304,7 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
         assert _pod_spec(ours)["automountServiceAccountToken"] is False
 
 
+@pytest.mark.peer
 def test_dcgm_schema_monitors_honor_labels(tmp_path: Path) -> None:
     """The dcgm schema's holder labels are pod/namespace/container: both monitors must
     honor them (otherwise exported_pod...); the native schema keeps honorLabels false."""
@@ -342,6 +344,7 @@ def test_kubernetes_events_grant_create_on_events_only() -> None:
     assert roles == [f"{RELEASE}-kubernetes-api", f"{RELEASE}-kubernetes-events"]
 
 
+@pytest.mark.peer
 def test_drift_is_caught() -> None:
     """The comparison above can fail: a chart value that changes the pod shows up."""
     base = _pod_spec(kustomize.build(DEPLOY / "overlays" / "kube-prometheus-stack"))

@@ -86,6 +86,7 @@ async def test_slowloris_is_closed_although_it_keeps_sending(exporter: Exporter)
     assert exporter.web_stats.closed["header_timeout"] == 1
 
 
+@pytest.mark.slow
 async def test_a_keep_alive_connection_idles_out(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -184,6 +184,7 @@ def test_panels_that_need_a_group_say_so_on_their_face() -> None:
     assert not any("opt-in" in t for t in titles if t.startswith("Utilization"))
 
 
+@pytest.mark.peer
 def test_the_chart_and_the_kit_turn_groups_on(tmp_path: Path) -> None:
     """What the chart's `metricGroups` and the kit's component render, read back by the
     exporter's own flag parser."""

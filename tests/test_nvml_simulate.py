@@ -12,7 +12,11 @@ import sys
 import threading
 import urllib.request
 
+import pytest
+
 from tests.nvml_support import fakenvml
+
+pytestmark = pytest.mark.peer
 
 __all__ = ["fakenvml"]
 

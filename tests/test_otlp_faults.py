@@ -84,6 +84,7 @@ def test_receiver_down_at_start_then_back(protocol: str) -> None:
 CYCLES, WARMUP = 200, 50
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("answer", ["down", "unavailable", "partial"])
 def test_memory_stays_bounded_over_many_cycles(protocol: str, answer: str) -> None:
@@ -138,6 +139,7 @@ def test_hanging_receiver_is_cut_off_by_the_export_timeout(protocol: str) -> Non
         receiver.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_slow_collector_never_delays_a_cycle(protocol: str) -> None:
     receiver = make_receiver(protocol)
@@ -214,6 +216,7 @@ def test_a_failing_collection_does_not_stop_the_reader(monkeypatch: pytest.Monke
         receiver.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_shutdown_returns_within_the_export_timeout_while_an_export_hangs(
     protocol: str, monkeypatch: pytest.MonkeyPatch

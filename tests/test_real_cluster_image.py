@@ -41,6 +41,8 @@ from tests.realcluster.node import DEVICES, RESOURCE, ClusterNode, pod_spec
 from tests.realnode.nvml import StandInNvml
 from tests.realnode.procs import pids_in_container
 
+pytestmark = pytest.mark.peer
+
 WORK_NS = "kde-image-work"
 OPT_IN = "kube-device-exporter.io/enabled"
 SELECTOR = "app.kubernetes.io/name=kube-device-exporter"

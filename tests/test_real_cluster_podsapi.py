@@ -37,6 +37,8 @@ from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import ClusterNode
 from tests.test_real_cluster_workloads import objects as workload_objects
 
+pytestmark = pytest.mark.peer
+
 NS = "kde-real"  # the objects of test_real_cluster_workloads.py, in a namespace of our own
 OUR_NS = "kde-podsapi"
 INFO = "k8s_pod_workload_info"

@@ -24,6 +24,8 @@ from tests.realcluster.daemons import wait_for
 from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import RESOURCE, ClusterNode, pod_spec
 
+pytestmark = pytest.mark.peer
+
 NS = "kde-real"
 INFO = "k8s_pod_workload_info"
 ALLOC = "hw_allocation_info"

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from monitoring.alerts import RUNBOOK_BASE
@@ -47,6 +48,7 @@ def _urls(rule: dict[str, Any]) -> list[str]:
     ]
 
 
+@pytest.mark.peer
 def test_one_url_moves_every_link_in_the_kit_and_the_chart(tmp_path: Path) -> None:
     resources = _overlay(tmp_path)
     assert not [r for r in resources if r["kind"] == "ConfigMap" and "runbook" in str(r)]

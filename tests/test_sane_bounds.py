@@ -46,6 +46,7 @@ def test_the_minimum_itself_is_accepted() -> None:
     assert config.collect_interval == MIN_COLLECT_INTERVAL == 1.0
 
 
+@pytest.mark.peer
 def test_one_readable_line_and_exit_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "--collect-interval", "1ms"],

@@ -28,6 +28,8 @@ from exporter.web.config import WebConfigError, parse_web_config
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 
+pytestmark = pytest.mark.peer
+
 PASSWORD = "s3cret"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
 

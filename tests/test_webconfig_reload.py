@@ -27,6 +27,8 @@ from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 from tests.test_webconfig import PASSWORD, basic, client_ssl, get, openssl
 
+pytestmark = pytest.mark.peer
+
 GOOD = {
     "tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"},
     "basic_auth_users": {
