@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.node import SimulatedNode
+from simulator.ports import free_port
 from simulator.scenario import parse_scenario
 from tests.otlp_receivers import GrpcReceiver
 
@@ -43,12 +43,6 @@ class Row:
     fault: str
     happened: str
     recovery: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 DEMO = ["simulator", "demo"]

@@ -29,8 +29,9 @@ import aiohttp
 import bcrypt
 import yaml
 
-from bench.faults import Row, free_port, read_metrics, value
+from bench.faults import Row, read_metrics, value
 from simulator.node import SimulatedNode
+from simulator.ports import free_port
 from simulator.scenario import parse_scenario
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000007"

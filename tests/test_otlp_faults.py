@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 import tempfile
 import threading
 import time
@@ -18,6 +17,7 @@ import pytest
 from exporter.app import Exporter
 from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.otlp import OtlpSink
+from simulator.ports import free_port
 from tests.otlp_receivers import Behaviour, GrpcReceiver, HttpReceiver, Receiver, points_of
 from tests.otlp_snapshots import FakeGpus, energy_snapshot, sink_for
 
@@ -28,12 +28,6 @@ TIMEOUT_MS = "300"
 
 def make_receiver(protocol: str, **kwargs: Any) -> Receiver:
     return GrpcReceiver(**kwargs) if protocol == "grpc" else HttpReceiver(**kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sdk_attribute_sets(sink: OtlpSink) -> int:

@@ -31,8 +31,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.nvml import STATE_ENV, library_dir
+from simulator.ports import free_port
 from tests.image import daemonset
-from tests.peers import free_port
 from tests.realcluster import image
 from tests.realcluster.api import Api, ApiStatus, namespace, path_of
 from tests.realcluster.controlplane import ControlPlane

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers import free_port
+from simulator.ports import free_port
 
 pytestmark = pytest.mark.peer
 

@@ -19,7 +19,8 @@ from exporter.sources.rdma import RdmaSource
 from exporter.sources.sysfs.source import SysfsSource
 from simulator.netlink import RecordedVfStats
 from simulator.node import SimulatedNode
-from tests.peers import free_port, promtool_check_metrics
+from simulator.ports import free_port
+from tests.peers import promtool_check_metrics
 from tests.support import GOLDEN, Clock, assert_golden, metrics_text, one_cycle
 from tests.sysfs_support import context, make_tree, scenario
 

@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from tests.peers import free_port
+from simulator.ports import free_port
 from tests.support import StaticSource
 from tests.test_exporter import config_for, gpu_result
 from tests.test_webconfig import PASSWORD, basic, client_ssl, get, openssl
