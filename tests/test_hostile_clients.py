@@ -1,7 +1,7 @@
 """Hostile clients (issue 14, item 2): idle, half-sent and malformed connections, a cap.
 
 Bounded versions of the attack (loopback only, limits shortened so each test takes about a
-second); the long versions with the figures docs/reliability.md quotes are in bench/faults.py
+second); the long versions with the figures docs/reliability.md quotes are in bench/client_faults.py
 (`make soak`).
 """
 

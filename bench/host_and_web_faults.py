@@ -1,9 +1,10 @@
-"""Issue 25's faults against real exporter processes: stuck host reads, a web config emptied
-or removed, a password flood, user-name timing, a planted sysfs link, a pod listed three
-times, SIGHUP, a node of 100,000 device IDs and a List over the size cap (bench/bignode.py).
-`python -m bench.faults` runs them after its own; alone:
+"""Faults of host reads, the web config and password floods (issue 25), against real
+exporter processes: stuck host reads, a web config emptied or removed, a password flood,
+user-name timing, a planted sysfs link, a pod listed three times, SIGHUP, a node of 100,000
+device IDs and a List over the size cap (bench/bignode.py). `python -m bench.faults` runs
+them after its own; alone:
 
-    python -m bench.faults_round3 [--tree DIR]
+    python -m bench.host_and_web_faults [--tree DIR]
 
 `--tree DIR` runs the exporter processes from another checkout of the code (its `exporter`
 package, this script's harness): the figures "before" in docs/reliability.md come from the
@@ -22,17 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import bcrypt
 import yaml
 
-from bench.faults import Row, read_metrics, value
+from bench.bignode import fault_rows
+from bench.fault_harness import Process, Row, read_metrics, value
 from simulator.node import SimulatedNode
-from simulator.ports import free_port
 from simulator.scenario import parse_scenario
+from tests.support.waiting import within
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000007"
 AMD = "0000:03:00.0"
@@ -68,54 +69,6 @@ SECRET = "TOP-SECRET-first-line"
 STUCK_SITE = Path(__file__).resolve().parent.parent / "tests" / "stuck_reads_site"
 
 
-class Process:
-    """`python -m exporter ARGS` from `tree`, its output in `log`."""
-
-    def __init__(self, tree: Path, log: Path, args: list[str], env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter", *args,
-                 "--web.listen-address", f"127.0.0.1:{self.port}"],
-                cwd=tree, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def sigterm(self, limit: float = 30.0) -> float | None:
-        """Seconds from SIGTERM to exit; None when it had to be killed after `limit`."""
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(limit)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-        return time.monotonic() - started
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-async def until(check: Callable[[], object], timeout: float) -> float | None:
-    """Seconds until `check()` is true (polled every 100 ms), None past `timeout`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.monotonic() - started
-        await asyncio.sleep(0.1)
-    return None
-
-
 def _seconds(took: float | None, otherwise: str) -> str:
     return f"in {took:.1f} s" if took is not None else otherwise
 
@@ -128,7 +81,7 @@ async def _ready(http: aiohttp.ClientSession, p: Process, timeout: float = 20.0)
     async def ok() -> bool:
         return bool(await read_metrics(http, p.url))
 
-    return await until(ok, timeout)
+    return await within(ok, timeout)
 
 
 async def stuck_reads(tree: Path, work: Path) -> list[Row]:
@@ -253,7 +206,7 @@ async def web_config_emptied(tree: Path, work: Path) -> Row:
                 auth = _basic("prometheus", b"pw")
                 return await status(http, https, ssl=ctx, headers=auth) == "200"
 
-            if await until(served, 20) is None:
+            if await within(served, 20) is None:
                 raise RuntimeError(f"exporter not serving over HTTPS: {p.log()}")
             seen = [f"before: plain HTTP {await status(http, plain)}"]
             for step in ("emptied", "deleted"):
@@ -344,7 +297,7 @@ async def password_flood(tree: Path, work: Path, clients: int, seconds: float) -
                 except aiohttp.ClientError:
                     return False
 
-            await until(authed, 20)
+            await within(authed, 20)
             guessing = [asyncio.ensure_future(guesser(n)) for n in range(clients)]
             await asyncio.sleep(2.0)
             latencies, timeouts = await timed_scrapes(http, f"{p.url}/metrics", right, seconds)
@@ -425,7 +378,7 @@ async def user_name_timing(tree: Path, work: Path) -> Row:
     took: dict[str, list[float]] = {"prometheus": [], "nobody": []}
     try:
         async with aiohttp.ClientSession() as http:
-            await until(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
+            await within(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
             for i in range(8):
                 for user in ("prometheus", "nobody"):
                     connector = aiohttp.TCPConnector(
@@ -525,9 +478,9 @@ async def sighup(tree: Path, work: Path) -> Row:
     )
     try:
         async with aiohttp.ClientSession() as http:
-            await until(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
+            await within(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
         p.proc.send_signal(signal.SIGHUP)
-        logged = await until(lambda: "SIGHUP" in p.log() or p.proc.poll() is not None, 5)
+        logged = await within(lambda: "SIGHUP" in p.log() or p.proc.poll() is not None, 5)
         alive = p.proc.poll() is None
         line = next((ln for ln in p.log().splitlines() if "SIGHUP" in ln), "no log line")
     finally:
@@ -550,14 +503,12 @@ async def run(tree: Path, long: bool = False) -> list[Row]:
         rows.append(await sysfs_link(tree, work))
         rows.append(await sighup(tree, work))
         rows.append(await duplicate_pods())
-        from bench.bignode import fault_rows  # imports this module's harness
-
         rows += await fault_rows(tree, work)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults_round3")
+    parser = argparse.ArgumentParser(prog="python -m bench.host_and_web_faults")
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
     parser.add_argument("--soak", action="store_true", help="the long versions")
     args = parser.parse_args(argv)
