@@ -452,7 +452,8 @@ async def sysfs_link(tree: Path, work: Path) -> Row:
 async def duplicate_pods() -> Row:
     """The same pod three times in one List, through the poller and the renderer."""
     from exporter.model import PodResourcesState
-    from tests.test_duplicate_pods import TRAINER, _text_of, duplicate_series
+    from tests.support.duplicates import TRAINER, duplicate_series
+    from tests.test_duplicate_pods import _text_of  # builds a Poller, whose API round four changes
 
     text = await _text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
     dups = duplicate_series(text)

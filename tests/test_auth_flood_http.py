@@ -21,7 +21,8 @@ import yaml
 
 from exporter.app import Exporter
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
 
 PASSWORD = b"s3cret"
 COST = 8

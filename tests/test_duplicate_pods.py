@@ -4,49 +4,20 @@ item 7); no golden output holds a series twice. promtool does not flag duplicate
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cycle.poller import Poller
 from exporter.join import merged_pods
 from exporter.model import (
     Container,
     ContainerDevices,
-    ContainerMemory,
     Pod,
     PodResourcesState,
 )
 from tests.peers import promtool_check_metrics
-from tests.support import FixedKubelet, StaticSource, metrics_text
-from tests.test_exporter import GPU, gpu_result
-
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def duplicate_series(text: str) -> list[str]:
-    """Every (name, labels) that appears more than once in a Prometheus text output."""
-    seen: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            seen[(s.name, tuple(sorted(s.labels.items())))] += 1
-    return [f"{name}{dict(labels)} x{n}" for (name, labels), n in seen.items() if n > 1]
-
-
-TRAINER = Pod(
-    "trainer",
-    "ml",
-    (
-        Container(
-            "main",
-            (ContainerDevices("nvidia.com/gpu", (GPU,), (0,)),),
-            cpu_ids=(2, 3),
-            memory=(ContainerMemory("memory", 2**30, (0,)),),
-        ),
-    ),
-)
+from tests.support import GOLDEN, FixedKubelet, StaticSource, metrics_text
+from tests.support.duplicates import TRAINER, duplicate_series
+from tests.support.fake_gpu import GPU, gpu_result
 
 
 @pytest.mark.peer

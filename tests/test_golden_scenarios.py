@@ -13,23 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.attribution.resolver import ProcessResolver
-from exporter.cli.flags import parse_config
 from exporter.ids import ResourceMatcher
 from exporter.metrics import Kind
-from exporter.model import Snapshot
 from exporter.sinks.dcgm import FIELDS
-from simulator import nvml as simnvml
-from simulator.node import SimulatedNode
 from simulator.scenario import Scenario, bundled_names, load_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
-from tests.support import Clock, assert_golden, metrics_text, one_cycle
-
-T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any XID event
-
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.support import GOLDEN, assert_golden, metrics_text
+from tests.support.simulated_node import T1, scenario_snapshot
 
 
 def test_every_bundled_scenario_has_a_golden_file() -> None:
@@ -92,39 +83,6 @@ def test_golden_dense_in_dcgm_schema_lints_as_dcgm_exporter_names() -> None:
         + [f"{name} {camel}" for name in families]
         + ["DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"],
     )
-
-
-async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Snapshot:
-    """The real sources over the simulated node at T1, after a first cycle at T0."""
-    scenario = load_scenario(name)
-    clock = Clock()
-    node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
-    state = node.env().get(simnvml.STATE_ENV)
-    if state:
-        monkeypatch.setenv(simnvml.STATE_ENV, state)
-    config = parse_config(node.exporter_args(), env={})
-    sources = node.sources(config, clock=clock)  # PF netlink from the node's recordings
-    try:
-        clock.now = T0
-        node.advance()
-        for source in sources.values():
-            source.collect()
-        clock.now = T1
-        node.advance()
-        sysfs = config.sysfs if "sysfs" in scenario.sections else None
-        resolver = None
-        if scenario.has_processes:
-            resolver = ProcessResolver(config.procfs, config.container_logs)
-        snapshot = await one_cycle(
-            scenario, tmp_path / "kubelet.sock", sources, t=T1, sysfs=sysfs, resolver=resolver
-        )
-    finally:
-        for source in sources.values():
-            source.close()
-        for part in node.parts:
-            part.close()
-    assert all(h.success for h in snapshot.sources), snapshot.sources
-    return snapshot
 
 
 def _value(text: str, family: str, **labels: str) -> float | None:

@@ -21,7 +21,8 @@ from exporter.derive.budget import Budgeted
 from exporter.web.server import ServerLimits
 from exporter.web.stats import ServerStats
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
 
 LIMITS = ServerLimits(max_connections=20, header_timeout=0.5, idle_timeout=1.0, quiet_after=60)
 

@@ -27,7 +27,7 @@ from exporter.sinks.prometheus import render
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import StaticSource
-from tests.test_exporter import gpu_result
+from tests.support.fake_gpu import gpu_result
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 

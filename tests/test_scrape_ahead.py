@@ -18,8 +18,9 @@ from exporter.sinks.cadence import FORGET_AFTER, ScrapeCadence
 from exporter.sinks.gofloat import go_float, go_floats
 from exporter.sinks.prometheus import PrometheusSink, reference
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
-from tests.test_render import snapshot
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
+from tests.support.snapshots import snapshot
 
 OM_GZIP = (True, True)
 EDGES = [0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 1e7, 9_999_999.0, 12_345_678.5,

@@ -22,7 +22,7 @@ from exporter.derive.budget import Budgeted
 from exporter.model import Container, ContainerDevices, Pod, PodResourcesState, Snapshot
 from exporter.sinks.prometheus import PrometheusSink
 from tests.support import FixedKubelet, StaticSource, metrics_text
-from tests.test_exporter import GPU, gpu_result
+from tests.support.fake_gpu import GPU, gpu_result
 
 REPO = Path(__file__).resolve().parent.parent
 
