@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import aiohttp
 
-from bench.fault_harness import Process, Row
+from bench.fault_harness import Process, Row, scrape_text
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Container, ContainerDevices, Pod
 from exporter.runtime.heap import SHIPPED_ENV
@@ -72,12 +72,8 @@ class BigNodeRun(NamedTuple):
 async def read_self(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The exporter's own series (`kube_device_exporter_*`) by their whole line's series
     name: parsing 100,000 allocation series each time would load the machine we measure."""
-    try:
-        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            if r.status != 200:  # 503 before the first cycle
-                return {}
-            text = await r.text()
-    except (aiohttp.ClientError, TimeoutError):
+    text = await scrape_text(http, url, 10)
+    if text is None:
         return {}
     out = {}
     for line in text.splitlines():

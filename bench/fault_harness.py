@@ -30,19 +30,34 @@ class Row:
     recovery: str
 
 
+def print_table(rows: list[Row]) -> None:
+    """The rows as the markdown table docs/reliability.md quotes."""
+    print("| fault | what happened | recovery |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r.fault} | {r.happened} | {r.recovery} |")
+
+
 POLL = 0.1
 """Seconds between two reads of /metrics while waiting for a change."""
 
 Metrics = dict[str, list[tuple[dict[str, str], float]]]
 
 
-async def read_metrics(http: aiohttp.ClientSession, url: str) -> Metrics:
+async def scrape_text(http: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
+    """/metrics as text; None when it does not answer 200 (503 before the first cycle) within
+    `timeout` seconds."""
     try:
-        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status != 200:  # 503 before the first cycle
-                return {}
-            text = await r.text()
+                return None
+            return await r.text()
     except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def read_metrics(http: aiohttp.ClientSession, url: str) -> Metrics:
+    text = await scrape_text(http, url, 5)
+    if text is None:
         return {}
     out: Metrics = {}
     for family in text_string_to_metric_families(text):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench import host_and_web_faults
 from bench.client_faults import client_faults
-from bench.fault_harness import Row
+from bench.fault_harness import Row, print_table
 from bench.node_faults import node_faults
 
 
@@ -44,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", action="store_true", help="the long versions")
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args.soak))
-    print("| fault | what happened | recovery |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.happened} | {r.recovery} |")
+    print_table(rows)
     return 0
 
 

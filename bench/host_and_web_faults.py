@@ -30,7 +30,7 @@ import bcrypt
 import yaml
 
 from bench.bignode import fault_rows
-from bench.fault_harness import Process, Row, read_metrics, value
+from bench.fault_harness import Process, Row, print_table, read_metrics, value
 from simulator.node import SimulatedNode
 from simulator.scenario import parse_scenario
 from tests.support.waiting import within
@@ -162,6 +162,20 @@ def _basic(user: str, password: bytes) -> dict[str, str]:
 BARE = ["--kubelet-socket", "/nonexistent/kubelet.sock", "--no-collector.nvml"]
 
 
+def _one_user_exporter(tree: Path, work: Path, name: str, cost: int) -> Process:
+    """An exporter whose web config (work/NAME.yml) has one user, prometheus:pw, hashed at
+    bcrypt `cost`; its log is work/NAME.log."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(cost)).decode()
+    path = work / f"{name}.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": hashed}}))
+    return Process(
+        tree,
+        work / f"{name}.log",
+        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
+        {},
+    )
+
+
 async def web_config_emptied(tree: Path, work: Path) -> Row:
     """TLS and basic auth on; the file truncated to 0 bytes, then deleted."""
     d = work / "web"
@@ -254,18 +268,7 @@ async def read_metrics_tls(
 async def password_flood(tree: Path, work: Path, clients: int, seconds: float) -> Row:
     """A cost-10 user; `clients` guessers on 127.0.0.2 and up, each as fast as answered; the
     real scraper (already authenticated once) scrapes every 0.5 s with a 10 s timeout."""
-    path = work / "auth.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(10)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "auth.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "auth", cost=10)
     stop = asyncio.Event()
     sent = 0
 
@@ -363,18 +366,7 @@ async def read_metrics_authed(
 async def user_name_timing(tree: Path, work: Path) -> Row:
     """A cost-12 user: a wrong password for it and any password for an unknown name, timed
     over HTTP, each from its own client address (no rate limit in the way)."""
-    path = work / "timing.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(12)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "timing.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "timing", cost=12)
     took: dict[str, list[float]] = {"prometheus": [], "nobody": []}
     try:
         async with aiohttp.ClientSession() as http:
@@ -465,18 +457,7 @@ async def duplicate_pods() -> Row:
 
 
 async def sighup(tree: Path, work: Path) -> Row:
-    path = work / "hup.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "hup.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "hup", cost=4)
     try:
         async with aiohttp.ClientSession() as http:
             await within(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
@@ -514,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", action="store_true", help="the long versions")
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args.tree.resolve(), args.soak))
-    print("| fault | what happened | recovery |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.happened} | {r.recovery} |")
+    print_table(rows)
     return 0
 
 
