@@ -183,6 +183,7 @@ def api() -> Iterator[FakeApiServer]:
     server.stop()
 
 
+@pytest.mark.slow
 async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
     nvidia_node: Callable[[str], NvidiaNode],  # noqa: F811
     fakenvml: ctypes.CDLL,  # noqa: F811

@@ -93,6 +93,7 @@ async def test_a_broken_source_loses_only_its_own_devices(tmp_path: Path) -> Non
     assert snap.sources[1].error == "RuntimeError: driver fell off the bus"
 
 
+@pytest.mark.slow
 async def test_hung_source_does_not_stall_cycles_or_scrapes(tmp_path: Path) -> None:
     hung = Hung()
     exporter = Exporter(

@@ -62,6 +62,7 @@ async def scrape(exp: Exporter) -> int:
         return resp.status
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_is_closed_after_the_header_timeout(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     took = await closed_within(reader, 5)
@@ -70,6 +71,7 @@ async def test_an_idle_connection_is_closed_after_the_header_timeout(exporter: E
     assert exporter.web_stats.closed["header_timeout"] == 1
 
 
+@pytest.mark.slow
 async def test_slowloris_is_closed_although_it_keeps_sending(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ")

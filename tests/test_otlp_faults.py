@@ -116,6 +116,7 @@ def test_memory_stays_bounded_over_many_cycles(protocol: str, answer: str) -> No
         assert (success, failure, rejected) == (0, CYCLES, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_hanging_receiver_is_cut_off_by_the_export_timeout(protocol: str) -> None:
     receiver = make_receiver(protocol)

@@ -5,6 +5,8 @@ product, exporter/, to the same rule)."""
 
 from __future__ import annotations
 
+import functools
+
 from tests.support.imports import circles, graph
 
 FOLDERS = ("simulator", "monitoring", "bench", "tests")
@@ -19,17 +21,18 @@ WAITING = {
 rewrite are theirs), with why each waits."""
 
 
-def _test_module(name: str) -> bool:
-    return name.startswith("tests.test_")
+@functools.cache
+def _edges() -> dict[str, set[str]]:
+    return graph(*FOLDERS)
 
 
 def test_no_import_circles_beside_the_product() -> None:
-    assert circles(graph(*FOLDERS)) == []
+    assert circles(_edges()) == []
 
 
 def test_no_module_imports_a_test_module() -> None:
-    edges = graph(*FOLDERS)
-    found = {(a, b) for a, targets in edges.items() for b in targets if _test_module(b)}
+    edges = _edges()
+    found = {(a, b) for a, targets in edges.items() for b in targets if b.startswith("tests.test_")}
     assert sorted(found - WAITING.keys()) == [], "move what they share to tests/support"
     assert sorted(WAITING.keys() - found) == [], "gone: take it out of WAITING"
 

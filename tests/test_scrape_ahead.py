@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import aiohttp
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
@@ -150,6 +151,7 @@ def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
     assert gzip.decompress(body) == reference(snapshot(util=0.25))[1]
 
 
+@pytest.mark.slow
 async def test_the_exporter_serves_a_body_built_before_the_scrape(tmp_path: Path) -> None:
     exporter = Exporter(
         config_for(tmp_path / "none.sock"), sources={"fake": StaticSource(gpu_result())}
