@@ -3,8 +3,8 @@
 #                (installs only what running needs: the package, and the simulator with
 #                nvml.h for its simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
-#   make test-fast  only the tests that start no process and wait out no real time (markers
-#                `peer` and `slow`: tests/support/tiers.py), in under a minute
+#   make test-fast  only the tests that start no process and wait out no timeout or back-off
+#                (markers `peer` and `slow`: tests/support/tiers.py), in under a minute
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
 #                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
 #                    files/ are links to dashboards/ and deploy/alerts)
