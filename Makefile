@@ -3,6 +3,8 @@
 #                (installs only what running needs: the package, and the simulator with
 #                nvml.h for its simulated driver)
 #   make test    install everything it needs, lint, type-check and run the whole suite
+#   make test-fast  only the tests that start no process and wait out no timeout or back-off
+#                (markers `peer` and `slow`: tests/support/tiers.py), in under a minute
 #   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
 #                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
 #                    files/ are links to dashboards/ and deploy/alerts)
@@ -49,7 +51,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: lock image-test install demo test lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
+.PHONY: lock image-test install demo test test-fast lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
 
 install: $(STAMP) debs fakenvml k8s
 
@@ -141,6 +143,11 @@ realcluster: install
 	$(E2E_ENV) $(VENV)/bin/pytest -q tests/test_real_cluster*.py $(PYTEST_ARGS)
 
 test: install lint typecheck pytest
+
+# No lint, no type check, no peer: the loop to run after each edit. pytest's exit status 5
+# (nothing selected) fails it like any other.
+test-fast: $(STAMP) fakenvml
+	$(VENV)/bin/pytest -q -m "not peer and not slow" $(PYTEST_ARGS)
 
 monitoring: $(STAMP)
 	$(PY) -m monitoring

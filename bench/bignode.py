@@ -24,8 +24,7 @@ from typing import NamedTuple
 
 import aiohttp
 
-from bench.faults import Row
-from bench.faults_round3 import Process, until
+from bench.fault_harness import Process, Row, scrape_text
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Container, ContainerDevices, Pod
 from exporter.runtime.heap import SHIPPED_ENV
@@ -33,6 +32,7 @@ from simulator.kubelet_wire import pod_to_v1
 from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario
 from simulator.scenario_model import TimedPod
+from tests.support.waiting import within
 
 RESOURCE = "nvidia.com/gpu"
 OTHER_SOURCES = ("amdgpu", "intel", "rdma", "netdev")
@@ -72,12 +72,8 @@ class BigNodeRun(NamedTuple):
 async def read_self(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The exporter's own series (`kube_device_exporter_*`) by their whole line's series
     name: parsing 100,000 allocation series each time would load the machine we measure."""
-    try:
-        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            if r.status != 200:  # 503 before the first cycle
-                return {}
-            text = await r.text()
-    except (aiohttp.ClientError, TimeoutError):
+    text = await scrape_text(http, url, 10)
+    if text is None:
         return {}
     out = {}
     for line in text.splitlines():
@@ -134,7 +130,7 @@ async def run(
             async def ready() -> bool:
                 return bool(await read_self(http, p.url)) or p.proc.poll() is not None
 
-            took = await until(ready, watch)
+            took = await within(ready, watch)
             ended = time.monotonic() + (watch if took is not None else 0.0) / 2
             seen: set[float] = set()
             while time.monotonic() < ended and p.proc.poll() is None:

@@ -23,10 +23,10 @@ from bench.procs import (
     NodeProcess,
     Process,
     cpu_seconds,
-    free_port,
     rss_bytes,
     threads_and_switches,
 )
+from simulator.ports import free_port
 
 INTERVALS = ("1s", "10s")
 Run = tuple[str, tuple[str, ...], dict[str, str]]

@@ -13,8 +13,9 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench.procs import ExporterProcess, NodeProcess, Process, free_port
+from bench.procs import ExporterProcess, NodeProcess, Process
 from exporter.settings.table import CORE, GROUPS
+from simulator.ports import free_port
 
 
 @dataclass(frozen=True)

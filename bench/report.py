@@ -301,8 +301,8 @@ def _memory(r: Results, args: argparse.Namespace) -> list[str]:
         "## Memory under churn and on a big node\n\n",
         "The real poller, join, Prometheus sink, `/api/devices` view and heap trimmer\n"
         "(`exporter/runtime/heap.py`) in processes of their own (`python -m bench churn`), "
-        "8 GPUs,\na kubelet replacing 10 of 200 pods every cycle (new names, new series), then "
-        "a big\n"
+        "8 GPUs,\n"
+        "a kubelet replacing 10 of 200 pods every cycle (new names, new series), then a big\n"
         f"node, then back to 200 pods for {SHRUNK_CYCLES} cycles, {SWINGS} times. As in the "
         "exporter, the start-up\nobjects are collected and frozen after the first cycle and "
         "nothing forces a collection\nbefore a reading. One process per column, side by side; "

@@ -43,8 +43,8 @@ from bench.procs import (
     NodeProcess,
     Process,
     cpu_seconds,
-    free_port,
 )
+from simulator.ports import free_port
 
 HEADERS = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
 STATIC = "static handler, same bytes"

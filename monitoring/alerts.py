@@ -9,9 +9,10 @@ value in the tests' expected annotations.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from exporter.derive.devicecodes import xids_of
+from monitoring.alert_rule import N1, Alert, Case
+from monitoring.dra_alerts import alerts as dra_alerts
 from monitoring.promql import label, promql
 
 JOB = "kube-device-exporter"
@@ -41,29 +42,6 @@ DEVICE = "k8s.node.name, hw.id, hw.model"
 KEY = "k8s.node.name, hw.id"
 
 
-@dataclass(frozen=True, slots=True)
-class Case:
-    """A promtool unit test of one alert: input series, an evaluation time, and the label
-    sets (beyond alertname and severity) of the alerts that must be firing then; none means
-    the alert must not fire."""
-
-    title: str
-    series: dict[str, str]
-    eval_time: str
-    fires: tuple[dict[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    name: str
-    expr: str
-    for_: str
-    severity: str
-    summary: str
-    description: str
-    cases: tuple[Case, ...] = field(default=())
-
-
 def _new_or_increased(selector: str, by: str, window: str = "10m") -> str:
     """Counter grew in `window`, or its series appeared in it: the first event of an error
     code creates the series at 1, which `increase()` alone never sees. "Appeared" counts only
@@ -77,7 +55,6 @@ def _new_or_increased(selector: str, by: str, window: str = "10m") -> str:
     )
 
 
-N1 = 'k8s.node.name="node-1"'
 GPU = f'{N1}, hw.id="GPU-1", hw.model="NVIDIA H100"'
 GPU_LABELS = {"k8s.node.name": "node-1", "hw.id": "GPU-1", "hw.model": "NVIDIA H100"}
 XID = "hw.gpu.xid.errors"
@@ -909,12 +886,6 @@ def _rollout_alerts() -> list[Alert]:
     ]
 
 
-def _dra_alerts() -> list[Alert]:
-    from monitoring.dra_alerts import alerts  # it builds on this module's Alert and Case
-
-    return alerts()
-
-
 GROUPS: dict[str, list[Alert]] = {
     "kube-device-exporter.devices": [
         *_xid_alerts(),
@@ -924,7 +895,7 @@ GROUPS: dict[str, list[Alert]] = {
         *_idle_alerts(),
         *_kubelet_view_alerts(),
         *_unrequested_alerts(),
-        *_dra_alerts(),
+        *dra_alerts(),
     ],
     "kube-device-exporter.exporter": [*_exporter_alerts(), *_rollout_alerts(), _coverage_alert()],
 }

@@ -3,7 +3,7 @@ whose taints disagree with what its hardware says. Each with its promtool cases.
 
 from __future__ import annotations
 
-from monitoring.alerts import N1, Alert, Case
+from monitoring.alert_rule import N1, Alert, Case
 
 BLOCKING = 'hw.dra.taint.effect=~"NoSchedule|NoExecute"'
 DEVICE = "k8s.node.name, hw.allocation.resource, hw.allocation.pool, hw.allocation.device_id"

@@ -1,4 +1,5 @@
-"""Suite-wide options and fixtures. Golden files: `pytest --update-golden` rewrites them."""
+"""Suite-wide options and fixtures. Golden files: `pytest --update-golden` rewrites them.
+The `peer` and `slow` markers and what holds them to their word: tests/support/tiers.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     # Imported where used: it imports grpc, which must come after exporter/__init__.py has
     # set GRPC_VERBOSITY (tests/test_grpc_quiet.py).
     from tests.realcluster.node import ClusterNode
+
+pytest_plugins = ["tests.support.tiers"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

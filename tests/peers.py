@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,18 +25,14 @@ from typing import Any
 import pytest
 import yaml
 
+from simulator.ports import free_port
+
 
 def need(binary: str, package: str) -> str:
     path = shutil.which(binary)
     if path is None:
         pytest.fail(f"{binary} not found: install the Debian package {package!r} (make install)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrometheusServer:

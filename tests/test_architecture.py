@@ -6,8 +6,11 @@ tables, and the layout docs/architecture.md describes is the one on disk."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
+
+from tests.support.imports import circles
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
@@ -48,48 +51,12 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_no_import_circles_among_exporter_modules() -> None:
-    modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert _cycles(graph) == []
+    assert circles(_graph()) == []
 
 
 def test_the_walker_finds_a_circle_when_there_is_one() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
 _FOLDER = re.compile(r"^(\w+)/$")
@@ -184,6 +151,7 @@ monitoring/      metricdoc.py    beside the package: not exporter's
     }
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}

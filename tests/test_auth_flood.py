@@ -27,6 +27,7 @@ def users(cost: int) -> dict[str, bytes]:
     return {"prometheus": bcrypt.hashpw(PASSWORD, bcrypt.gensalt(cost))}
 
 
+@pytest.mark.slow
 async def test_guesses_never_evict_the_scrapers_cached_success() -> None:
     auth, known = BasicAuth(), users(4)
     assert await auth.check(known, header("prometheus", PASSWORD), "10.0.0.1") is Verdict.OK
@@ -57,6 +58,7 @@ async def test_failures_are_rate_limited_per_client_without_bcrypt() -> None:
     ), "out of budget: even the right password waits (bcrypt is what is limited)"
 
 
+@pytest.mark.slow
 async def test_waiting_is_bounded_and_a_client_that_passed_goes_first() -> None:
     auth, slow = BasicAuth(), users(10)
     right = header("prometheus", PASSWORD)
@@ -83,6 +85,7 @@ async def test_waiting_is_bounded_and_a_client_that_passed_goes_first() -> None:
     assert done_order[refused : refused + 2] == ["denied", "scraper"], done_order
 
 
+@pytest.mark.slow
 async def test_unknown_users_cost_what_known_ones_do(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unknown names are checked against a hash at the users' highest cost: the same bcrypt
     work, so no user-name oracle (the dummy was cost 10: against cost-12 users an unknown

@@ -21,7 +21,8 @@ import yaml
 
 from exporter.app import Exporter
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
 
 PASSWORD = b"s3cret"
 COST = 8
@@ -77,6 +78,7 @@ async def flood(url: str, stop: asyncio.Event) -> int:
     return sent
 
 
+@pytest.mark.slow
 async def test_a_flood_of_wrong_guesses_never_starves_the_real_scraper(guarded: Exporter) -> None:
     url = f"{guarded.url}metrics"
     right = {"Authorization": header("prometheus", PASSWORD)}

@@ -18,6 +18,7 @@ from tests.nvml_support import fakenvml
 __all__ = ["fakenvml"]
 
 
+@pytest.mark.slow
 def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> None:
     node = load_scenario(write(64, tmp_path))
     gpus = node.sections["nvidia"]["gpus"]
@@ -43,6 +44,7 @@ def test_fit_recovers_a_line() -> None:
     assert per == pytest.approx(2e-5)
 
 
+@pytest.mark.peer
 def test_node_only_prints_how_an_exporter_reads_it(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "simulator", "demo", "--node-only"],
@@ -253,6 +255,7 @@ def test_the_wakeup_section_shows_the_channel_kept_and_closed_and_the_start_up()
     assert "`aiohttp.connector` 36.6 ms" in "".join(_startup(r))
 
 
+@pytest.mark.peer
 def test_ab_runs_the_other_revision_from_its_own_copy(tmp_path: Path) -> None:
     """`python -m bench ab REV` imports REV's exporter, not this tree's: the copy holds the
     package as git has it at that revision."""

@@ -19,9 +19,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.node import SimulatedNode
+from simulator.ports import free_port
 from simulator.scenario import parse_scenario
-from tests.peers import free_port
 from tests.stuck_reads import ENV as STUCK_ENV
+
+pytestmark = pytest.mark.peer
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000007"
 SCENARIO = f"""

@@ -12,8 +12,7 @@ from typing import Any
 import helm_python as helm
 import yaml
 
-from tests.test_deploy_manifests import _validate_all
-from tests.test_helm_chart import CHART, NAMESPACE, RELEASE, _one, render
+from tests.support.manifests import CHART, NAMESPACE, RELEASE, one, render_chart, validate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SPC = {"seLinuxOptions": {"type": "spc_t"}}
@@ -26,25 +25,25 @@ def _kit(name: str) -> dict[str, Any]:
 
 
 def _pod(resources: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = _one(resources, "DaemonSet")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = one(resources, "DaemonSet")["spec"]["template"]["spec"]
     return spec
 
 
 def test_the_default_release_has_the_kits_name_and_selectors() -> None:
     assert RELEASE == NAMESPACE == "kube-device-exporter"
-    ours, theirs = render(), _kit("daemonset.yaml")
-    daemonset = _one(ours, "DaemonSet")
+    ours, theirs = render_chart(), _kit("daemonset.yaml")
+    daemonset = one(ours, "DaemonSet")
     assert daemonset["metadata"]["name"] == theirs["metadata"]["name"]
     assert daemonset["metadata"]["namespace"] == theirs["metadata"]["namespace"]
     assert daemonset["spec"]["selector"] == theirs["spec"]["selector"]
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert theirs["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert _one(ours, "Service")["spec"]["selector"] == _kit("service.yaml")["spec"]["selector"]
+    assert one(ours, "Service")["spec"]["selector"] == _kit("service.yaml")["spec"]["selector"]
 
 
 def test_security_contexts_merge_over_the_shipped_ones() -> None:
-    shipped = _pod(render())
-    bent = render({"podSecurityContext": SPC, "securityContext": SPC})
+    shipped = _pod(render_chart())
+    bent = render_chart({"podSecurityContext": SPC, "securityContext": SPC})
     pod = _pod(bent)
     assert pod["securityContext"] == {**shipped["securityContext"], **SPC}
     (container,) = pod["containers"]
@@ -52,17 +51,19 @@ def test_security_contexts_merge_over_the_shipped_ones() -> None:
     assert container["securityContext"] == {**before["securityContext"], **SPC}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    _validate_all(bent, "spc_t")
+    validate_all(bent, "spc_t")
     # A key set by the user wins (here: a non-root UID, for a kubelet socket made readable).
     assert (
-        _pod(render({"podSecurityContext": {"runAsUser": 1000}}))["securityContext"]["runAsUser"]
+        _pod(render_chart({"podSecurityContext": {"runAsUser": 1000}}))["securityContext"][
+            "runAsUser"
+        ]
         == 1000
     )
 
 
 def test_update_strategy_volumes_env_and_host_network() -> None:
     assert (
-        _one(render(), "DaemonSet")["spec"]["updateStrategy"]
+        one(render_chart(), "DaemonSet")["spec"]["updateStrategy"]
         == _kit("daemonset.yaml")["spec"]["updateStrategy"]
     )
     values: dict[str, Any] = {
@@ -72,15 +73,15 @@ def test_update_strategy_volumes_env_and_host_network() -> None:
         "extraEnv": [{"name": "SSL_CERT_DIR", "value": "/etc/corp-ca"}],
         "hostNetwork": True,
     }
-    bent = render(values)
-    assert _one(bent, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    bent = render_chart(values)
+    assert one(bent, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
     pod = _pod(bent)
     assert pod["volumes"][-1] == values["extraVolumes"][0]
     (container,) = pod["containers"]
     assert container["volumeMounts"][-1] == values["extraVolumeMounts"][0]
     assert {"name": "SSL_CERT_DIR", "value": "/etc/corp-ca"} in container["env"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    _validate_all(bent, "bent")
+    validate_all(bent, "bent")
     result = helm.lint(CHART, values, strict=True, kube_version="v1.30.0")
     assert result["errors"] == []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import helm_python as helm
 
-from tests.test_helm_chart import CHART
+from tests.support.manifests import CHART
 
 
 def test_the_notes_name_the_opt_in_label_and_the_alert() -> None:

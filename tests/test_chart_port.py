@@ -5,19 +5,19 @@ cluster, tests/test_real_cluster_image.py, where a host-network pod needs a port
 
 from __future__ import annotations
 
-from tests.test_helm_chart import _one, render
+from tests.support.manifests import one, render_chart
 
 
 def test_a_changed_port_moves_the_listen_address_with_the_container_port() -> None:
-    objects = render({"service": {"port": 9500}})
-    (container,) = _one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    objects = render_chart({"service": {"port": 9500}})
+    (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     assert [p["containerPort"] for p in container["ports"]] == [9500]
     assert container["startupProbe"]["httpGet"]["port"] == "metrics"
     assert "--web.listen-address=:9500" in container["args"]
-    assert _one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
+    assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
 
 
 def test_the_default_port_adds_no_flag() -> None:
-    (container,) = _one(render(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (container,) = one(render_chart(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
     assert [p["containerPort"] for p in container["ports"]] == [9405]
     assert not any(a.startswith("--web.listen-address") for a in container.get("args", []))

@@ -41,6 +41,7 @@ def fake_sources() -> dict[str, SourceInfo]:
     }
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize(
     "args",
     [
@@ -62,6 +63,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.peer
 def test_bad_environment_value_names_the_variable() -> None:
     done = run_cli(env={"KDE_COLLECT_INTERVAL": "soon", "PATH": "/usr/bin"})
     assert done.returncode == 2
@@ -72,6 +74,7 @@ def test_bad_environment_value_names_the_variable() -> None:
     )
 
 
+@pytest.mark.peer
 def test_help_lists_every_flag_with_its_variable() -> None:
     done = run_cli("--help")
     assert done.returncode == 0
@@ -176,6 +179,7 @@ def test_usage_error_is_raised_not_printed() -> None:
 # --- the first hour: bad input a newcomer or an operator types ------------------------------
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize(
     ("args", "env", "names"),
     [
@@ -263,6 +267,7 @@ def test_source_options_are_typed_and_parsed_with_the_other_flags() -> None:
     assert "--collector.gamma.events BOOL" in help_text
 
 
+@pytest.mark.peer
 def test_help_names_the_commands_and_no_internal_names() -> None:
     done = run_cli("--help")
     assert done.returncode == 0
@@ -276,6 +281,7 @@ def test_help_names_the_commands_and_no_internal_names() -> None:
     assert "--collector.nvml.processes BOOL" in done.stdout
 
 
+@pytest.mark.peer
 def test_a_missing_sysfs_is_said_at_start_naming_the_flag(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--path.sysfs", str(tmp_path / "nonexistent"),
@@ -293,6 +299,7 @@ def test_a_missing_sysfs_is_said_at_start_naming_the_flag(tmp_path: Path) -> Non
     assert "amdgpu, intel, netdev, rdma will see no devices" in line, rest
 
 
+@pytest.mark.peer
 def test_start_up_log_says_all_addresses_when_bound_to_all(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--web.listen-address", ":0", "--no-collector.nvml",

@@ -76,6 +76,7 @@ def busy_port() -> Iterator[int]:
 # --- 1. bad OTEL_* values: exit 2 before anything starts --------------------------------------
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize(
     ("variable", "value", "says"),
     [
@@ -118,6 +119,7 @@ def test_otel_values_do_not_matter_without_an_endpoint() -> None:
 # --- 2. a malformed kubeconfig ---------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_a_malformed_kubeconfig_is_one_line_and_exit_2(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nclusters: [\n")
@@ -189,6 +191,7 @@ async def test_a_watcher_that_dies_leaves_a_clean_shutdown(
 # --- 3. a missing OTLP CA file ---------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_a_missing_otlp_certificate_is_one_line_and_exit_2(tmp_path: Path) -> None:
     missing = tmp_path / "ca.pem"
     proc = run_exporter(
@@ -214,6 +217,7 @@ def test_the_metrics_certificate_variable_wins(tmp_path: Path) -> None:
 # --- 4. the listen address -------------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_a_port_in_use_names_the_flag(busy_port: int) -> None:
     proc = run_exporter(["--web.listen-address", f"127.0.0.1:{busy_port}", *QUIET])
     line = one_error_line(proc, 1)
@@ -224,6 +228,7 @@ def test_a_port_in_use_names_the_flag(busy_port: int) -> None:
     )
 
 
+@pytest.mark.peer
 def test_an_unresolvable_host_names_the_flag() -> None:
     proc = run_exporter(["--web.listen-address", "no-such-host.invalid:9405", *QUIET])
     line = one_error_line(proc, 1)
@@ -233,6 +238,7 @@ def test_an_unresolvable_host_names_the_flag() -> None:
     )
 
 
+@pytest.mark.peer
 def test_the_demo_on_a_port_in_use_names_the_flag(busy_port: int) -> None:
     """`make demo` runs `kde-simulate demo`: the same one line, then the Makefile's hint."""
     proc = run_simulator(["demo", "--web.listen-address", f"127.0.0.1:{busy_port}"])
@@ -281,6 +287,7 @@ def test_what_prometheus_refuses_is_refused(text: str, says: str) -> None:
         duration(text)
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize(
     ("value", "says"),
     [("-5s", "must be greater than zero, got '-5s'"), ("10", "add a unit, e.g. 10s")],
@@ -313,6 +320,7 @@ def test_a_misspelt_variable_is_named_with_the_likely_one() -> None:
     assert config.collect_interval == 10.0
 
 
+@pytest.mark.peer
 def test_doctor_names_a_misspelt_variable(tmp_path: Path) -> None:
     proc = run_exporter(
         ["doctor", "--kubelet-socket", str(tmp_path / "none.sock"), *QUIET],
@@ -325,6 +333,7 @@ def test_doctor_names_a_misspelt_variable(tmp_path: Path) -> None:
     ) in proc.stdout
 
 
+@pytest.mark.peer
 def test_the_exporter_logs_a_misspelt_variable_at_start() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--web.listen-address", "127.0.0.1:0", *QUIET],
@@ -382,6 +391,7 @@ async def test_a_regular_file_is_not_a_socket(tmp_path: Path) -> None:
     assert str(err.value) == f"NO_SOCKET: kubelet socket {path} is not a socket (a regular file)"
 
 
+@pytest.mark.peer
 def test_doctor_says_not_a_socket(tmp_path: Path) -> None:
     path = tmp_path / "kubelet.sock"
     path.mkdir()  # what a hostPath mount of a socket not yet there leaves behind
@@ -435,6 +445,7 @@ def test_the_otlp_start_line_says_the_interval_and_the_timeout_once(
 # --- 13. `help` --------------------------------------------------------------------------------
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize(
     ("args", "usage"),
     [

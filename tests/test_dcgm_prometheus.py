@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from bench.fleet import EVERY_GROUP
+from simulator.ports import free_port
 from simulator.scenario import load_scenario
-from tests.peers import PrometheusServer, free_port
+from tests.peers import PrometheusServer
 
 GPUS = {str(i) for i in range(8)}
 # The exporter pod's own labels, as Kubernetes service discovery sets them on the target.

@@ -21,7 +21,7 @@ import yaml
 from tests.nvml_support import fakenvml
 from tests.peers import promtool
 from tests.support import metrics_text
-from tests.test_golden_scenarios import scenario_snapshot
+from tests.support.simulated_node import scenario_snapshot
 
 __all__ = ["fakenvml"]
 

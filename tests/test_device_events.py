@@ -38,6 +38,7 @@ from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node  # noqa: F401 -
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Receiver
 from tests.support import Clock, StaticSource
 from tests.support.cycle import make_poller
+from tests.support.waiting import until
 
 GPU = "GPU-5e1f0a2b-7c3d-4e5f-8a9b-000000000000"
 A = Holder("ml", "trainer-a", "pytorch")
@@ -182,14 +183,7 @@ def api() -> Iterator[ApiServer]:
     server.stop()
 
 
-async def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        await asyncio.sleep(0.05)
-
-
+@pytest.mark.slow
 async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
     nvidia_node: Callable[[str], NvidiaNode],  # noqa: F811
     fakenvml: ctypes.CDLL,  # noqa: F811
@@ -221,7 +215,7 @@ async def test_an_xid_on_a_shared_gpu_reaches_the_receiver_and_each_pod(
             assert sum(source.xids.snapshot().values()) == xids, t
         logs.force_flush()
         receiver.wait_for_log_records(2)
-        await _until(lambda: len(api.events) >= 2, "two Events")
+        await until(lambda: len(api.events) >= 2, 10, "two Events")
         await asyncio.sleep(0.3)  # an Event too many would have arrived by now
     finally:
         stop.set()
@@ -281,8 +275,8 @@ async def test_events_the_api_server_refuses_are_counted_failed(
     await asyncio.sleep(0)  # run() takes the loop before publish() hands anything over
     try:
         await asyncio.to_thread(poster.publish, events)
-        await _until(lambda: api.count("create", "events") == 2, "two attempts")
-        await _until(lambda: len(poster.self_samples()) == 1, "counted")
+        await until(lambda: api.count("create", "events") == 2, 10, "two attempts")
+        await until(lambda: len(poster.self_samples()) == 1, 10, "counted")
     finally:
         stop.set()
         await posting
@@ -364,10 +358,10 @@ async def test_the_exporter_wires_events_to_otlp_and_the_api_server(
     await exporter.start()
     try:
         await exporter.wait_ready(10)
-        await _until(lambda: bool(exporter.poller.snapshot and exporter.poller.snapshot.allocations),
-                     "the pod holds the GPU")  # fmt: skip
+        await until(lambda: bool(exporter.poller.snapshot and exporter.poller.snapshot.allocations),
+                    10, "the pod holds the GPU")  # fmt: skip
         source.result = _gpu_with_xids(1)
-        await _until(lambda: len(api.events) == 1, "the Event")
+        await until(lambda: len(api.events) == 1, 10, "the Event")
         assert exporter.log_sink is not None
         await asyncio.to_thread(exporter.log_sink.force_flush)
         await asyncio.to_thread(receiver.wait_for_log_records, 1)
@@ -379,7 +373,7 @@ async def test_the_exporter_wires_events_to_otlp_and_the_api_server(
             text = rendered.text.decode() if rendered else ""
             return f"{CREATED} 1.0" in text
 
-        await _until(counted, "the self-metric")
+        await until(counted, 10, "the self-metric")
     finally:
         await exporter.stop()
         await kubelet.stop()

@@ -34,6 +34,7 @@ def _instructions() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.peer
 def test_hadolint_passes() -> None:
     binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(binary).exists():
@@ -129,6 +130,7 @@ def _context(tmp: Path) -> Path:
     return context
 
 
+@pytest.mark.peer
 def test_build_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
     context = _context(tmp_path)
     assert (context / "pyproject.toml").is_file() and (context / "exporter").is_dir()

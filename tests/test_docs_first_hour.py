@@ -48,6 +48,7 @@ def test_make_demo_installs_no_test_tools() -> None:
     assert "debs" not in demo_deps[1]
 
 
+@pytest.mark.peer
 def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "simulation.md").read_text()
     (command,) = re.findall(r"`(make -C simulator/fakenvml [^`]*)`", doc)
@@ -62,6 +63,7 @@ def test_the_fakenvml_command_in_simulation_md_runs(tmp_path: Path) -> None:
     assert (build / "libnvidia-ml.so.1").is_file()
 
 
+@pytest.mark.peer
 def test_a_relative_python_for_fakenvml_says_what_to_do(tmp_path: Path) -> None:
     done = subprocess.run(
         ["make", "-s", "-C", "simulator/fakenvml", "PYTHON=.venv/bin/python",

@@ -206,6 +206,7 @@ def lines_about(out: str, subject: str) -> list[str]:
     raise AssertionError(f"no line about {subject!r} in:\n{out}")
 
 
+@pytest.mark.peer
 async def test_doctor_on_a_healthy_simulated_node_then_a_misconfigured_one(
     tmp_path: Path,
 ) -> None:
@@ -235,6 +236,7 @@ async def test_doctor_on_a_healthy_simulated_node_then_a_misconfigured_one(
     assert intel[0].startswith("PROBLEM") and any("--path.sysfs" in x for x in intel)
 
 
+@pytest.mark.peer
 async def test_doctor_when_the_node_advertises_gpus_nvml_cannot_see(tmp_path: Path) -> None:
     """The usual first-hour failure: no runtime class, so no libnvidia-ml.so.1 in the pod."""
     node = SimulatedNode(load_scenario("demo"), tmp_path / "node")  # no library in env

@@ -4,72 +4,29 @@ item 7); no golden output holds a series twice. promtool does not flag duplicate
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.join import merged_pods
 from exporter.model import (
     Container,
     ContainerDevices,
-    ContainerMemory,
     Pod,
     PodResourcesState,
 )
 from tests.peers import promtool_check_metrics
-from tests.support import FixedKubelet, StaticSource, metrics_text
-from tests.support.cycle import make_poller
-from tests.test_exporter import GPU, gpu_result
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.support import GOLDEN
+from tests.support.duplicates import TRAINER, duplicate_series, text_of
+from tests.support.fake_gpu import GPU
 
 
-def duplicate_series(text: str) -> list[str]:
-    """Every (name, labels) that appears more than once in a Prometheus text output."""
-    seen: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            seen[(s.name, tuple(sorted(s.labels.items())))] += 1
-    return [f"{name}{dict(labels)} x{n}" for (name, labels), n in seen.items() if n > 1]
-
-
-TRAINER = Pod(
-    "trainer",
-    "ml",
-    (
-        Container(
-            "main",
-            (ContainerDevices("nvidia.com/gpu", (GPU,), (0,)),),
-            cpu_ids=(2, 3),
-            memory=(ContainerMemory("memory", 2**30, (0,)),),
-        ),
-    ),
-)
-
-
+@pytest.mark.peer
 async def test_a_pod_listed_three_times_gives_each_series_once() -> None:
-    text = await _text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
+    text = await text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
     assert "hw_container_cpus_exclusive{" in text
     assert duplicate_series(text) == []
     promtool_check_metrics(text)
-    once = await _text_of(PodResourcesState(pods=(TRAINER,), api_version="v1"))
+    once = await text_of(PodResourcesState(pods=(TRAINER,), api_version="v1"))
     assert text == once, "three copies of a pod read as one"
-
-
-async def _text_of(state: PodResourcesState) -> str:
-    poller = make_poller(
-        node="n1",
-        sources={"fake": StaticSource(gpu_result())},
-        client=FixedKubelet(state),
-        clock=lambda: 0.0,
-        wall_clock=lambda: 1.7e9,
-    )
-    try:
-        return metrics_text(await poller.run_once())
-    finally:
-        await poller.close()
 
 
 def test_copies_that_differ_are_merged_each_item_once() -> None:

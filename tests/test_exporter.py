@@ -13,18 +13,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from exporter.cli.flags import parse_config
 from exporter.cycle import steps as steps_module
 from exporter.join import join
 from exporter.model import (
     Container,
     ContainerDevices,
-    Device,
-    DeviceReading,
     Holder,
     Pod,
     PodResourcesState,
-    Sample,
     SourceResult,
 )
 from exporter.sources import Source
@@ -33,34 +29,8 @@ from simulator.scenario import parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, FixedKubelet, StaticSource, metrics_text, one_cycle
 from tests.support.cycle import make_poller
-
-GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
-
-SCENARIO = f"""
-node: test-node
-allocatable: [{{resource: nvidia.com/gpu, ids: [{GPU}]}}]
-pods:
-  - name: 'weird "pod"\\name'
-    namespace: ns
-    end: 5
-    containers: [{{name: "c\\nnewline", devices: [{{resource: nvidia.com/gpu, ids: [{GPU}]}}]}}]
-"""
-
-
-def gpu_result(util: float = 0.5) -> SourceResult:
-    device = Device(GPU, "gpu", "nvidia", "NVIDIA H100 80GB HBM3", "fake")
-    return SourceResult(
-        "fake",
-        (
-            DeviceReading(
-                device,
-                (
-                    Sample("hw.gpu.utilization", util, (("hw.gpu.task", "general"),)),
-                    Sample("hw.gpu.memory.usage", 2.0**30),
-                ),
-            ),
-        ),
-    )
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import GPU, SCENARIO, gpu_result
 
 
 class Broken:
@@ -123,14 +93,7 @@ async def test_a_broken_source_loses_only_its_own_devices(tmp_path: Path) -> Non
     assert snap.sources[1].error == "RuntimeError: driver fell off the bus"
 
 
-def config_for(socket: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return parse_config(
-        ["--kubelet-socket", str(socket), "--web.listen-address", "127.0.0.1:0",
-         "--collect-interval", "200ms", "--collect-timeout", "200ms", "--node-name", "n1", *extra],
-        env={}, sources={}, min_collect_interval=0.1,
-    )  # fmt: skip
-
-
+@pytest.mark.slow
 async def test_hung_source_does_not_stall_cycles_or_scrapes(tmp_path: Path) -> None:
     hung = Hung()
     exporter = Exporter(

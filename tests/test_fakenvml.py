@@ -291,6 +291,7 @@ def test_no_state_file_means_no_driver(fakenvml: object, monkeypatch: pytest.Mon
         pynvml.nvmlInit()
 
 
+@pytest.mark.peer
 def test_a_subprocess_finds_the_library_through_ld_library_path(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:

@@ -1,4 +1,5 @@
-"""Whole /metrics of every bundled scenario, compared with tests/golden/, linted by promtool.
+"""Whole /metrics of every bundled scenario, compared with tests/golden/; promtool lints those
+files (the `peer` tests).
 
 The real sources (NVML through nvidia-ml-py and the simulated library, the sysfs sources
 over the rendered tree) run against the simulated node at fixed scenario times with frozen
@@ -12,23 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.attribution.resolver import ProcessResolver
-from exporter.cli.flags import parse_config
 from exporter.ids import ResourceMatcher
 from exporter.metrics import Kind
-from exporter.model import Snapshot
 from exporter.sinks.dcgm import FIELDS
-from simulator import nvml as simnvml
-from simulator.node import SimulatedNode
 from simulator.scenario import Scenario, bundled_names, load_scenario
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool_check_metrics
-from tests.support import Clock, assert_golden, metrics_text, one_cycle
-
-T0, T1 = 1.0, 31.0  # two cycles 30 s apart (rates exist), the first before any XID event
-
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.support import GOLDEN, assert_golden, metrics_text
+from tests.support.simulated_node import T1, scenario_snapshot
 
 
 def test_every_bundled_scenario_has_a_golden_file() -> None:
@@ -49,7 +41,13 @@ async def test_golden_metrics(
     text = metrics_text(snapshot)
     _assert_what_the_scenario_says(load_scenario(name), text)
     assert_golden(f"scenario-{name}.prom", text, update_golden)
-    promtool_check_metrics(text)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("name", sorted(bundled_names()))
+def test_golden_metrics_pass_promtool(name: str) -> None:
+    """promtool lints the file test_golden_metrics holds the output to, byte for byte."""
+    promtool_check_metrics((GOLDEN / f"scenario-{name}.prom").read_text())
 
 
 async def test_golden_dense_in_dcgm_schema(
@@ -61,12 +59,23 @@ async def test_golden_dense_in_dcgm_schema(
     snapshot = await scenario_snapshot("dense", tmp_path, monkeypatch)
     text = metrics_text(snapshot, schema=("dcgm",))
     assert_golden("scenario-dense-dcgm.prom", text, update_golden)
-    # dcgm-exporter's names are the point: its counters have no `_total` and its labels
-    # are camelCase (`modelName`, `UUID`, `Hostname`). promtool's lint says exactly that,
-    # for exactly its families, and nothing else.
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in _dcgm_families(text)[1]
+
+
+def _dcgm_families(text: str) -> tuple[set[str], set[str]]:
+    """The DCGM_ families of a dcgm-schema output, and those of them that are counters."""
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE DCGM_")}
-    counters = {f.spec.name for f in FIELDS if f.spec.kind is Kind.COUNTER} & families
-    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in counters
+    return families, {f.spec.name for f in FIELDS if f.spec.kind is Kind.COUNTER} & families
+
+
+@pytest.mark.peer
+def test_golden_dense_in_dcgm_schema_lints_as_dcgm_exporter_names() -> None:
+    """dcgm-exporter's names are the point: its counters have no `_total` and its labels
+    are camelCase (`modelName`, `UUID`, `Hostname`). promtool's lint on the golden file
+    (the output, byte for byte) says exactly that, for exactly its families, and nothing
+    else."""
+    text = (GOLDEN / "scenario-dense-dcgm.prom").read_text()
+    families, counters = _dcgm_families(text)
     camel = "label names should be written in 'snake_case' not 'camelCase'"
     promtool_check_metrics(
         text,
@@ -74,39 +83,6 @@ async def test_golden_dense_in_dcgm_schema(
         + [f"{name} {camel}" for name in families]
         + ["DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"],
     )
-
-
-async def scenario_snapshot(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Snapshot:
-    """The real sources over the simulated node at T1, after a first cycle at T0."""
-    scenario = load_scenario(name)
-    clock = Clock()
-    node = SimulatedNode(scenario, tmp_path / "node", clock=clock)
-    state = node.env().get(simnvml.STATE_ENV)
-    if state:
-        monkeypatch.setenv(simnvml.STATE_ENV, state)
-    config = parse_config(node.exporter_args(), env={})
-    sources = node.sources(config, clock=clock)  # PF netlink from the node's recordings
-    try:
-        clock.now = T0
-        node.advance()
-        for source in sources.values():
-            source.collect()
-        clock.now = T1
-        node.advance()
-        sysfs = config.sysfs if "sysfs" in scenario.sections else None
-        resolver = None
-        if scenario.has_processes:
-            resolver = ProcessResolver(config.procfs, config.container_logs)
-        snapshot = await one_cycle(
-            scenario, tmp_path / "kubelet.sock", sources, t=T1, sysfs=sysfs, resolver=resolver
-        )
-    finally:
-        for source in sources.values():
-            source.close()
-        for part in node.parts:
-            part.close()
-    assert all(h.success for h in snapshot.sources), snapshot.sources
-    return snapshot
 
 
 def _value(text: str, family: str, **labels: str) -> float | None:

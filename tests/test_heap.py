@@ -166,6 +166,7 @@ def test_without_malloc_trim_a_trim_only_collects(monkeypatch: pytest.MonkeyPatc
     assert gone() is None and trimmer.trims == 1
 
 
+@pytest.mark.peer
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
 def test_malloc_trim_hands_freed_pages_in_the_middle_of_the_heap_back(tmp_path: Path) -> None:
     """64 MiB in 1 KiB buffers (glibc's, not pymalloc's: over 512 bytes) with one kept in
@@ -238,6 +239,7 @@ async def test_a_failing_after_cycle_step_is_logged_by_name_and_the_cycle_goes_o
     assert trim.calls == 1 and built == [1, 1, 1]
 
 
+@pytest.mark.peer
 @pytest.mark.skipif(not GLIBC, reason="the image's allocator is glibc's malloc")
 def test_as_the_image_runs_it_memory_goes_back_after_each_swing_of_a_big_node() -> None:
     """The pipeline in a process of its own with the image's environment (heap.SHIPPED_ENV),

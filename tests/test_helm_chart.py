@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import tarfile
 import tomllib
 from pathlib import Path
@@ -22,11 +21,18 @@ import yaml
 from monitoring.alerts import JOB, RUNBOOK_BASE
 from tests import kit, kustomize
 from tests.crd_schemas import SCHEMAS
-from tests.test_deploy_manifests import DEPLOY, ROOT, _validate_all
+from tests.support.manifests import (
+    CHART,
+    DEPLOY,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    kit_with,
+    one,
+    render_chart,
+    validate_all,
+)
 
-CHART = DEPLOY / "helm" / "kube-device-exporter"
-RELEASE = "kube-device-exporter"
-NAMESPACE = "kube-device-exporter"
 WEB_SECRET = "kube-device-exporter-web"
 
 EVERYTHING = {
@@ -75,30 +81,15 @@ def test_lint_rejects_values_the_schema_does_not_know() -> None:
         assert result["errors"] or any(m["severity"] > 1 for m in result["messages"]), bad
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    docs = []
-    for path, text in out.items():
-        if path.endswith(".yaml"):
-            docs += [d for d in yaml.safe_load_all(text) if d]
-    return docs
-
-
 @functools.cache
 def _rendered(key: str) -> list[dict[str, Any]]:
-    return render({"default": {}, "everything": EVERYTHING}[key])
-
-
-def _one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [r for r in resources if r["kind"] == kind]
-    return found
+    return render_chart({"default": {}, "everything": EVERYTHING}[key])
 
 
 @pytest.mark.parametrize("key", ["default", "everything"])
 def test_every_rendered_object_validates(key: str) -> None:
     resources = copy.deepcopy(_rendered(key))
-    _validate_all(resources, key)
+    validate_all(resources, key)
     kinds = sorted(r["kind"] for r in resources)
     if key == "default":
         assert kinds == ["DaemonSet", "Service", "ServiceAccount"]
@@ -107,14 +98,14 @@ def test_every_rendered_object_validates(key: str) -> None:
 
 
 def test_validation_of_the_render_can_fail() -> None:
-    daemonset = copy.deepcopy(_one(_rendered("default"), "DaemonSet"))
+    daemonset = copy.deepcopy(one(_rendered("default"), "DaemonSet"))
     daemonset["spec"]["template"]["spec"]["priorityclassname"] = "x"
     with pytest.raises(AssertionError, match="priorityclassname"):
-        _validate_all([daemonset], "planted")
+        validate_all([daemonset], "planted")
 
 
 def test_daemonset_has_priority_and_gpu_tolerations() -> None:
-    pod = _one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
+    pod = one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in pod["tolerations"]
     assert "runtimeClassName" not in pod
@@ -122,7 +113,7 @@ def test_daemonset_has_priority_and_gpu_tolerations() -> None:
 
 def test_non_default_values_reach_the_objects() -> None:
     resources = _rendered("everything")
-    ds = _one(resources, "DaemonSet")
+    ds = one(resources, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/gpu/kube-device-exporter:0.1.0-rc1"
@@ -147,7 +138,7 @@ def test_non_default_values_reach_the_objects() -> None:
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["scheme"] == "HTTPS"
 
-    monitor = _one(resources, "ServiceMonitor")
+    monitor = one(resources, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["scheme"] == "https"
@@ -158,13 +149,13 @@ def test_non_default_values_reach_the_objects() -> None:
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert pod_labels[monitor["spec"]["jobLabel"]] == JOB
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    (pod_endpoint,) = _one(resources, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    (pod_endpoint,) = one(resources, "PodMonitor")["spec"]["podMetricsEndpoints"]
     assert pod_endpoint["metricRelabelings"] == [{"action": "labeldrop", "regex": "x"}]
 
 
 def test_rules_and_dashboards_are_the_kits() -> None:
     resources = _rendered("everything")
-    rule = _one(resources, "PrometheusRule")
+    rule = one(resources, "PrometheusRule")
     plain = yaml.safe_load(kit.RULES.read_text())["groups"]
     expected = yaml.safe_load(
         yaml.safe_dump(plain).replace(RUNBOOK_BASE, "https://wiki.example.com/runbooks")
@@ -216,7 +207,7 @@ def test_chart_version_is_the_package_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version
-    pod = _one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
+    pod = one(_rendered("default"), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == f"kube-device-exporter:{version}"
 
 
@@ -226,25 +217,12 @@ def test_chart_version_is_the_package_version() -> None:
 def _pod_spec(resources: list[dict[str, Any]]) -> dict[str, Any]:
     """The DaemonSet's pod spec with named lists in name order (kustomize's patches put
     added items first, the chart last; order means nothing to Kubernetes here)."""
-    spec: dict[str, Any] = copy.deepcopy(_one(resources, "DaemonSet")["spec"]["template"]["spec"])
+    spec: dict[str, Any] = copy.deepcopy(one(resources, "DaemonSet")["spec"]["template"]["spec"])
     spec["volumes"].sort(key=lambda v: v["name"])
     for container in spec["containers"]:
         for field in ("env", "volumeMounts"):
             container[field].sort(key=lambda v: v["name"])
     return spec
-
-
-def _kit(tmp_path: Path, overlay: str, *components: str) -> list[dict[str, Any]]:
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    doc = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, mine)],
-        "components": [os.path.relpath(DEPLOY / "components" / c, mine) for c in components],
-    }
-    (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-    return kustomize.build(mine)
 
 
 SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
@@ -276,25 +254,26 @@ SAME_CHOICES: dict[str, tuple[dict[str, Any], str, tuple[str, ...]]] = {
 }  # fmt: skip
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("choice", sorted(SAME_CHOICES))
 def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) -> None:
     values, overlay, components = SAME_CHOICES[choice]
-    ours = render(values)
-    theirs = _kit(tmp_path, overlay, *components)
+    ours = render_chart(values)
+    theirs = kit_with(tmp_path, overlay, *components)
     assert _pod_spec(ours) == _pod_spec(theirs)
     assert (
-        _one(ours, "DaemonSet")["spec"]["updateStrategy"]
-        == _one(theirs, "DaemonSet")["spec"]["updateStrategy"]
+        one(ours, "DaemonSet")["spec"]["updateStrategy"]
+        == one(theirs, "DaemonSet")["spec"]["updateStrategy"]
     )
     if choice == "GKE":
-        quotas = [_one(x, "ResourceQuota")["spec"] for x in (ours, theirs)]
+        quotas = [one(x, "ResourceQuota")["spec"] for x in (ours, theirs)]
         assert quotas[0] == quotas[1]
     env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
     assert env.get("KDE_METRICS_SCHEMA") == ("native,dcgm" if choice == "dcgm schema" else None)
     rbac = ("ClusterRole", "ClusterRoleBinding")
     if choice in ("Kubernetes API", "Pods API", "Kubernetes Events"):
-        assert _one(ours, "ClusterRole")["rules"] == _one(theirs, "ClusterRole")["rules"]
-        binding = [_one(x, "ClusterRoleBinding") for x in (ours, theirs)]
+        assert one(ours, "ClusterRole")["rules"] == one(theirs, "ClusterRole")["rules"]
+        binding = [one(x, "ClusterRoleBinding") for x in (ours, theirs)]
         assert binding[0]["subjects"] == binding[1]["subjects"]
         assert binding[0]["roleRef"] == binding[1]["roleRef"]
         assert _pod_spec(ours)["automountServiceAccountToken"] is True
@@ -303,50 +282,54 @@ def test_chart_and_kit_render_the_same_daemonset(tmp_path: Path, choice: str) ->
         assert _pod_spec(ours)["automountServiceAccountToken"] is False
 
 
+@pytest.mark.peer
 def test_dcgm_schema_monitors_honor_labels(tmp_path: Path) -> None:
     """The dcgm schema's holder labels are pod/namespace/container: both monitors must
     honor them (otherwise exported_pod...); the native schema keeps honorLabels false."""
     sm = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}
 
     def honor(resources: list[dict[str, Any]]) -> list[bool]:
-        service = _one(resources, "ServiceMonitor")["spec"]["endpoints"]
+        service = one(resources, "ServiceMonitor")["spec"]["endpoints"]
         pod = [r for r in resources if r["kind"] == "PodMonitor"]
         pods = pod[0]["spec"]["podMetricsEndpoints"] if pod else []
         return [e["honorLabels"] for e in (*service, *pods)]
 
-    assert honor(render({**sm, "metricsSchema": "native,dcgm"})) == [True, True]
-    assert honor(render({**sm, "metricsSchema": "dcgm"})) == [True, True]
-    assert honor(render(sm)) == [False, False]
-    assert honor(_kit(tmp_path, "kube-prometheus-stack", "dcgm-schema")) == [True]
+    assert honor(render_chart({**sm, "metricsSchema": "native,dcgm"})) == [True, True]
+    assert honor(render_chart({**sm, "metricsSchema": "dcgm"})) == [True, True]
+    assert honor(render_chart(sm)) == [False, False]
+    assert honor(kit_with(tmp_path, "kube-prometheus-stack", "dcgm-schema")) == [True]
     plain = tmp_path / "plain"
     plain.mkdir()
-    assert honor(_kit(plain, "kube-prometheus-stack")) == [False]
+    assert honor(kit_with(plain, "kube-prometheus-stack")) == [False]
 
 
 def test_kubernetes_api_pod_labels_value() -> None:
     values = {"kubernetesApi": {"enabled": True, "podLabels": r"team|app\.kubernetes\.io/name"}}
-    env = {e["name"]: e.get("value") for e in _pod_spec(render(values))["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value") for e in _pod_spec(render_chart(values))["containers"][0]["env"]
+    }
     assert env["KDE_KUBERNETES_API"] == "true"
     assert env["KDE_KUBERNETES_POD_LABELS"] == r"team|app\.kubernetes\.io/name"
 
 
 def test_kubernetes_events_grant_create_on_events_only() -> None:
-    ours = render({"kubernetesEvents": {"enabled": True}})
-    assert _one(ours, "ClusterRole")["rules"] == [
+    ours = render_chart({"kubernetesEvents": {"enabled": True}})
+    assert one(ours, "ClusterRole")["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
     ]
     env = {e["name"]: e.get("value") for e in _pod_spec(ours)["containers"][0]["env"]}
     assert env["KDE_KUBERNETES_EVENTS"] == "true"
-    both = render({"kubernetesEvents": {"enabled": True}, "kubernetesApi": {"enabled": True}})
+    both = render_chart({"kubernetesEvents": {"enabled": True}, "kubernetesApi": {"enabled": True}})
     roles = sorted(r["metadata"]["name"] for r in both if r["kind"] == "ClusterRole")
     assert roles == [f"{RELEASE}-kubernetes-api", f"{RELEASE}-kubernetes-events"]
 
 
+@pytest.mark.peer
 def test_drift_is_caught() -> None:
     """The comparison above can fail: a chart value that changes the pod shows up."""
     base = _pod_spec(kustomize.build(DEPLOY / "overlays" / "kube-prometheus-stack"))
-    assert _pod_spec(render({"resources": {"limits": {"memory": "1Gi"}}})) != base
-    assert _pod_spec(render()) == base
+    assert _pod_spec(render_chart({"resources": {"limits": {"memory": "1Gi"}}})) != base
+    assert _pod_spec(render_chart()) == base
 
 
 def test_values_schema_is_a_valid_schema() -> None:

@@ -1,7 +1,7 @@
 """Hostile clients (issue 14, item 2): idle, half-sent and malformed connections, a cap.
 
 Bounded versions of the attack (loopback only, limits shortened so each test takes about a
-second); the long versions with the figures docs/reliability.md quotes are in bench/faults.py
+second); the long versions with the figures docs/reliability.md quotes are in bench/client_faults.py
 (`make soak`).
 """
 
@@ -20,7 +20,8 @@ from exporter.app import Exporter
 from exporter.web.server import ServerLimits
 from exporter.web.stats import ServerStats
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
 
 LIMITS = ServerLimits(max_connections=20, header_timeout=0.5, idle_timeout=1.0, quiet_after=60)
 
@@ -60,6 +61,7 @@ async def scrape(exp: Exporter) -> int:
         return resp.status
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_is_closed_after_the_header_timeout(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     took = await closed_within(reader, 5)
@@ -68,6 +70,7 @@ async def test_an_idle_connection_is_closed_after_the_header_timeout(exporter: E
     assert exporter.web_stats.closed["header_timeout"] == 1
 
 
+@pytest.mark.slow
 async def test_slowloris_is_closed_although_it_keeps_sending(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ")
@@ -85,6 +88,7 @@ async def test_slowloris_is_closed_although_it_keeps_sending(exporter: Exporter)
     assert exporter.web_stats.closed["header_timeout"] == 1
 
 
+@pytest.mark.slow
 async def test_a_keep_alive_connection_idles_out(exporter: Exporter) -> None:
     reader, writer = await connect(exporter)
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")

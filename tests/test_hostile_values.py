@@ -23,8 +23,8 @@ from exporter.sources.counters import COUNTER_MAX, MonotonicCounters
 from exporter.sources.sysfs.reader import PERCENT, U64, Reader, parse_integer, parse_number
 from simulator.sysfs import SysfsPart
 from tests.support import Clock
+from tests.support.sysfs_nodes import AMD, AMD_DEV
 from tests.sysfs_support import context, make_tree
-from tests.test_sysfs_sources import AMD, AMD_DEV
 
 TWO_GPUS = (
     AMD

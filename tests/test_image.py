@@ -30,6 +30,8 @@ import pytest
 from tests.image import base, daemonset
 from tests.image.engine import Engine, engine_or_reason
 
+pytestmark = pytest.mark.peer
+
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONSET = ROOT / "deploy" / "base" / "daemonset.yaml"
 CA_BUNDLE = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))

@@ -7,6 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.peer
+
 PROBE = """
 import sys, bcrypt
 hashed = []

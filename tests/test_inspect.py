@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from simulator.kubelet import GET_DISABLED, SimulatedKubelet
 from simulator.scenario import parse_scenario
+
+pytestmark = pytest.mark.peer
 
 SCENARIO = """
 node: n

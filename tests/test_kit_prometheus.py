@@ -39,9 +39,10 @@ from exporter.sources import registry
 from simulator.apiserver import ApiServer
 from simulator.nvml_scenario import parse_nvidia
 from simulator.nvml_spec import GPM_SHARES
+from simulator.ports import free_port
 from simulator.scenario import bundled_names, load_scenario
 from tests import kit
-from tests.peers import PrometheusServer, free_port, need
+from tests.peers import PrometheusServer, need
 from tests.scenario_facts import (
     device_behind,
     holdings,

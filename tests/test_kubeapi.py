@@ -23,16 +23,8 @@ from exporter.kubeapi.client import KubeApi, describe, http_client, load_config
 from exporter.kubeapi.listwatch import Timing
 from exporter.kubeapi.watcher import PodWatcher
 from simulator.apiserver import ApiServer
-from tests.support.kubeapi import (
-    NODE,
-    fast,
-    owner_object,
-    pod,
-    pod_watcher,
-    put_owner,
-    running,
-    until,
-)
+from tests.support.kubeapi import NODE, fast, owner_object, pod, pod_watcher, put_owner, running
+from tests.support.waiting import until
 
 TRAIN = pod("train-7d9f-abcde", "ml", labels={"team": "vision", "app.kubernetes.io/name": "train",
             "pod-template-hash": "7d9f"}, owner=("ReplicaSet", "train-7d9f", "rs-1"))  # fmt: skip
@@ -188,6 +180,7 @@ async def test_410_gone_relists_and_drops_pods_deleted_in_the_gap(
     assert server.watch_versions[1] < server.watch_versions[2]  # resumed from the new list
 
 
+@pytest.mark.slow
 async def test_forbidden_says_so_once_and_recovers(
     server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -217,6 +210,7 @@ async def test_wrong_token_is_401(server: ApiServer, tmp_path: Path) -> None:
     assert not watcher.health().up
 
 
+@pytest.mark.slow
 async def test_unreachable_server_backs_off(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -284,6 +278,7 @@ async def test_no_cluster_configuration_says_so(
     assert "Kubernetes API unavailable" in caplog.text
 
 
+@pytest.mark.slow
 async def test_requests_per_hour_in_steady_state(server: ApiServer, tmp_path: Path) -> None:
     """Steady state costs one watch request per watch timeout, plus owner re-reads.
 
@@ -307,6 +302,7 @@ async def test_requests_per_hour_in_steady_state(server: ApiServer, tmp_path: Pa
     assert per_hour <= 10
 
 
+@pytest.mark.slow
 async def test_watches_cut_at_once_back_off(tmp_path: Path) -> None:
     """A proxy that ends every watch immediately: backing off, not a request loop."""
     server = ApiServer()
@@ -324,6 +320,7 @@ async def test_watches_cut_at_once_back_off(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 async def test_410_on_every_watch_backs_off(server: ApiServer, tmp_path: Path) -> None:
     server.always_gone = True
     watcher = make_watcher(server.kubeconfig(tmp_path / "kubeconfig"))

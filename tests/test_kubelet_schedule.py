@@ -10,6 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from exporter.cycle.poller import Poller
 from exporter.model import (
     Device,
@@ -238,6 +240,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.peer
 async def test_grpc_threads_end_when_the_channel_is_closed_between_polls(
     tmp_path: Path,
 ) -> None:

@@ -24,7 +24,7 @@ from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario, parse_scenario
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, one_cycle
-from tests.test_exporter import GPU, SCENARIO, gpu_result
+from tests.support.fake_gpu import GPU, SCENARIO, gpu_result
 
 ROW = re.compile(r'<tr(?: class="child")? data-id="([^"]+)" data-depth="(\d+)">(.*?)</tr>', re.S)
 

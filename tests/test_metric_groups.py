@@ -22,7 +22,7 @@ from exporter.settings.table import CORE, DEFAULT_GROUPS, GROUP_NAMES, GROUPS
 from monitoring.groups import groups_read
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.support import metrics_text
-from tests.test_golden_scenarios import scenario_snapshot
+from tests.support.simulated_node import scenario_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 DCGM_DEFAULTS = Path(__file__).parent / "data" / "dcgm-exporter-default-counters.csv"
@@ -185,16 +185,17 @@ def test_panels_that_need_a_group_say_so_on_their_face() -> None:
     assert not any("opt-in" in t for t in titles if t.startswith("Utilization"))
 
 
+@pytest.mark.peer
 def test_the_chart_and_the_kit_turn_groups_on(tmp_path: Path) -> None:
     """What the chart's `metricGroups` and the kit's component render, read back by the
     exporter's own flag parser."""
-    from tests.test_helm_chart import _kit, _one, render
+    from tests.support.manifests import kit_with, one, render_chart
 
-    rendered = render({"metricGroups": {"clocks": True, "memory": True}})
-    [container] = _one(rendered, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    rendered = render_chart({"metricGroups": {"clocks": True, "memory": True}})
+    [container] = one(rendered, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     groups = parse_config(container.get("args", []), env={}).metric_groups
     assert groups == {CORE, "clocks", "memory"}
-    kit = _kit(tmp_path, "kube-prometheus-stack", "metric-groups")
-    [container] = _one(kit, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    kit = kit_with(tmp_path, "kube-prometheus-stack", "metric-groups")
+    [container] = one(kit, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert parse_config([], env=env).metric_groups == set(GROUP_NAMES)

@@ -101,6 +101,7 @@ def test_dashboard_is_importable_anywhere(stem: str) -> None:
             assert len(set(refs_ids)) == len(refs_ids) and all(refs_ids)
 
 
+@pytest.mark.peer
 def test_dashboard_uids_are_unique_and_configmaps_carry_them() -> None:
     """The kit's ConfigMaps are made by kustomize from the one stored copy, dashboards/:
     the rendered text is each file's text, byte for byte, under the sidecar's label."""

@@ -90,6 +90,7 @@ def test_the_source_reads_the_real_driver() -> None:
     check_report(run_report(clean_env()))
 
 
+@pytest.mark.peer
 def test_the_same_check_passes_on_the_simulated_driver(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:
@@ -156,6 +157,7 @@ def test_gpm_on_the_real_driver() -> None:
     check_gpm(run_gpm(clean_env()))
 
 
+@pytest.mark.peer
 def test_the_same_gpm_check_passes_on_the_simulated_driver(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:

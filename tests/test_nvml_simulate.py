@@ -6,21 +6,19 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import urllib.request
 
+import pytest
+
+from simulator.ports import free_port
 from tests.nvml_support import fakenvml
 
+pytestmark = pytest.mark.peer
+
 __all__ = ["fakenvml"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _read_lines(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:

@@ -526,6 +526,7 @@ for _ in range(3):
 """
 
 
+@pytest.mark.peer
 @pytest.mark.skipif(
     ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has libnvidia-ml"
 )
@@ -563,6 +564,7 @@ nvidia:
     assert value(after, "hw.energy") == 35 * 70.0
 
 
+@pytest.mark.slow
 def test_close_does_not_hang_on_a_hung_driver_call(
     nvidia_node: Callable[[str], NvidiaNode],
 ) -> None:

@@ -343,6 +343,7 @@ def tls_files() -> Iterator[tuple[Path, bytes, bytes]]:
         yield cert, key.read_bytes(), cert.read_bytes()
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_tls_with_certificate_from_env(
     protocol: str, tls_files: tuple[Path, bytes, bytes], monkeypatch: pytest.MonkeyPatch
@@ -452,6 +453,7 @@ def test_timeout_variables_are_milliseconds() -> None:
     assert export_timeout({"OTEL_EXPORTER_OTLP_TIMEOUT": "-1"}) == 10.0
 
 
+@pytest.mark.peer
 def test_otlp_only_process_from_the_command_line() -> None:
     """The real process with `--web.listen-address none`: pushes, listens nowhere, stops on
     SIGTERM."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 import tempfile
 import threading
 import time
@@ -18,6 +17,7 @@ import pytest
 from exporter.app import Exporter
 from exporter.settings.config import Config, OtlpConfig
 from exporter.sinks.otlp import OtlpSink
+from simulator.ports import free_port
 from tests.otlp_receivers import Behaviour, GrpcReceiver, HttpReceiver, Receiver, points_of
 from tests.otlp_snapshots import FakeGpus, energy_snapshot, sink_for
 
@@ -28,12 +28,6 @@ TIMEOUT_MS = "300"
 
 def make_receiver(protocol: str, **kwargs: Any) -> Receiver:
     return GrpcReceiver(**kwargs) if protocol == "grpc" else HttpReceiver(**kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sdk_attribute_sets(sink: OtlpSink) -> int:
@@ -84,6 +78,7 @@ def test_receiver_down_at_start_then_back(protocol: str) -> None:
 CYCLES, WARMUP = 200, 50
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("answer", ["down", "unavailable", "partial"])
 def test_memory_stays_bounded_over_many_cycles(protocol: str, answer: str) -> None:
@@ -121,6 +116,7 @@ def test_memory_stays_bounded_over_many_cycles(protocol: str, answer: str) -> No
         assert (success, failure, rejected) == (0, CYCLES, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_hanging_receiver_is_cut_off_by_the_export_timeout(protocol: str) -> None:
     receiver = make_receiver(protocol)
@@ -138,6 +134,7 @@ def test_hanging_receiver_is_cut_off_by_the_export_timeout(protocol: str) -> Non
         receiver.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_slow_collector_never_delays_a_cycle(protocol: str) -> None:
     receiver = make_receiver(protocol)
@@ -214,6 +211,7 @@ def test_a_failing_collection_does_not_stop_the_reader(monkeypatch: pytest.Monke
         receiver.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_shutdown_returns_within_the_export_timeout_while_an_export_hangs(
     protocol: str, monkeypatch: pytest.MonkeyPatch

@@ -29,14 +29,12 @@ from exporter.model import (
     PairPlacement,
 )
 from exporter.points import best_and_worst
-from simulator.scenario import load_scenario
-from simulator.sysfs import render
-from simulator.sysfstree import write_tree
 from tests import kit
 from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import promtool
 from tests.support import metrics_text
-from tests.test_golden_scenarios import scenario_snapshot
+from tests.support.simulated_node import scenario_snapshot
+from tests.support.sysfs_nodes import dgx_sysfs
 
 # nvidia-smi topo -m of the dgx scenario, GPU rows, mlx5_0..7 columns: written from the
 # tree's design in the scenario's header (level-2 switch PIX, level-1 switch PXB, socket 0's
@@ -53,18 +51,8 @@ GPU7 SYS  SYS  SYS  SYS  NODE NODE PXB  PIX
 """
 
 
-def _dgx_sysfs(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
-    scenario = load_scenario("dgx")
-    tree, _ = render(scenario, 0.0)
-    write_tree(tmp_path, tree)
-    sysfs = scenario.sections["sysfs"]
-    gpus = [g["pci_bus_id"] for g in scenario.sections["nvidia"]["gpus"]]
-    nics = [h["pci"] for h in sysfs["infiniband"]]
-    return tmp_path, gpus, nics
-
-
 def test_every_gpu_nic_pair_of_the_dgx_tree_has_its_exact_level(tmp_path: Path) -> None:
-    sysfs, gpus, nics = _dgx_sysfs(tmp_path)
+    sysfs, gpus, nics = dgx_sysfs(tmp_path)
     reader = PlacementReader(sysfs)
     expected = [row.split()[1:] for row in DGX_TOPO.strip().splitlines()]
     got = []
@@ -83,7 +71,7 @@ def test_every_gpu_nic_pair_of_the_dgx_tree_has_its_exact_level(tmp_path: Path) 
 
 def test_the_tree_is_the_kernels_layout(tmp_path: Path) -> None:
     """What the reader relies on, checked on the rendered files themselves."""
-    sysfs, gpus, nics = _dgx_sysfs(tmp_path)
+    sysfs, gpus, nics = dgx_sysfs(tmp_path)
     link = sysfs / "bus/pci/devices" / nics[0]
     assert os.readlink(link).startswith("../../../devices/pci0000:00/0000:00:01.1/")
     assert (link / "numa_node").read_text() == "0\n"
@@ -258,7 +246,7 @@ def test_a_mig_slice_takes_its_gpus_place_and_a_dra_claim_counts_as_an_allocatio
 ) -> None:
     """The pairs come from allocations of either kind; a slice has no PCI address of its
     own and sits where its GPU does."""
-    sysfs, gpus, nics = _dgx_sysfs(tmp_path)
+    sysfs, gpus, nics = dgx_sysfs(tmp_path)
     gpu = Device("GPU-7", "gpu", "nvidia", "H100", "nvml", attributes=(("hw.pci.bus_id", gpus[7]),))
     mig = Device("MIG-7a", "gpu", "nvidia", "H100 MIG 1g.10gb", "nvml", parent="GPU-7")
     port = Device("mlx5_7/1", "network", "mellanox", "MT4129", "rdma", parent=nics[7],

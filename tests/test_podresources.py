@@ -265,6 +265,7 @@ async def test_slow_kubelet_past_the_deadline(sock: Path) -> None:
         await kubelet.stop()
 
 
+@pytest.mark.slow
 async def test_list_larger_than_grpc_default_4mib(sock: Path) -> None:
     ids = ", ".join(f"GPU-{i:08x}-0000-4000-8000-{i:012x}" for i in range(40))
     scenario = parse_scenario(

@@ -26,8 +26,9 @@ from exporter.kubeapi.watcher import ApiPods, PodWatcher
 from exporter.settings.config import DEFAULTS
 from simulator.apiserver import ApiServer
 from tests import kustomize
-from tests.support.kubeapi import NODE, owner_object, pod, pod_watcher, put_owner, running, until
+from tests.support.kubeapi import NODE, owner_object, pod, pod_watcher, put_owner, running
 from tests.support.podsapi import FakePodsApi, encode
+from tests.support.waiting import until
 
 TRAIN = pod("train-7d9f-abcde", "ml", labels={"team": "vision", "pod-template-hash": "7d9f"},
             owner=("ReplicaSet", "train-7d9f", "rs-1"))  # fmt: skip
@@ -113,6 +114,7 @@ async def test_pods_from_the_kubelet_owners_from_the_api(
     assert podsapi.watches == 1
 
 
+@pytest.mark.slow
 async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
     server: ApiServer, podsapi: FakePodsApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -149,6 +151,7 @@ async def test_a_kubelet_restart_keeps_the_cache_until_the_new_initial_sync(
     assert server.count("list", "pods") == server.count("watch", "pods") == 0
 
 
+@pytest.mark.slow
 async def test_an_empty_replay_after_a_restart_loses_no_pod(
     server: ApiServer, podsapi: FakePodsApi, tmp_path: Path
 ) -> None:
@@ -200,6 +203,7 @@ def test_the_socket_chooses_the_source(server: ApiServer, tmp_path: Path) -> Non
     assert type(build_watchers(parse_config(off, {}))[0].feed) is ApiPods
 
 
+@pytest.mark.peer
 def test_the_kit_component_mounts_the_folder_the_flag_names(tmp_path: Path) -> None:
     """deploy/components/pods-api mounts the folder of --kubernetes.pods-api-socket's
     default, beside kubernetes-api's token and RBAC."""

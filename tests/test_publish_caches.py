@@ -38,7 +38,7 @@ from exporter.sinks.prometheus import PrometheusSink
 from simulator.procfs import container_id
 from tests.support import Clock, FixedKubelet, StaticSource, metrics_text
 from tests.support.cycle import make_poller
-from tests.test_placement import _dgx_sysfs
+from tests.support.sysfs_nodes import dgx_sysfs
 
 UID_A = "8c1e2f3a-4b5c-4d6e-8f70-00000000000a"
 UID_B = "8c1e2f3a-4b5c-4d6e-8f70-00000000000b"
@@ -152,7 +152,7 @@ def _value(text: str, name: str, **labels: str) -> float | None:
 
 
 async def test_every_kept_result_follows_its_inputs(tmp_path: Path) -> None:
-    sysfs, gpus, nics = _dgx_sysfs(tmp_path / "sysfs")
+    sysfs, gpus, nics = dgx_sysfs(tmp_path / "sysfs")
     proc, logs = tmp_path / "proc", tmp_path / "containers"
     logs.mkdir()
     for pod, cid in (("a", CID_A), ("b", CID_B)):
@@ -236,7 +236,7 @@ async def test_every_kept_result_follows_its_inputs(tmp_path: Path) -> None:
 def test_kept_pairs_are_made_again_when_their_pci_paths_are_due(tmp_path: Path) -> None:
     """The pairs follow the sysfs tree as often as before they were kept: a NIC gone from
     sysfs (hot-removed) still pairs until the paths are due a new read, then no longer."""
-    sysfs, gpus, nics = _dgx_sysfs(tmp_path)
+    sysfs, gpus, nics = dgx_sysfs(tmp_path)
     node = Node(gpus[:1], nics, pods={"a": ("GPU-0", nics[0])})
     clock = Clock(1000.0)
     reader = PlacementReader(sysfs, refresh=300.0, clock=clock)

@@ -16,6 +16,8 @@ from tests.realcluster.api import Api, ApiStatus
 from tests.realcluster.controlplane import ControlPlane, running
 from tests.realcluster.daemons import alive, wait_for
 
+pytestmark = pytest.mark.peer
+
 NAMESPACE = "kde-cp"
 
 

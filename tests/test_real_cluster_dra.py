@@ -28,6 +28,8 @@ from tests.realcluster.api import Api
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.exporter import Metrics, simulated_node
 
+pytestmark = pytest.mark.peer
+
 NODE = "dra-node-1"
 """The dra scenario's node (and its pools' name)."""
 OTHER = "dra-node-2"

@@ -38,6 +38,8 @@ from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import ClusterNode, pod_spec
 from tests.realnode.nvml import StandInNvml
 
+pytestmark = pytest.mark.peer
+
 NS = "kde-dra-driver"
 GPU_DRIVER = "gpu.kde.test"
 """Shaped like NVIDIA's k8s-dra-driver-gpu: `gpu-<minor>` names, a `uuid` attribute."""

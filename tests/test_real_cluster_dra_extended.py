@@ -36,6 +36,8 @@ from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import ClusterNode, pod_spec
 from tests.realnode.nvml import StandInNvml
 
+pytestmark = pytest.mark.peer
+
 NS = "kde-dra-extended"
 DRIVER = "ext.kde.test"
 EXTENDED = "example.com/gpu"

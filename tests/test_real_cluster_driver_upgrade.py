@@ -19,12 +19,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests import kustomize
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.node import ClusterNode
+
+pytestmark = pytest.mark.peer
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = "nvidia.com/gpu.deploy.client"

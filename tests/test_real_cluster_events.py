@@ -37,6 +37,8 @@ from tests.realcluster import rbac
 from tests.realcluster.api import namespace, path_of
 from tests.realcluster.controlplane import ControlPlane
 
+pytestmark = pytest.mark.peer
+
 WORK_NS = "kde-events"
 KIT_NS = "kube-device-exporter"
 CHART_NS = "kde-events-chart"

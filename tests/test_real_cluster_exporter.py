@@ -26,6 +26,8 @@ from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.exporter import scenario, simulated_node
 
+pytestmark = pytest.mark.peer
+
 SIM_NODE = "kde-sim-node"
 NS = "kde-wl"
 INFO = "k8s_pod_workload_info"

@@ -31,8 +31,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.nvml import STATE_ENV, library_dir
+from simulator.ports import free_port
 from tests.image import daemonset
-from tests.peers import free_port
 from tests.realcluster import image
 from tests.realcluster.api import Api, ApiStatus, namespace, path_of
 from tests.realcluster.controlplane import ControlPlane
@@ -40,6 +40,8 @@ from tests.realcluster.daemons import wait_for
 from tests.realcluster.node import DEVICES, RESOURCE, ClusterNode, pod_spec
 from tests.realnode.nvml import StandInNvml
 from tests.realnode.procs import pids_in_container
+
+pytestmark = pytest.mark.peer
 
 WORK_NS = "kde-image-work"
 OPT_IN = "kube-device-exporter.io/enabled"

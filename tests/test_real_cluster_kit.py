@@ -13,11 +13,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import kustomize
 from tests.realcluster import rbac
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.node import ClusterNode
+
+pytestmark = pytest.mark.peer
 
 ROOT = Path(__file__).resolve().parent.parent
 OPT_IN = "kube-device-exporter.io/enabled"

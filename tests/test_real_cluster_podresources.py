@@ -8,6 +8,7 @@ Tier: real cluster (the session's 1.36 kubelet).
 from __future__ import annotations
 
 import grpc
+import pytest
 
 from exporter._proto.podresources.v1 import api_pb2 as v1
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
@@ -17,6 +18,8 @@ from tests.realcluster.api import namespace
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.node import ClusterNode, pod_spec
+
+pytestmark = pytest.mark.peer
 
 NS = "kde-podresources"
 

@@ -35,9 +35,11 @@ from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import ClusterNode
-from tests.test_real_cluster_workloads import objects as workload_objects
+from tests.realcluster.workloads import NS
+from tests.realcluster.workloads import objects as workload_objects
 
-NS = "kde-real"  # the objects of test_real_cluster_workloads.py, in a namespace of our own
+pytestmark = pytest.mark.peer
+
 OUR_NS = "kde-podsapi"
 INFO = "k8s_pod_workload_info"
 SOURCE = "kube_device_exporter_kubernetes_pods_source"

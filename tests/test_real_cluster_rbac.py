@@ -25,6 +25,8 @@ from tests.realcluster.api import Api
 from tests.realcluster.controlplane import NODE, ControlPlane
 from tests.realcluster.daemons import wait_for
 
+pytestmark = pytest.mark.peer
+
 ROOT = Path(__file__).resolve().parent.parent
 KIT_NS = "kube-device-exporter"
 CHART_NS = "kde-chart"

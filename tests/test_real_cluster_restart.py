@@ -27,6 +27,8 @@ from tests.realcluster.daemons import wait_for
 from tests.realcluster.exporter import on_node
 from tests.realcluster.node import ClusterNode, pod_spec
 
+pytestmark = pytest.mark.peer
+
 NS = "kde-restart"
 PODS = ("hold-a", "hold-b")
 RESTARTS = 3

@@ -23,35 +23,13 @@ from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.daemons import wait_for
 from tests.realcluster.exporter import Metrics, on_node
 from tests.realcluster.node import RESOURCE, ClusterNode, pod_spec
+from tests.realcluster.workloads import NS, objects, template
 
-NS = "kde-real"
+pytestmark = pytest.mark.peer
+
 INFO = "k8s_pod_workload_info"
 ALLOC = "hw_allocation_info"
 LABELS = ("team",)
-
-
-def _template(app: str, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"labels": {"app": app, "team": "ml"}}, "spec": pod_spec(**spec)}
-
-
-def objects(node: str) -> list[dict[str, Any]]:
-    def meta(name: str) -> dict[str, str]:
-        return {"name": name, "namespace": NS}
-
-    on_node = {"nodeSelector": {"kubernetes.io/hostname": node}}
-    return [
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta("debug"), "labels": {"team": "sre"}},
-         "spec": {**pod_spec(), "nodeName": node}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta("train"),
-         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "train"}},
-                  "template": _template("train") | {"spec": {**pod_spec(), **on_node}}}},
-        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta("db"),
-         "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
-                  "template": _template("db") | {"spec": {**pod_spec(), **on_node}}}},
-        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": meta("agent"),
-         "spec": {"selector": {"matchLabels": {"app": "agent"}},
-                  "template": _template("agent") | {"spec": {**pod_spec(), **on_node}}}},
-    ]  # fmt: skip
 
 
 def _node_pods(admin: Api, node: ClusterNode) -> dict[str, dict[str, Any]]:
@@ -178,7 +156,7 @@ def test_3_a_cronjob_run_named_while_it_runs_and_gone_when_it_finished(scene: Sc
         "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly", "namespace": NS},
         "spec": {"schedule": "0 3 * * *", "suspend": True, "jobTemplate": {"spec": {
             "backoffLimit": 0,
-            "template": _template("nightly") | {"spec": {
+            "template": template("nightly") | {"spec": {
                 **pod_spec(command=("sleep", "6"), restart="Never"), "nodeName": scene.node.name}},
         }}},
     })  # fmt: skip

@@ -41,6 +41,8 @@ from tests.realnode.standalone import (
     standalone_node,
 )
 
+pytestmark = pytest.mark.peer
+
 KUBELET = kubelet_or_skip()
 RUNNING = (SOLO, PAIR, DUO, INIT, SIDECAR)
 

@@ -33,6 +33,8 @@ from tests.realnode.standalone import (
     standalone_node,
 )
 
+pytestmark = pytest.mark.peer
+
 KUBELET = kubelet_or_skip()
 USAGE = "hw_gpu_container_memory_usage_bytes"
 

@@ -36,6 +36,8 @@ from tests.realnode.standalone import (
     standalone_node,
 )
 
+pytestmark = pytest.mark.peer
+
 KUBELET = kubelet_or_skip()
 SURVIVORS = (SOLO, PAIR, DUO, SIDECAR)
 """Pods whose device-holding containers run: they survive every kubelet restart."""

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers import free_port
+from simulator.ports import free_port
+
+pytestmark = pytest.mark.peer
 
 GPU0 = "GPU-00000000-0000-4000-8000-000000000000"
 

@@ -13,58 +13,13 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from exporter.model import (
-    Allocation,
     Attributes,
-    Device,
-    DeviceReading,
-    Holder,
-    JoinedDevice,
-    Sample,
-    Snapshot,
-    SourceHealth,
 )
 from exporter.sinks import prometheus as prometheus_sink
 from exporter.sinks.prometheus import Layout, PrometheusSink, Renderer, reference, render
+from tests.support.snapshots import snapshot
 
 Samples = set[tuple[str, frozenset[tuple[str, str]], float | str]]
-
-
-def snapshot(util: float = 0.5, pods: tuple[str, ...] = ('odd "pod"\\x\ny',)) -> Snapshot:
-    devices = []
-    allocations = []
-    for i, pod in enumerate(pods):
-        device = Device(
-            f"GPU-{i}",
-            "gpu",
-            "nvidia",
-            "H100 80GB",
-            "nvml",
-            attributes=(("hw.driver_version", "550.1"), ("hw.gpu.index", str(i))),
-        )
-        holder = Holder("ns", pod, "main")
-        reading = DeviceReading(
-            device,
-            (
-                Sample("hw.gpu.utilization", util, (("hw.gpu.task", "general"),)),
-                Sample("hw.gpu.memory.usage", 81_559_420_928.0),
-                Sample("hw.energy", 12_345_678.5),
-                Sample("hw.power", math.inf),
-                Sample("hw.temperature", math.nan, (("hw.sensor_location", "gpu"),)),
-                Sample("hw.power.limit", -1e-7),
-            ),
-        )
-        devices.append(JoinedDevice(reading, holder, 1, True))
-        allocations.append(Allocation(holder, "nvidia.com/gpu", f"GPU-{i}", f"GPU-{i}"))
-    return Snapshot(
-        timestamp=1.8e9,
-        node="node-1",
-        devices=tuple(devices),
-        allocations=tuple(allocations),
-        sources=(SourceHealth("nvml", True, 0.0012),),
-        cycle_duration_seconds=0.004,
-        cycles_total=7,
-        last_success_timestamp=1.8e9,
-    )
 
 
 def samples(body: bytes, *, om: bool) -> Samples:

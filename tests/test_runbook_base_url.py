@@ -9,11 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from monitoring.alerts import RUNBOOK_BASE
 from tests import kustomize
-from tests.test_helm_chart import _one, render
+from tests.support.manifests import one, render_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 URL = "https://wiki.example.com/kube-device-exporter/runbooks"
@@ -47,16 +48,17 @@ def _urls(rule: dict[str, Any]) -> list[str]:
     ]
 
 
+@pytest.mark.peer
 def test_one_url_moves_every_link_in_the_kit_and_the_chart(tmp_path: Path) -> None:
     resources = _overlay(tmp_path)
     assert not [r for r in resources if r["kind"] == "ConfigMap" and "runbook" in str(r)]
-    kit_rule = _one(resources, "PrometheusRule")
+    kit_rule = one(resources, "PrometheusRule")
     urls = _urls(kit_rule)
     assert len(urls) >= 20
     for rule in (r for g in kit_rule["spec"]["groups"] for r in g["rules"] if "alert" in r):
         assert rule["annotations"]["runbook_url"] == f"{URL}#{rule['alert'].lower()}"
-    chart_rule = _one(
-        render({"prometheusRule": {"enabled": True, "runbookBaseURL": URL}}), "PrometheusRule"
+    chart_rule = one(
+        render_chart({"prometheusRule": {"enabled": True, "runbookBaseURL": URL}}), "PrometheusRule"
     )
     assert chart_rule["spec"]["groups"] == kit_rule["spec"]["groups"]
 

@@ -28,7 +28,7 @@ from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import ScenarioError, parse_scenario
 from tests.support import StaticSource
 from tests.support.cycle import make_poller
-from tests.test_exporter import gpu_result
+from tests.support.fake_gpu import gpu_result
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000000"
 
@@ -47,6 +47,7 @@ def test_the_minimum_itself_is_accepted() -> None:
     assert config.collect_interval == MIN_COLLECT_INTERVAL == 1.0
 
 
+@pytest.mark.peer
 def test_one_readable_line_and_exit_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "--collect-interval", "1ms"],

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import aiohttp
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
@@ -18,8 +19,9 @@ from exporter.sinks.cadence import FORGET_AFTER, ScrapeCadence
 from exporter.sinks.gofloat import go_float, go_floats
 from exporter.sinks.prometheus import PrometheusSink, reference
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
-from tests.test_render import snapshot
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
+from tests.support.snapshots import snapshot
 
 OM_GZIP = (True, True)
 EDGES = [0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 1e7, 9_999_999.0, 12_345_678.5,
@@ -149,6 +151,7 @@ def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
     assert gzip.decompress(body) == reference(snapshot(util=0.25))[1]
 
 
+@pytest.mark.slow
 async def test_the_exporter_serves_a_body_built_before_the_scrape(tmp_path: Path) -> None:
     exporter = Exporter(
         config_for(tmp_path / "none.sock"), sources={"fake": StaticSource(gpu_result())}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exporter.cli.flags import parse_config
-from tests.test_helm_chart import _one, render
+from tests.support.manifests import one, render_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,8 +48,8 @@ def test_the_kit_scrapes_once_a_cycle() -> None:
 
 @pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor"])
 def test_the_chart_scrapes_once_a_cycle(kind: str) -> None:
-    rendered = render({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
-    cycle = _collect_interval(_one(rendered, "DaemonSet"))
-    monitor = _one(rendered, kind)
+    rendered = render_chart({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    cycle = _collect_interval(one(rendered, "DaemonSet"))
+    monitor = one(rendered, kind)
     key = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
     assert [_seconds(e["interval"]) for e in monitor["spec"][key]] == [cycle]

@@ -22,7 +22,7 @@ from exporter.model import Container, ContainerDevices, Pod, PodResourcesState, 
 from exporter.sinks.prometheus import PrometheusSink
 from tests.support import FixedKubelet, StaticSource, metrics_text
 from tests.support.cycle import make_poller
-from tests.test_exporter import GPU, gpu_result
+from tests.support.fake_gpu import GPU, gpu_result
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,6 +128,7 @@ def _kit_memory_limit_mib() -> float:
     return float(limit.removesuffix("Mi"))
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("devices", [100_000])
 async def test_a_node_of_100k_devices_stays_inside_the_kits_memory_limit(
     tmp_path: Path, devices: int
@@ -144,6 +145,7 @@ async def test_a_node_of_100k_devices_stays_inside_the_kits_memory_limit(
     assert len(budget_lines) == 1, r.log_lines
 
 
+@pytest.mark.peer
 async def test_a_list_over_the_cap_is_refused_with_one_line(tmp_path: Path) -> None:
     r = await run(150_000, 1_000, [], tmp_path, watch=6.0)  # 9.0 MB > 8 MiB
     assert r.list_bytes > 8 * 1024 * 1024

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.peer
+
 BAD_SCENARIO = Path(__file__).parent / "data" / "bad-sysfs-scenario.yaml"
 
 

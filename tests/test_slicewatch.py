@@ -18,7 +18,8 @@ from exporter.dra.claimhealth import read_pod_status
 from exporter.dra.slicewatch import SliceWatcher
 from exporter.kubeapi import client as kubeclient
 from simulator.apiserver import ApiServer
-from tests.support.kubeapi import NODE, connector, fast, pod_watcher, running, until
+from tests.support.kubeapi import NODE, connector, fast, pod_watcher, running
+from tests.support.waiting import until
 
 
 def rslice(name: str, node: str = NODE, devices: int = 1, taint: str = "") -> dict[str, Any]:
@@ -85,6 +86,7 @@ async def test_a_watch_the_server_ends_resumes_without_a_list(
         assert server.requests.count(("list", "resourceslices")) == 1
 
 
+@pytest.mark.slow
 async def test_watches_cut_at_once_back_off(server: ApiServer, tmp_path: Path) -> None:
     server.max_watch_seconds = 0  # a proxy that ends every watch at once, with no event
     w = watcher(server, tmp_path)
@@ -106,6 +108,7 @@ async def test_410_gone_lists_again_and_drops_what_was_deleted_meanwhile(
         assert server.requests.count(("list", "resourceslices")) == 2
 
 
+@pytest.mark.slow
 async def test_forbidden_is_said_once_and_rules_not_served_once(
     server: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

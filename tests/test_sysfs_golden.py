@@ -1,5 +1,6 @@
-"""Whole /metrics output per vendor from the mixed node's fixture tree, linted by promtool,
-and the simulated mixed node served end to end."""
+"""Whole /metrics output per vendor from the mixed node's fixture tree against tests/golden/
+(promtool lints those files: the `peer` tests), and the simulated mixed node served end to
+end."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from exporter.sources.rdma import RdmaSource
 from exporter.sources.sysfs.source import SysfsSource
 from simulator.netlink import RecordedVfStats
 from simulator.node import SimulatedNode
-from tests.peers import free_port, promtool_check_metrics
-from tests.support import Clock, assert_golden, metrics_text, one_cycle
+from simulator.ports import free_port
+from tests.peers import promtool_check_metrics
+from tests.support import GOLDEN, Clock, assert_golden, metrics_text, one_cycle
 from tests.sysfs_support import context, make_tree, scenario
 
 VENDORS = {
@@ -51,7 +53,13 @@ async def test_golden_metrics(tmp_path: Path, vendor: str, update_golden: bool) 
     text = metrics_text(snapshot)
     assert "k8s_pod_name=" in text.split("# HELP hw_allocation_info")[0], "pod-labelled devices"
     assert_golden(f"sysfs-{vendor}.prom", text, update_golden)
-    promtool_check_metrics(text)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("vendor", sorted(VENDORS))
+def test_golden_metrics_pass_promtool(vendor: str) -> None:
+    """promtool lints the file test_golden_metrics holds the output to, byte for byte."""
+    promtool_check_metrics((GOLDEN / f"sysfs-{vendor}.prom").read_text())
 
 
 async def test_simulate_mixed_serves_pod_labelled_metrics_of_every_vendor(tmp_path: Path) -> None:

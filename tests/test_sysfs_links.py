@@ -11,8 +11,8 @@ from exporter.sources.amdgpu import AmdgpuSource
 from exporter.sources.rdma import RdmaSource
 from exporter.sources.sysfs.reader import Reader
 from tests.support import Clock
+from tests.support.sysfs_nodes import AMD, AMD_DEV, IB
 from tests.sysfs_support import context, make_tree
-from tests.test_sysfs_sources import AMD, AMD_DEV, IB
 
 SECRET = "TOP-SECRET-first-line"
 

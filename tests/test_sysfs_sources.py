@@ -17,6 +17,7 @@ from exporter.sources.rdma import RdmaSource
 from simulator.netlink import RecordedVfStats
 from simulator.scenario import ScenarioError
 from tests.support import Clock
+from tests.support.sysfs_nodes import AMD, AMD_DEV, IB
 from tests.sysfs_support import blocking_file, context, make_tree, scenario
 
 
@@ -36,28 +37,6 @@ def read_file(root: Path, rel: str) -> str:
 
 
 # --- AMD -----------------------------------------------------------------------------------
-
-AMD = """
-sysfs:
-  amdgpu:
-    - pci: "0000:03:00.0"
-      card: 1
-      busy_percent: 37
-      mem_busy_percent: 5
-      vram_gib: 64
-      vram_used_gib: 1.5
-      vis_vram_gib: 0.25
-      vis_vram_used_gib: 0.125
-      gtt_gib: 16
-      gtt_used_gib: 0.5
-      power_w: 123.456
-      power_cap_w: 300
-      temperature_c: {edge: 41.25, junction: 50.5, mem: 38}
-      clock_mhz: {sclk: 1700, mclk: 1600}
-      pcie_replays: 9
-      ras: {umc: {ue: 1, ce: 4}}
-"""
-AMD_DEV = "devices/pci0000:00/0000:00:03.0/0000:03:00.0"
 
 
 def test_amdgpu_units_against_hand_computed_values(tmp_path: Path) -> None:
@@ -221,23 +200,6 @@ def test_intel_legacy_i915_paths(tmp_path: Path) -> None:
 
 # --- InfiniBand ----------------------------------------------------------------------------
 
-IB = """
-sysfs:
-  infiniband:
-    - name: mlx5_4
-      pci: "0000:c1:00.1"
-      netdev: ib4
-      ports:
-        - port: 1
-          state: {state}
-          rate: 100 Gb/sec (4X EDR)
-          rx_gbps: 8
-          tx_gbps: 2
-          packet_bytes: 1000
-          xmit_wait_per_s: 7
-          errors: {{symbol_error: 5, port_xmit_discards: 2}}
-          hw_counters: {{out_of_buffer: 3}}
-"""
 PORT = "class/infiniband/mlx5_4/ports/1"
 
 

@@ -7,7 +7,6 @@ real exporter on loopback, the client aiohttp with a real ssl context.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import ssl
 import subprocess
@@ -26,14 +25,13 @@ from exporter.app import Exporter
 from exporter.cli.parser import UsageError
 from exporter.web.config import WebConfigError, parse_web_config
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
+from tests.support.web_clients import PASSWORD, basic, client_ssl, get, openssl
 
-PASSWORD = "s3cret"
+pytestmark = pytest.mark.peer
+
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,26 +71,6 @@ async def secured(tmp_path: Path, pki: Path) -> AsyncIterator[Exporter]:
         yield exp
     finally:
         await exp.stop()
-
-
-def client_ssl(pki: Path, *, cert: bool = False) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    if cert:
-        ctx.load_cert_chain(pki / "client.crt", pki / "client.key")
-    return ctx
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
-
-
-async def get(
-    url: str, ctx: ssl.SSLContext | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url, ssl=ctx if ctx is not None else False, headers=headers) as resp:
-            return resp.status, dict(resp.headers), await resp.read()
 
 
 async def test_credentials_decide_and_probes_stay_open(secured: Exporter, pki: Path) -> None:

@@ -22,10 +22,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import Exporter
-from tests.peers import free_port
+from simulator.ports import free_port
 from tests.support import StaticSource
-from tests.test_exporter import config_for, gpu_result
-from tests.test_webconfig import PASSWORD, basic, client_ssl, get, openssl
+from tests.support.exporter_config import config_for
+from tests.support.fake_gpu import gpu_result
+from tests.support.web_clients import PASSWORD, basic, client_ssl, get, openssl
+
+pytestmark = pytest.mark.peer
 
 GOOD = {
     "tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"},

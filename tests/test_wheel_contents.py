@@ -14,6 +14,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.peer
+
 ROOT = Path(__file__).resolve().parent.parent
 LEFT_OUT = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", "*.egg-info", ".*_cache", ".hypothesis", "build", "dist"

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.peers import free_port
+from simulator.ports import free_port
 from tests.realcluster.daemons import Daemon, wait_for
 
 RESOURCE = "nvidia.com/gpu"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.peers import free_port
+from simulator.ports import free_port
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.peers import free_port
+from simulator.ports import free_port
 from tests.realnode.binaries import minor_version, version
 from tests.realnode.namespace import MountNamespace
 from tests.realnode.procs import stop_pid

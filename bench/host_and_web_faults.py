@@ -1,9 +1,10 @@
-"""Issue 25's faults against real exporter processes: stuck host reads, a web config emptied
-or removed, a password flood, user-name timing, a planted sysfs link, a pod listed three
-times, SIGHUP, a node of 100,000 device IDs and a List over the size cap (bench/bignode.py).
-`python -m bench.faults` runs them after its own; alone:
+"""Faults of host reads, the web config and password floods (issue 25), against real
+exporter processes: stuck host reads, a web config emptied or removed, a password flood,
+user-name timing, a planted sysfs link, a pod listed three times, SIGHUP, a node of 100,000
+device IDs and a List over the size cap (bench/bignode.py). `python -m bench.faults` runs
+them after its own; alone:
 
-    python -m bench.faults_round3 [--tree DIR]
+    python -m bench.host_and_web_faults [--tree DIR]
 
 `--tree DIR` runs the exporter processes from another checkout of the code (its `exporter`
 package, this script's harness): the figures "before" in docs/reliability.md come from the
@@ -22,16 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import bcrypt
 import yaml
 
-from bench.faults import Row, free_port, read_metrics, value
+from bench.bignode import fault_rows
+from bench.fault_harness import Process, Row, print_table, read_metrics, value
 from simulator.node import SimulatedNode
 from simulator.scenario import parse_scenario
+from tests.support.waiting import within
 
 GPU = "GPU-6a3f1c2e-1b7d-4c1e-9a55-000000000007"
 AMD = "0000:03:00.0"
@@ -67,54 +69,6 @@ SECRET = "TOP-SECRET-first-line"
 STUCK_SITE = Path(__file__).resolve().parent.parent / "tests" / "stuck_reads_site"
 
 
-class Process:
-    """`python -m exporter ARGS` from `tree`, its output in `log`."""
-
-    def __init__(self, tree: Path, log: Path, args: list[str], env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter", *args,
-                 "--web.listen-address", f"127.0.0.1:{self.port}"],
-                cwd=tree, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def sigterm(self, limit: float = 30.0) -> float | None:
-        """Seconds from SIGTERM to exit; None when it had to be killed after `limit`."""
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(limit)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-        return time.monotonic() - started
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-async def until(check: Callable[[], object], timeout: float) -> float | None:
-    """Seconds until `check()` is true (polled every 100 ms), None past `timeout`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.monotonic() - started
-        await asyncio.sleep(0.1)
-    return None
-
-
 def _seconds(took: float | None, otherwise: str) -> str:
     return f"in {took:.1f} s" if took is not None else otherwise
 
@@ -127,7 +81,7 @@ async def _ready(http: aiohttp.ClientSession, p: Process, timeout: float = 20.0)
     async def ok() -> bool:
         return bool(await read_metrics(http, p.url))
 
-    return await until(ok, timeout)
+    return await within(ok, timeout)
 
 
 async def stuck_reads(tree: Path, work: Path) -> list[Row]:
@@ -208,6 +162,20 @@ def _basic(user: str, password: bytes) -> dict[str, str]:
 BARE = ["--kubelet-socket", "/nonexistent/kubelet.sock", "--no-collector.nvml"]
 
 
+def _one_user_exporter(tree: Path, work: Path, name: str, cost: int) -> Process:
+    """An exporter whose web config (work/NAME.yml) has one user, prometheus:pw, hashed at
+    bcrypt `cost`; its log is work/NAME.log."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(cost)).decode()
+    path = work / f"{name}.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": hashed}}))
+    return Process(
+        tree,
+        work / f"{name}.log",
+        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
+        {},
+    )
+
+
 async def web_config_emptied(tree: Path, work: Path) -> Row:
     """TLS and basic auth on; the file truncated to 0 bytes, then deleted."""
     d = work / "web"
@@ -252,7 +220,7 @@ async def web_config_emptied(tree: Path, work: Path) -> Row:
                 auth = _basic("prometheus", b"pw")
                 return await status(http, https, ssl=ctx, headers=auth) == "200"
 
-            if await until(served, 20) is None:
+            if await within(served, 20) is None:
                 raise RuntimeError(f"exporter not serving over HTTPS: {p.log()}")
             seen = [f"before: plain HTTP {await status(http, plain)}"]
             for step in ("emptied", "deleted"):
@@ -300,18 +268,7 @@ async def read_metrics_tls(
 async def password_flood(tree: Path, work: Path, clients: int, seconds: float) -> Row:
     """A cost-10 user; `clients` guessers on 127.0.0.2 and up, each as fast as answered; the
     real scraper (already authenticated once) scrapes every 0.5 s with a 10 s timeout."""
-    path = work / "auth.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(10)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "auth.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "auth", cost=10)
     stop = asyncio.Event()
     sent = 0
 
@@ -343,7 +300,7 @@ async def password_flood(tree: Path, work: Path, clients: int, seconds: float) -
                 except aiohttp.ClientError:
                     return False
 
-            await until(authed, 20)
+            await within(authed, 20)
             guessing = [asyncio.ensure_future(guesser(n)) for n in range(clients)]
             await asyncio.sleep(2.0)
             latencies, timeouts = await timed_scrapes(http, f"{p.url}/metrics", right, seconds)
@@ -409,22 +366,11 @@ async def read_metrics_authed(
 async def user_name_timing(tree: Path, work: Path) -> Row:
     """A cost-12 user: a wrong password for it and any password for an unknown name, timed
     over HTTP, each from its own client address (no rate limit in the way)."""
-    path = work / "timing.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(12)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "timing.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "timing", cost=12)
     took: dict[str, list[float]] = {"prometheus": [], "nobody": []}
     try:
         async with aiohttp.ClientSession() as http:
-            await until(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
+            await within(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
             for i in range(8):
                 for user in ("prometheus", "nobody"):
                     connector = aiohttp.TCPConnector(
@@ -498,9 +444,9 @@ async def sysfs_link(tree: Path, work: Path) -> Row:
 async def duplicate_pods() -> Row:
     """The same pod three times in one List, through the poller and the renderer."""
     from exporter.model import PodResourcesState
-    from tests.test_duplicate_pods import TRAINER, _text_of, duplicate_series
+    from tests.support.duplicates import TRAINER, duplicate_series, text_of
 
-    text = await _text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
+    text = await text_of(PodResourcesState(pods=(TRAINER, TRAINER, TRAINER), api_version="v1"))
     dups = duplicate_series(text)
     return Row(
         "the same pod listed three times in a PodResources List (in-process poller and renderer)",
@@ -510,23 +456,12 @@ async def duplicate_pods() -> Row:
 
 
 async def sighup(tree: Path, work: Path) -> Row:
-    path = work / "hup.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()}}
-        )
-    )
-    p = Process(
-        tree,
-        work / "hup.log",
-        [*BARE, "--path.sysfs", str(work), "--web.config.file", str(path)],
-        {},
-    )
+    p = _one_user_exporter(tree, work, "hup", cost=4)
     try:
         async with aiohttp.ClientSession() as http:
-            await until(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
+            await within(lambda: _status_ok(http, f"{p.url}/healthz"), 20)
         p.proc.send_signal(signal.SIGHUP)
-        logged = await until(lambda: "SIGHUP" in p.log() or p.proc.poll() is not None, 5)
+        logged = await within(lambda: "SIGHUP" in p.log() or p.proc.poll() is not None, 5)
         alive = p.proc.poll() is None
         line = next((ln for ln in p.log().splitlines() if "SIGHUP" in ln), "no log line")
     finally:
@@ -549,21 +484,17 @@ async def run(tree: Path, long: bool = False) -> list[Row]:
         rows.append(await sysfs_link(tree, work))
         rows.append(await sighup(tree, work))
         rows.append(await duplicate_pods())
-        from bench.bignode import fault_rows  # imports this module's harness
-
         rows += await fault_rows(tree, work)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults_round3")
+    parser = argparse.ArgumentParser(prog="python -m bench.host_and_web_faults")
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
     parser.add_argument("--soak", action="store_true", help="the long versions")
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args.tree.resolve(), args.soak))
-    print("| fault | what happened | recovery |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.happened} | {r.recovery} |")
+    print_table(rows)
     return 0
 
 
