@@ -156,6 +156,7 @@ class Exporter:
             source_timeout=config.collect_timeout,
             stale_after=config.podresources_stale_after,
             cpu_nodes=CpuNodeMap(config.sysfs, timeout=config.collect_timeout),
+            pods=self.kubeapi,  # its pod events ask the kubelet (podresources/schedule.py)
         )
         pipeline = Pipeline(collect, self._steps(sinks, self_metrics), node=config.node_name)
         self.poller = Poller(pipeline, interval=config.collect_interval)

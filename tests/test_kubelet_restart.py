@@ -190,9 +190,11 @@ async def test_without_the_hold_the_restart_window_drops_the_pod_and_the_device(
     lost = [c.at for c in cycles if not c.allocated("train")]
     assert lost and all(10.0 - 1e-9 <= t < 10.97 for t in lost)
     gone = [c.at for c in cycles if c.get(ALLOCATABLE, **GPU_HELD) is None]
-    # The allocatable answer is asked for every `allocatable_interval` (1 s here, 5 s in the
-    # exporter at short cycles): an empty one stands until the next call.
-    assert gone and all(10.0 - 1e-9 <= t < 11.0 - 1e-9 for t in gone)
+    # The allocatable answer is asked for at the new socket (the cycle that sees it) and
+    # then every `allocatable_interval` (1 s here, 5 s in the exporter at short cycles): an
+    # empty one stands until the next call, one interval (the cycles' clock adds 0.2 s
+    # steps, so the last one before 11 s reads 10.999...).
+    assert gone and all(10.0 - 1e-9 <= t < 11.0 + 1e-9 for t in gone)
     assert all(c.get(ALLOCATABLE, **GPU_HELD) != 0.0 for c in cycles)
 
 

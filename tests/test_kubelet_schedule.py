@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter.cycle.collect import Collect
+from exporter.cycle.pipeline import Cycle, Pipeline
 from exporter.cycle.poller import Poller
+from exporter.kubeapi.client import PodMeta
+from exporter.kubeapi.watcher import PodWatcher
 from exporter.model import (
     Device,
     DeviceReading,
@@ -25,6 +29,7 @@ from exporter.model import (
     SourceResult,
 )
 from exporter.podresources.client import PodResourcesClient
+from exporter.podresources.schedule import KubeletSchedule
 from simulator.kubelet import SimulatedKubelet
 from simulator.scenario import parse_scenario
 from tests.support import Clock, StaticSource
@@ -220,6 +225,7 @@ PROBE = """
 import asyncio, sys
 from pathlib import Path
 from exporter.podresources.client import PodResourcesClient
+from exporter.podresources.schedule import KubeletSchedule
 
 def grpc_threads():
     names = [(t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir()]
@@ -275,6 +281,12 @@ class HoldingKubelet:
     def health(self) -> PodResourcesHealth:
         return PodResourcesHealth(held=("List",) if self.polls <= 3 else ())
 
+    def socket_changed(self) -> bool:
+        return False  # no socket: no kubelet restarts
+
+    def restarting(self) -> bool:
+        return False
+
     async def close_channel(self) -> None:
         return None  # no channel
 
@@ -293,3 +305,207 @@ async def test_while_an_answer_is_held_the_kubelet_is_asked_every_cycle() -> Non
     # cycles 0-3 ask (after each of the first three, held, the next cycle asks again),
     # then five cycles on: cycle 8
     assert kubelet.polls == 5
+
+
+TWO_PODS = SCENARIO.replace(
+    "pods:\n",
+    """pods:
+  - name: serve
+    namespace: ml
+    containers:
+      - name: web
+        devices: [{resource: nvidia.com/gpu, ids: [GPU-b], numa: [0]}]
+""",
+).replace("ids: [GPU-a], numa: [0]}\npods:", "ids: [GPU-a, GPU-b], numa: [0]}\npods:")
+"""`serve` holds GPU-b throughout; `train` (GPU-a) is listed from 2.5 s."""
+
+
+async def test_a_restarted_kubelet_is_asked_in_the_cycle_that_sees_its_new_socket(
+    tmp_path: Path,
+) -> None:
+    """The kubelet restarts on the same path between cycles 3 and 4 (a new file): cycle 4
+    asks it although the interval (30 s) is far away. Its first answer is its restart
+    window's empty one (held: serve keeps its GPU); the cycles after ask again until the
+    window ends, and `train`, listed since 2.5 s, is labelled from cycle 5 on."""
+    clock, scenario_t = Clock(1000.0), Clock(0.0)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(TWO_PODS), sock, clock=scenario_t, monotonic=clock)
+    await kubelet.start()
+    client = PodResourcesClient(sock, clock=clock)
+    poller = _poller(client, clock, every=30.0)
+    held: list[set[str]] = []
+    try:
+        for t in range(8):
+            if t == 4:
+                await kubelet.restart()
+            snapshot = await poller.run_once()
+            held.append({h.pod for d in snapshot.allocations for h in (d.holder,) if h})
+            clock.now += 1.0
+            scenario_t.now += 1.0
+    finally:
+        await poller.close()
+        await kubelet.stop()
+    assert held[:5] == [{"serve"}] * 5  # cycle 4: the new socket's empty answer, held
+    assert held[5:] == [{"serve", "train"}] * 3
+    # cycle 0; from cycle 4 every cycle while the socket is new (5 s): what a restart
+    # costs. Two of them answer the new socket (the poll at it, and the one to settle).
+    assert _lists(client) == 5
+    assert client_schedule(poller).why == {"socket": 2}
+
+
+def client_schedule(poller: Poller) -> KubeletSchedule:
+    collect = poller.pipeline.collect
+    assert isinstance(collect, Collect)
+    return collect.kubelet
+
+
+class Pods:
+    """A pod feed as the schedule reads one (`PodChanges`): events counted, waited for."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.changes = 0
+        self.changed_at = 0.0
+        self._changed = asyncio.Event()
+
+    def event(self) -> None:
+        self.changes += 1
+        self.changed_at = self.clock()
+        self._changed.set()
+
+    async def wait_change(self, seen: int) -> None:
+        while self.changes == seen:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+async def test_a_pod_event_asks_the_kubelet_between_cycles_at_most_every_5s(
+    tmp_path: Path,
+) -> None:
+    """`news()` (what the poller waits for between cycles): a pod event, 0.5 s without
+    another (the debounce) and a poll; its answer differs (`train` listed since 2.5 s): news, the cycle runs now.
+    Another event at once: its poll waits until 5 s after the last; the same answer is no
+    news. The interval (30 s) is never reached."""
+    clock, scenario_t = Clock(1000.0), Clock(3.0)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=scenario_t)
+    await kubelet.start()
+    client = PodResourcesClient(sock, clock=clock, allocatable_interval=60.0)
+    pods = Pods(clock)
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+        await asyncio.sleep(0)
+
+    schedule = KubeletSchedule(client, every=30, stale_after=300.0, pods=pods, clock=clock,
+                               sleep=sleep)  # fmt: skip
+    try:
+        kubelet.scenario = parse_scenario(SCENARIO.replace("    start: 2.5\n", "    start: 9\n"))
+        first, _ = await schedule.state(schedule.start(), clock(), 5.0)  # cycle 0 at 1000
+        assert first is not None and first.pods == ()
+        kubelet.scenario = parse_scenario(SCENARIO)  # train is listed now
+        news = asyncio.create_task(schedule.news())
+        await asyncio.sleep(0)
+        assert not news.done()  # nothing happened: no poll
+        pods.event()
+        await asyncio.wait_for(news, 5)
+        assert clock() == 1000.5  # the debounce
+        assert [p.name for p in schedule._state.pods] == ["train"]  # type: ignore[union-attr]
+        pods.event()  # another, at once: its poll waits for the 5 s bound
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(schedule.news(), 0.5)  # the same answer: no news
+        assert clock() == 1010.5  # and one more 5 s later, to settle: no news either
+    finally:
+        await schedule.close()
+        await kubelet.stop()
+    assert _lists(client) == 4  # 1000, 1000.5 (news), 1005.5 and 1010.5 (no news)
+    assert schedule.why == {"pods": 3}
+    allocatable = client.health().requests_total.get(("GetAllocatableResources", "OK"), 0)
+    assert allocatable == 1  # a pod event asks List alone (a device change: both)
+
+
+async def test_a_feed_that_never_goes_quiet_is_answered_5s_after_it_was_first_seen(
+    tmp_path: Path,
+) -> None:
+    """Pod events every 0.2 s (a node in a rollout): no 0.5 s of quiet ever comes, and the
+    poll comes `soonest` (5 s) after the schedule first saw them."""
+    clock = Clock(1000.0)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = SimulatedKubelet(parse_scenario(SCENARIO), sock, clock=Clock(3.0))
+    await kubelet.start()
+    pods = Pods(clock)
+
+    async def busy(seconds: float) -> None:  # a pod event every 0.2 s while the schedule waits
+        for _ in range(round(seconds / 0.2)):
+            clock.now += 0.2
+            pods.event()
+        await asyncio.sleep(0)
+
+    client = PodResourcesClient(sock, clock=clock)
+    schedule = KubeletSchedule(client, every=30, stale_after=300.0, pods=pods, clock=clock,
+                               sleep=busy)  # fmt: skip
+    try:
+        pods.event()
+        await asyncio.wait_for(schedule.news(), 5)  # the first answer is news
+    finally:
+        await schedule.close()
+        await kubelet.stop()
+    assert clock() == pytest.approx(1005.0)
+    assert _lists(client) == 1
+
+
+async def test_pod_events_are_counted_by_the_pod_watcher() -> None:
+    """The feed side of `PodChanges`: every event counts (a MODIFIED pod whose metadata is
+    the same: its containers started), a replace only when it differs."""
+    watcher = PodWatcher(lambda: None, "node-1")  # type: ignore[arg-type,return-value]
+    pod = PodMeta("ml", "train", "uid-1")
+    waiting = asyncio.create_task(watcher.wait_change(0))
+    watcher.replace({})  # the same empty cache: no change
+    await asyncio.sleep(0)
+    assert watcher.changes == 0 and not waiting.done()
+    watcher.apply("ADDED", pod)
+    await asyncio.wait_for(waiting, 1)
+    watcher.apply("MODIFIED", pod)
+    watcher.replace({pod.uid: pod})  # a replay of what the cache has
+    watcher.apply("DELETED", pod)
+    assert watcher.changes == 3
+
+
+class NewsOnce:
+    """The collect step of a poller whose kubelet has news once, right after the first
+    cycle."""
+
+    name = "collect"
+    source_timeout = 1.0
+    restart_required: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self.told = False
+        self.second = asyncio.Event()
+
+    async def run(self, cycle: Cycle) -> None:
+        self.cycles += 1
+        if self.cycles == 2:
+            self.second.set()
+
+    async def news(self) -> None:
+        if self.told:
+            await asyncio.Future()
+        self.told = True
+
+    async def close(self, timeout: float) -> dict[str, str]:
+        return {}
+
+
+async def test_the_poller_runs_the_next_cycle_at_once_on_the_kubelets_news() -> None:
+    collect = NewsOnce()
+    poller = Poller(Pipeline(collect, [], node="n"), interval=60.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(poller.run_forever(stop))
+    try:
+        await asyncio.wait_for(collect.second.wait(), 5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    assert poller.early == 1 and collect.cycles == 2  # not 60 s later

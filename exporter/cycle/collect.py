@@ -22,7 +22,7 @@ from exporter.cycle.pipeline import Cycle
 from exporter.derive.numa import CpuNodeMap
 from exporter.model import Sample, SourceHealth, SourceResult
 from exporter.podresources.client import PodResourcesClient
-from exporter.podresources.schedule import SOONEST, KubeletSchedule
+from exporter.podresources.schedule import KubeletSchedule, PodChanges
 from exporter.runtime.log import StateLog
 from exporter.runtime.threads import DaemonWorker, Timed, in_daemon_thread
 from exporter.settings.config import DEFAULTS
@@ -64,10 +64,11 @@ class Collect:
         stale_after: float = DEFAULTS.podresources_stale_after,
         cpu_nodes: CpuNodeMap | None = None,
         absent_recheck: float = ABSENT_RECHECK_SECONDS,
+        pods: PodChanges | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`kubelet_every`: seconds between kubelet polls while nothing changes (0: every
-        cycle)."""
+        cycle); `pods`: a pod feed whose events ask the kubelet (podresources/schedule.py)."""
         self.client = client
         self.interval = interval
         self.source_timeout = source_timeout
@@ -79,8 +80,8 @@ class Collect:
         self.kubelet = KubeletSchedule(
             client,
             every=_cycles(kubelet_every, interval),
-            soonest=_cycles(SOONEST, interval),
             stale_after=stale_after,
+            pods=pods,
             clock=clock,
         )
         self.restart_required: dict[str, str] = {}
@@ -93,6 +94,11 @@ class Collect:
         budget = min(self.source_timeout, self.interval / 2)
         cycle.kubelet, cycle.answered = await self.kubelet.state(kubelet, cycle.started, budget)
         cycle.cpu_nodes = await self._cpu_nodes()
+
+    async def news(self) -> None:
+        """Return when the kubelet has news the next cycle should not wait for (a pod
+        event's poll answered differently: `KubeletSchedule.news`)."""
+        await self.kubelet.news()
 
     async def close(self, timeout: float) -> dict[str, str]:
         """Close every source (in daemon threads: a source stuck in a driver call is left

@@ -115,6 +115,11 @@ class Collector(Protocol):
 
     async def run(self, cycle: Cycle) -> None: ...
 
+    async def news(self) -> None:
+        """Return when a cycle should run before the interval ends (the kubelet has news);
+        the poller waits for it between cycles and cancels it when the next is due."""
+        ...
+
     async def close(self, timeout: float) -> dict[str, str]:
         """Close every source and the kubelet channel; source -> why it did not close."""
         ...

@@ -12,11 +12,13 @@ import contextlib
 import gc
 import logging
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from functools import partial
 
 from exporter.cycle.pipeline import Pipeline
 from exporter.model import Snapshot
+from exporter.runtime.log import StateLog
 from exporter.runtime.threads import BoundedWorker
 from exporter.settings.config import DEFAULTS
 
@@ -38,6 +40,9 @@ class Poller:
         self._cycles = 0
         self.snapshot: Snapshot | None = None
         self.ready = asyncio.Event()
+        self.early = 0
+        """Cycles run before their tick, for the kubelet's news."""
+        self._states = StateLog(log)
 
     @property
     def restart_required(self) -> dict[str, str]:
@@ -68,8 +73,32 @@ class Poller:
                 gc.collect()
                 gc.freeze()
             delay = max(0.0, self.interval - (self._clock() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            await self._idle(stop, delay)
+
+    async def _idle(self, stop: asyncio.Event, delay: float) -> None:
+        """Until the next cycle: `delay` seconds, or less when the collect step has news (a
+        pod event the kubelet answered: podresources/schedule.py), or until `stop`."""
+        until = self._clock() + delay
+        waits = [
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(self.pipeline.collect.news()),
+        ]
+        try:
+            done, _ = await asyncio.wait(waits, timeout=delay, return_when=FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        news = waits[1]
+        if news in done and not news.cancelled() and news.exception() is not None:
+            self._states.failed(
+                "news", f"waiting for the kubelet's news failed: {news.exception()!r}"
+            )
+            with contextlib.suppress(TimeoutError):  # the cycle at its tick, as without news
+                await asyncio.wait_for(stop.wait(), max(0.0, until - self._clock()))
+        elif news in done:
+            self.early += 1
+            self._states.ok("news", "waiting for the kubelet's news works again")
 
     async def close(self, timeout: float = 3.0) -> dict[str, str]:
         """Close the sources and the kubelet channel; source -> why it did not close."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -103,6 +104,13 @@ class PodWatcher:
         """owner uid (ReplicaSet, Job) -> its controller, as last read."""
         self._infos: dict[str, tuple[PodMeta, OwnerRef | None, PodInfo]] = {}
         self._owner_wanted = asyncio.Event()
+        self.changes = 0
+        """Pod events applied so far (a pod added, changed, deleted; a list or replay that
+        differs from the cache): the kubelet's schedule asks PodResources on them
+        (podresources/schedule.py's `PodChanges`)."""
+        self.changed_at = 0.0
+        """When the last of them was applied (monotonic seconds)."""
+        self._changed = asyncio.Event()
         self.feed: PodFeed = (feed or ApiPods)(self)
         self._loop = ListWatch(self.feed, self.timing)
 
@@ -152,14 +160,30 @@ class PodWatcher:
             self.api = self._connect()
         return self.api
 
+    async def wait_change(self, seen: int) -> None:
+        """Return once `changes` is no longer `seen`."""
+        while self.changes == seen:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _note_change(self) -> None:
+        self.changes += 1
+        self.changed_at = time.monotonic()
+        self._changed.set()
+
     def replace(self, pods: dict[str, PodMeta]) -> None:
         """The feed's whole list (or replay) becomes the cache."""
+        if pods != self.pods:
+            self._note_change()
         self.pods = pods
         self._infos = {uid: v for uid, v in self._infos.items() if uid in pods}
         self._want_owners(pods.values())
 
     def apply(self, kind: str, pod: PodMeta) -> None:
-        """One pod added or changed, or (`kind` DELETED) gone."""
+        """One pod added or changed, or (`kind` DELETED) gone. Every event is a change: a
+        pod's status (its containers started, so its devices allocated) is not in its
+        metadata."""
+        self._note_change()
         if kind == "DELETED":
             self.pods.pop(pod.uid, None)
             self._infos.pop(pod.uid, None)

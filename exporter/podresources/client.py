@@ -93,6 +93,7 @@ class PodResourcesClient:
         self._socket_id: tuple[int, int, int] | None = None
         """(device, inode, ctime) of the socket file: a new file (a restarted kubelet) is
         a new ctime even where the filesystem hands the freed inode number straight back."""
+        self._restarted = False  # the socket changed identity since the first poll
         self._api = "v1"
         self._v1alpha1_since = 0.0
         self._allocatable: tuple[ContainerDevices, ...] = ()
@@ -156,6 +157,19 @@ class PodResourcesClient:
 
     async def close(self) -> None:
         await self._drop_channel()
+
+    def socket_changed(self) -> bool:
+        """The socket file is not the one the last poll found (a kubelet restarted since, or
+        it is gone); False before the first poll. One stat, asked every cycle."""
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return self._socket_id is not None
+        return self._socket_id not in (None, (st.st_dev, st.st_ino, st.st_ctime_ns))
+
+    def restarting(self) -> bool:
+        """A restarted kubelet's socket is new: its answers may be filling in (settle.py)."""
+        return self._restarted and self._settle.settling()
 
     # --- internals ----------------------------------------------------------------
 
@@ -332,6 +346,7 @@ class PodResourcesClient:
             )
         if socket_id != self._socket_id:
             await self._drop_channel()
+            self._restarted = self._socket_id is not None  # the first one is no restart
             self._socket_id = socket_id
             self._settle.new_socket()
 

@@ -49,6 +49,12 @@ class FixedKubelet:
     def health(self) -> PodResourcesHealth:
         return PodResourcesHealth(api_version="v1", connected=True)
 
+    def socket_changed(self) -> bool:
+        return False  # no socket: no kubelet restarts
+
+    def restarting(self) -> bool:
+        return False
+
     async def close_channel(self) -> None:
         return None  # no channel: nothing kept between polls
 
