@@ -260,7 +260,10 @@ def test_source_options_are_typed_and_parsed_with_the_other_flags() -> None:
     assert config.source_options["gamma"] == {"every": "5m", "events": "true"}
     with pytest.raises(UsageError, match=r"argument --collector.gamma.every: expected a duration"):
         parse_config(["--collector.gamma.every", "banana"], env={}, sources=sources)
-    with pytest.raises(UsageError, match="KDE_COLLECTOR_GAMMA_EVENTS: expected true or false"):
+    with pytest.raises(
+        UsageError,
+        match="KDE_COLLECTOR_GAMMA_EVENTS: expected true, false, yes, no, on, off, 1 or 0",
+    ):
         parse_config([], env={"KDE_COLLECTOR_GAMMA_EVENTS": "nah"}, sources=sources)
     help_text = build_parser(sources).format_help()
     assert "--collector.gamma.every DURATION" in help_text
@@ -285,7 +288,7 @@ def test_help_names_the_commands_and_no_internal_names() -> None:
 def test_a_missing_sysfs_is_said_at_start_naming_the_flag(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--path.sysfs", str(tmp_path / "nonexistent"),
-         "--web.listen-address", "none", "--no-collector.nvml",
+         "--web.listen-address", "127.0.0.1:0", "--no-collector.nvml",
          "--kubelet-socket", str(tmp_path / "k.sock")],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -145,7 +145,9 @@ def test_the_installed_command_prints_its_usage() -> None:
 
 
 def test_no_http_server_says_so_in_the_banner(tmp_path: Path) -> None:
-    proc = simulate(tmp_path, "mixed", "--web.listen-address", "none")
+    # No server needs somewhere to publish: an OTLP endpoint (none answers; not read here).
+    proc = simulate(tmp_path, "mixed", "--web.listen-address", "none",
+                    "--otlp.endpoint", "http://127.0.0.1:9")  # fmt: skip
     try:
         banner = wait_until_up(proc)
     finally:

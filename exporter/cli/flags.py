@@ -108,6 +108,14 @@ def parse_config(
         }
 
     otlp = _otlp(get("otlp_endpoint", None), get("otlp_protocol", None), env)
+    listen_address = get("listen_address")
+    if listen_address is None and not otlp.endpoint:
+        named = "--web.listen-address " if "listen_address" in given else "KDE_WEB_LISTEN_ADDRESS="
+        raise UsageError(
+            f"{named}none: with no HTTP server and no --otlp.endpoint (or "
+            "OTEL_EXPORTER_OTLP_ENDPOINT) nothing would be published; give an address "
+            "(default :9405) or an OTLP endpoint"
+        )
     interval = get("collect_interval")
     if interval < min_collect_interval:
         raise UsageError(
@@ -134,7 +142,7 @@ def parse_config(
     _need_node(node_name, kubernetes_api=kubernetes_api, kubernetes_events=kubernetes_events)
     return Config(
         kubelet_socket=get("kubelet_socket"),
-        listen_address=get("listen_address"),
+        listen_address=listen_address,
         collect_interval=interval,
         collect_timeout=timeout,
         node_name=node_name or socket.gethostname(),

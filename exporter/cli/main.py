@@ -17,12 +17,15 @@ from collections.abc import Sequence
 from exporter.cli.flags import parse_config
 from exporter.cli.parser import DOCTOR, PROG, UsageError, usage_error
 
+HELP_TOPICS = ("podresources", "doctor", "help")
+"""What `help` takes: the other commands (`help help` is the exporter's own help)."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["help"]:  # `help` and `help doctor`, as `git help` and `helm help` read
-        argv = [*argv[1:2], "--help"]
     try:
+        if argv[:1] == ["help"]:  # `help` and `help doctor`, as `git help` and `helm help` read
+            argv = _help(argv[1:])
         if argv[:1] == ["podresources"]:
             from exporter.cli.podresources import run_inspect
 
@@ -37,3 +40,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from exporter.app import run
 
     return run(config)
+
+
+def _help(topics: list[str]) -> list[str]:
+    """`help [COMMAND]` as the argv that prints that help; a command that does not exist,
+    or more than one, is a usage error (exit 2), as `git help bogus` is."""
+    if len(topics) > 1 or (topics and topics[0] not in HELP_TOPICS):
+        raise UsageError(
+            f"help: no command {' '.join(topics)!r}; the commands are "
+            f"{', '.join(HELP_TOPICS)} (and the exporter itself: {PROG} --help)"
+        )
+    return [*(t for t in topics if t != "help"), "--help"]

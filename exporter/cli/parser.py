@@ -8,6 +8,7 @@ given into the Config.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 import textwrap
@@ -45,8 +46,30 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse, raising UsageError, and taking no abbreviation: `--web.listen` would be
+    `--web.listen-address` today and ambiguous the day a `--web.listen-*` flag is added, and
+    the `KDE_*` variables have no abbreviated form."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message + self._did_you_mean(message))
+
+    def _did_you_mean(self, message: str) -> str:
+        """`; did you mean --web.listen-address?` for an unknown flag that begins one, or
+        is close to one (a typo)."""
+        unknown = "unrecognized arguments: "
+        if not message.startswith(unknown):
+            return ""
+        flag = next((t for t in message[len(unknown) :].split() if t.startswith("--")), "")
+        name = flag.partition("=")[0]
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        near = [o for o in known if name and o.startswith(name)] or difflib.get_close_matches(
+            name, known, n=1
+        )
+        return f"; did you mean {' or '.join(sorted(near)[:3])}?" if name and near else ""
 
 
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -174,7 +174,8 @@ def describe(exc: BaseException) -> str:
     detail = str(exc) or str(exc.__cause__ or "")
     if not detail and isinstance(exc, httpx.TimeoutException):
         detail = "no answer in time"
-    return f"{type(exc).__name__}:{where}" + (f": {detail}" if detail else "")
+    head = f"{type(exc).__name__}:{where}" if where else type(exc).__name__
+    return f"{head}: {detail}" if detail else head
 
 
 def _error(response: httpx.Response, body: bytes) -> ApiError:

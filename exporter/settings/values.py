@@ -106,7 +106,7 @@ def boolean(text: str) -> bool:
         return True
     if text.lower() in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true or false, got {text!r}")
+    raise ValueError(f"expected true, false, yes, no, on, off, 1 or 0, got {text!r}")
 
 
 def auto_boolean(text: str) -> str:
@@ -115,7 +115,9 @@ def auto_boolean(text: str) -> str:
         try:
             boolean(text)
         except ValueError:
-            raise ValueError(f"expected auto, true or false, got {text!r}") from None
+            raise ValueError(
+                f"expected auto, true, false, yes, no, on, off, 1 or 0, got {text!r}"
+            ) from None
     return text
 
 

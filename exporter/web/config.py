@@ -233,16 +233,31 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = tls.min_version
     ctx.maximum_version = tls.max_version
+    named = (("cert_file", tls.cert_file), ("key_file", tls.key_file),
+             ("client_ca_file", tls.client_ca_file))  # fmt: skip
+    for key, path in named:
+        if path is not None:
+            _readable(f"tls_server_config.{key}", path)
     try:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
         if tls.client_ca_file is not None:
             ctx.load_verify_locations(cafile=tls.client_ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise WebConfigError(f"tls_server_config: {exc}") from exc
+        files = ", ".join(str(p) for p in tls.files())
+        raise WebConfigError(f"tls_server_config ({files}): {exc}") from exc
     ctx.verify_mode = tls.client_auth
     if tls.prefer_server_cipher_suites:
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     return ctx
+
+
+def _readable(key: str, path: Path) -> None:
+    """ssl's loaders say `[Errno 2] No such file or directory` without the file: the key
+    and the path, said here first."""
+    try:
+        path.open("rb").close()
+    except OSError as exc:
+        raise WebConfigError(f"{key} {path}: {exc.strerror or exc}") from exc
 
 
 def load_web_config(path: Path, *, allow_empty: bool = True) -> WebConfig:
