@@ -23,9 +23,9 @@ per-holder series but one pod's labels on the GPU's (counted by
 `deploy/components/metric-groups`). `kube_device_exporter_metric_group_enabled{group}`
 says which are on. A row below names its group; a row whose group says "by label" puts
 some series in another group by a label value. The dcgm schema (`--metrics.schema=dcgm`)
-renames what the groups let through: dcgm-exporter's clock, PCIe, NVLink, free/reserved
-memory, remapped-row and encoder/decoder fields need `clocks`, `interconnect`, `memory`
-and `media` on.
+renames what the groups let through, and turns on by default the groups dcgm-exporter's
+default counters are made from (`clocks`, `interconnect`, `memory`, `media`, `profiling`):
+the flag alone serves that default set; a `--metrics.group.NAME` given still wins.
 
 | group | default | what |
 |---|---|---|

@@ -199,3 +199,41 @@ def test_the_chart_and_the_kit_turn_groups_on(tmp_path: Path) -> None:
     [container] = one(kit, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert parse_config([], env=env).metric_groups == set(GROUP_NAMES)
+
+
+async def test_the_dcgm_schema_flag_alone_serves_dcgm_exporters_default_counters(
+    dense: Snapshot,
+) -> None:
+    """`--metrics.schema=dcgm` and nothing else (what the README tells a dcgm-exporter user
+    to set) serves every counter of its etc/default-counters.csv that NVML can give (what
+    every group on gives) on the dense node's H100s; the sink's list is that file's. A group
+    named by its flag still wins."""
+    from exporter.sinks.dcgm import DEFAULT_COUNTERS, FIELDS
+
+    assert list(DEFAULT_COUNTERS) == dcgm_default_series()
+    served = [name for name in DEFAULT_COUNTERS if name in {f.spec.name for f in FIELDS}]
+    assert set(DEFAULT_COUNTERS) - set(served) == {
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",  # per link: hw_gpu_nvlink_io_bytes_total
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS",  # vGPU guests
+    }
+
+    def families(*flags: str) -> set[str]:
+        config = parse_config(list(flags), env={})
+        text = metrics_text(Budget(groups=config.metric_groups).apply(dense), ("dcgm",))
+        return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+    alone = families("--metrics.schema=dcgm")
+    every = families(
+        "--metrics.schema=dcgm", *(f"--metrics.group.{g}" for g in GROUP_NAMES if g != CORE)
+    )
+    nvml_gives = [name for name in served if name in every]
+    assert set(served) - set(nvml_gives) == {"DCGM_FI_DEV_ENC_UTIL"}  # H100: no NVENC
+    assert [name for name in nvml_gives if name not in alone] == []
+    # the native default alone (core) left these out before: the test can fail
+    core_only = metrics_text(Budget().apply(dense), ("dcgm",))
+    assert "DCGM_FI_DEV_SM_CLOCK" not in core_only
+    assert "DCGM_FI_DEV_SM_CLOCK" not in families(
+        "--metrics.schema=dcgm", "--no-metrics.group.clocks"
+    )
+    env = parse_config([], env={"KDE_METRICS_SCHEMA": "dcgm"})
+    assert env.metric_groups == parse_config(["--metrics.schema=dcgm"], env={}).metric_groups

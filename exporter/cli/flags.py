@@ -137,6 +137,7 @@ def parse_config(
             f"(got {','.join(given_patterns)!r})"
         )
     kubernetes_api = get("kubernetes_api")
+    schema = get("metrics_schema")
     node_name = get("node_name") or env.get("NODE_NAME", "")
     kubernetes_events = get("kubernetes_events")
     _need_node(node_name, kubernetes_api=kubernetes_api, kubernetes_events=kubernetes_events)
@@ -150,8 +151,8 @@ def parse_config(
         procfs=get("procfs"),
         container_logs=get("container_logs"),
         process_series=get("process_series"),
-        metrics_schema=get("metrics_schema"),
-        metric_groups=_metric_groups(pick),
+        metrics_schema=schema,
+        metric_groups=_metric_groups(pick, schema),
         metrics_max_series=get("metrics_max_series"),
         log_level=get("log_level"),
         log_format=get("log_format"),
@@ -206,12 +207,26 @@ def _known_variables(sources: dict[str, SourceInfo]) -> list[str]:
     return names
 
 
-def _metric_groups(pick: Callable[[str, str, Callable[[str], Any], Any], Any]) -> frozenset[str]:
-    """`core` and every group whose `--metrics.group.NAME` (or variable, or default) is on."""
+def _metric_groups(
+    pick: Callable[[str, str, Callable[[str], Any], Any], Any], schema: tuple[str, ...]
+) -> frozenset[str]:
+    """`core` and every group whose `--metrics.group.NAME` (or variable, or default) is on.
+    With the dcgm schema a group that dcgm-exporter's default counters are made from is on
+    by default (exporter/sinks/dcgm.py): the flag alone serves that default set."""
+    dcgm: frozenset[str] = frozenset()
+    if "dcgm" in schema:
+        from exporter.sinks.dcgm import default_groups
+
+        dcgm = default_groups()
     return frozenset({CORE}) | {
         g.name
         for g in GROUPS
-        if pick(f"--metrics.group.{g.name}", f"metrics_group_{g.name}", boolean, g.default)
+        if pick(
+            f"--metrics.group.{g.name}",
+            f"metrics_group_{g.name}",
+            boolean,
+            g.default or g.name in dcgm,
+        )
     }
 
 

@@ -285,8 +285,9 @@ FLAGS: tuple[Flag, ...] = (
         choices(*SCHEMAS),
         "native",
         "metric names and labels on /metrics: native (OpenTelemetry-derived), dcgm "
-        "(dcgm-exporter's DCGM_FI_* names, units and labels), or native,dcgm while migrating "
-        "(docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
+        "(dcgm-exporter's DCGM_FI_* names, units and labels; turns on the metric groups its "
+        "default counters need unless --metrics.group.NAME says otherwise), or native,dcgm "
+        "while migrating (docs/migrating-from-dcgm-exporter.md); OTLP always sends native",
         metavar="native|dcgm|native,dcgm",
     ),
     Flag(

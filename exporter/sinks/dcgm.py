@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from exporter.metrics import THROTTLE_REASONS as NVML_THROTTLE_REASONS
-from exporter.metrics import Kind, MetricSpec, Scope
+from exporter.metrics import SPECS, Kind, MetricSpec, Scope
 from exporter.model import Attributes, Device, JoinedDevice, Snapshot
 from exporter.points import Point
 
@@ -163,6 +163,34 @@ THROTTLE_REASONS = DcgmSpec(
 THROTTLE_BITS: dict[str, int] = dict(NVML_THROTTLE_REASONS)
 """`nvmlClocksEventReason*` bits by reason (the metric table's): the mask is rebuilt from
 the NVML source's `hw.gpu.clock.throttled` samples."""
+
+DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)  # fmt: skip
+"""The counters of dcgm-exporter's `etc/default-counters.csv` (its `--collectors` default), in
+the file's order, without its `DCGM_FI_DRIVER_VERSION` label: what a dcgm-exporter user's
+dashboards and alerts read (tests/data holds the file; a test checks this against it). Not in
+`FIELDS`, so not served: NVLINK_BANDWIDTH_TOTAL (`hw_gpu_nvlink_io_bytes_total` says it per
+link) and VGPU_LICENSE_STATUS (vGPU guests)."""
+
+
+def default_groups() -> frozenset[str]:
+    """The metric groups the default counters are made from: with `--metrics.schema=dcgm`,
+    each is on unless its `--metrics.group.NAME` says otherwise (cli/flags.py), so the flag
+    alone serves dcgm-exporter's default set whatever the native defaults are."""
+    return frozenset(
+        SPECS[f.metric].group_of(f.match) for f in FIELDS if f.spec.name in DEFAULT_COUNTERS
+    )
+
 
 _BY_METRIC: dict[str, list[Field]] = {}
 for _f in FIELDS:
