@@ -186,7 +186,6 @@ ATTRIBUTES: dict[str, str] = {
     "hw.gpu.memory.remap_cause": "Why rows were remapped: `correctable`, `uncorrectable`.",
     "network.io.direction": "`transmit` or `receive`.",
     "hw.network.rdma.counter": "Name of an RDMA `hw_counters` file.",
-    "hw.network.link": "NVLink link number.",
     "process.pid": "Host PID of a process using the device.",
     "k8s.pod.uid": "The pod's UID: from the Kubernetes API on `k8s_pod_workload_info`; from the "
     "process's cgroup on the per-container series.",

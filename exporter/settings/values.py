@@ -148,8 +148,8 @@ def text(value: str) -> str:
 
 
 def file_path(value: str) -> str:
-    """A file name, or empty for none. Not checked for existence: a mounted ConfigMap may
-    appear after start, and the source reports a missing file itself."""
+    """A path, or empty for none. Not checked here: what reads it says (a configuration file
+    at start, exit 2; a socket of the kubelet's when it appears)."""
     return value
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from exporter.metrics import THROTTLE_REASONS as NVML_THROTTLE_REASONS
 from exporter.metrics import SPECS, Kind, MetricSpec, Scope
+from exporter.metrics import THROTTLE_REASONS as NVML_THROTTLE_REASONS
 from exporter.model import Attributes, Device, JoinedDevice, Snapshot
 from exporter.points import Point
 

@@ -23,7 +23,6 @@ import yaml
 
 from exporter.model import Device, DeviceReading, Sample
 from exporter.runtime.log import StateLog
-from exporter.settings.values import file_path
 from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.reader import Reader
 from exporter.sources.sysfs.source import PciIdentity, SysfsSource, alias, device_reading
@@ -124,6 +123,21 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
+def pool_config_file(value: str) -> str:
+    """`--collector.rdma.pool-config`: empty, or a pool file that reads and parses now, as
+    every file a flag names must at start (README, Flags: a bad one exits 2 naming the
+    flag); a later change that breaks it is logged and the last good pools stay."""
+    if value:
+        try:
+            parse_pool_config(yaml.safe_load(Path(value).read_text()))
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"{value}: {_one_line(exc)}") from None
+    return value
+
+
+pool_config_file.__name__ = "file_path"  # FILE in --help (values.METAVARS)
+
+
 class PoolConfig:
     """The pool file, re-read when it changes (a ConfigMap update); bad files are logged."""
 
@@ -155,7 +169,7 @@ OPTIONS = (
         "pool-config",
         "k8s-rdma-shared-dev-plugin config (its config.json, or the ConfigMap as YAML) "
         "naming which HCAs each rdma/* pool holds; without it pool IDs stay unresolved",
-        parse=file_path,
+        parse=pool_config_file,
     ),
 )
 """`--collector.rdma.*`."""
