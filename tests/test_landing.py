@@ -4,6 +4,7 @@ table), refreshed by its script, rows nested under their own parent. Real headle
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import re
 from collections.abc import AsyncIterator
@@ -22,9 +23,11 @@ from exporter.sinks.prometheus import PrometheusSink
 from exporter.web.app import DevicesView, make_app
 from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario, parse_scenario
+from tests.nvml_support import fakenvml  # noqa: F401 - fixture
 from tests.peers import chromium
 from tests.support import Clock, StaticSource, one_cycle
 from tests.support.fake_gpu import GPU, SCENARIO, gpu_result
+from tests.support.simulated_node import scenario_snapshot
 
 ROW = re.compile(r'<tr(?: class="child")? data-id="([^"]+)" data-depth="(\d+)">(.*?)</tr>', re.S)
 
@@ -206,3 +209,27 @@ def test_a_partitioned_gpu_reads_partitioned_not_free() -> None:
     assert "ml/train-0/main" in rows["amdgpu_xcp_0"]
     card_json = next(d for d in json.loads(view.body or b"")["devices"] if d["id"] == card.id)
     assert (card_json["partitions"], card_json["partitions_held"]) == (3, 2)
+
+
+@pytest.mark.peer
+async def test_a_gpu_used_without_request_reads_so_not_free_in_chromium(
+    tmp_path: Path,
+    fakenvml: ctypes.CDLL,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 42, the first hour, item 1: the demo's dev-shell requests no GPU and uses the one
+    nobody holds (`hw_allocation_requested="false"` on /metrics); the page said `free`
+    ("offered to pods, held by none"). It names the pod and its share instead."""
+    snapshot = await scenario_snapshot("demo", tmp_path, monkeypatch)
+    (use,) = [u for u in snapshot.container_usage if u.owner and not u.requested]
+    assert (use.owner.namespace, use.owner.pod) == ("research", "dev-shell")  # type: ignore[union-attr]
+    view = DevicesView()
+    view.update(snapshot)
+    async with serving(view, scripts=False) as url:
+        dom = await asyncio.to_thread(chromium, url)
+    rows = {device_id: cells for device_id, _, cells in ROW.findall(dom)}
+    cells = rows[use.device_id]
+    share = f"{round((use.utilization or 0) * 100)}%, {(use.memory_bytes or 0) / 2**30:.1f} GiB"
+    assert f"used without request</b> research/dev-shell/shell: {share}" in cells, cells
+    assert ">free<" not in cells
+    assert any(">free<" in c for d, c in rows.items() if d != use.device_id)  # others are

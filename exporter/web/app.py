@@ -41,6 +41,18 @@ def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict
                 "shared": "yes" if alloc.shared else "",
             }
         )
+    unrequested: dict[str, list[dict[str, Any]]] = {}
+    for use in snapshot.container_usage:  # a pod's processes on a device it did not request
+        if use.owner is not None and not use.requested:
+            unrequested.setdefault(use.device_id, []).append(
+                {
+                    "namespace": use.owner.namespace,
+                    "pod": use.owner.pod,
+                    "container": use.owner.container,
+                    "utilization": use.utilization,
+                    "memory": use.memory_bytes,
+                }
+            )
     devices = []
     for joined, depth in _tree(snapshot.devices):
         device = joined.reading.device
@@ -56,6 +68,7 @@ def _summary(snapshot: Snapshot, matcher: ResourceMatcher | None = None) -> dict
                 "index": attributes.get("hw.gpu.index") or attributes.get("hw.gpu.partition", ""),
                 "attributes": attributes,
                 "holders": by_device.get(device.id, []),
+                "unrequested": unrequested.get(device.id, []),
                 "allocatable": joined.allocatable,
                 "resource": joined.resource,
                 "not_allocatable": bool(joined.resource) and not joined.allocatable,

@@ -50,7 +50,9 @@ def _table(devices: list[dict[str, Any]]) -> str:
         "<th>Load</th><th>Memory / traffic</th><th>Power</th></tr></thead>\n"
         f"<tbody>\n{rows}\n</tbody>\n</table>\n"
         '<p class="legend"><span class="free">free</span>: a device plugin offers it to pods '
-        "and none holds it. <i>partitioned</i>: a GPU split into MIG slices or partitions; "
+        'and none holds it. <span class="unrequested"><b>used without request</b></span>: a '
+        "pod's processes use it though the pod requested no such device (its share of the "
+        "load and memory). <i>partitioned</i>: a GPU split into MIG slices or partitions; "
         "who holds them is on their rows. <span>—</span> in <i>Held by</i>: not offered to "
         "pods as a whole (its VFs are, or no resource pattern matches it); elsewhere: the "
         "device does not report that value.</p>"
@@ -104,6 +106,27 @@ def _model(d: dict[str, Any]) -> str:
 
 
 def _holders(d: dict[str, Any]) -> str:
+    return _held(d) + "".join(_unrequested(u) for u in d.get("unrequested", []))
+
+
+def _unrequested(use: dict[str, Any]) -> str:
+    """A pod whose processes use the device although it did not request it (an image with
+    NVIDIA_VISIBLE_DEVICES=all): the case this page exists for, never shown as `free`."""
+    owner = f"{use['namespace']}/{use['pod']}/{use['container']}"
+    shares = [f"{round(use['utilization'] * 100)}%"] if use["utilization"] is not None else []
+    shares += [_gib(use["memory"])] if use["memory"] is not None else []
+    what = (
+        "its processes use this device, but it requested none (hw_allocation_requested="
+        '"false"; the KubeDeviceUsedWithoutRequest alert)'
+    )
+    text = f"{owner}: {', '.join(shares)}" if shares else owner
+    return (
+        f'<div class="unrequested" title="{escape(what)}"><b>used without request</b> '
+        f"{escape(text)}</div>"
+    )
+
+
+def _held(d: dict[str, Any]) -> str:
     if not d["holders"] and d.get("partitions"):
         parts, held = d["partitions"], d["partitions_held"]
         what = f"split into {parts} part{'s' if parts != 1 else ''} (rows below), {held} held"
@@ -111,6 +134,8 @@ def _holders(d: dict[str, Any]) -> str:
             f'<span class="none" title="{escape(what)}">partitioned: {held} of {parts} held</span>'
         )
     if not d["holders"]:
+        if d.get("unrequested"):
+            return ""  # held by none, used by a pod that did not ask: not free
         if d["allocatable"]:
             return '<span class="free" title="offered to pods, held by none">free</span>'
         return '<span class="none" title="not offered to pods as a whole">—</span>'
