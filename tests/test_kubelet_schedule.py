@@ -456,19 +456,23 @@ async def test_a_feed_that_never_goes_quiet_is_answered_5s_after_it_was_first_se
 
 async def test_pod_events_are_counted_by_the_pod_watcher() -> None:
     """The feed side of `PodChanges`: every event counts (a MODIFIED pod whose metadata is
-    the same: its containers started), a replace only when it differs."""
+    the same: its containers started), a replace only when it differs and the feed had
+    synced before (the first list is the feed starting, not news)."""
     watcher = PodWatcher(lambda: None, "node-1")  # type: ignore[arg-type,return-value]
     pod = PodMeta("ml", "train", "uid-1")
     waiting = asyncio.create_task(watcher.wait_change(0))
-    watcher.replace({})  # the same empty cache: no change
+    watcher.replace({"uid-0": PodMeta("ml", "serve", "uid-0")})  # the first list
+    watcher.synced.set()
+    watcher.replace(dict(watcher.pods))  # the same again: no change
     await asyncio.sleep(0)
     assert watcher.changes == 0 and not waiting.done()
     watcher.apply("ADDED", pod)
     await asyncio.wait_for(waiting, 1)
     watcher.apply("MODIFIED", pod)
-    watcher.replace({pod.uid: pod})  # a replay of what the cache has
+    watcher.replace(dict(watcher.pods))  # a replay of what the cache has
     watcher.apply("DELETED", pod)
-    assert watcher.changes == 3
+    watcher.replace({})  # a replay without serve: it left while the feed was down
+    assert watcher.changes == 4
 
 
 class NewsOnce:

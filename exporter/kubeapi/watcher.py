@@ -172,8 +172,9 @@ class PodWatcher:
         self._changed.set()
 
     def replace(self, pods: dict[str, PodMeta]) -> None:
-        """The feed's whole list (or replay) becomes the cache."""
-        if pods != self.pods:
+        """The feed's whole list (or replay) becomes the cache. Its first is the feed
+        starting, not a change on the node: the first poll has those pods already."""
+        if pods != self.pods and self.synced.is_set():
             self._note_change()
         self.pods = pods
         self._infos = {uid: v for uid, v in self._infos.items() if uid in pods}
