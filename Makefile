@@ -1,20 +1,37 @@
-# kube-device-exporter — every entry point a developer or CI needs.
-#   make demo    run the exporter against the simulated node and print where to look
-#                (installs only what running needs: the package, and the simulator with
-#                nvml.h for its simulated driver)
-#   make test    install everything it needs, lint, type-check and run the whole suite
-#   make test-fast  only the tests that start no process and wait out no timeout or back-off
-#                (markers `peer` and `slow`: tests/support/tiers.py), in under a minute
-#   make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
-#                    docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
-#                    files/ are links to dashboards/ and deploy/alerts)
-#   make image IMAGE=registry.example.com/kube-device-exporter:0.1.0 (push: the same, pushed)
-#   make image-test  build the image and run it as the DaemonSet does (Docker; in make test too)
-#   make lock    regenerate requirements/*.lock (pip-compile, hashes) from pyproject.toml
-#   make faults  fault and load runs against real exporter processes (about 4 minutes)
-#   make soak    the same, long (about 15 minutes): the figures in docs/reliability.md
-#   make realnode  only the real-kubelet tier (tests/test_real_kubelet*.py; README)
-#   make realcluster  only the real-cluster tier (tests/test_real_cluster*.py; docs/testing.md)
+# kube-device-exporter — every entry point a developer or CI needs; `make help` prints the
+# `##` lines below.
+## make demo       run the exporter against the simulated node and print where to look, and
+##                 the doctor command that reads the same node (installs only what running
+##                 needs: the package, and the simulator with nvml.h for its simulated driver)
+## make install    the .venv with everything the tests need (make test does it first)
+## make test       install everything it needs, lint, type-check and run the whole suite
+## make test-fast  only the tests that start no process and wait out no timeout or back-off
+##                 (markers `peer` and `slow`: tests/support/tiers.py), in under a minute
+## make lint       ruff check and ruff format --check
+## make typecheck  mypy (strict)
+## make pytest     the whole pytest suite alone (PYTEST_ARGS=... for more)
+## make realnode   only the real-kubelet tier (tests/test_real_kubelet*.py; README)
+## make realcluster  only the real-cluster tier (tests/test_real_cluster*.py; docs/testing.md)
+## make docs       regenerate docs/metrics.md, README's flag table, docs/nvml.md, measured figures
+## make monitoring  regenerate dashboards/, deploy/grafana, deploy/alerts, deploy/prometheusrule,
+##                 docs/dashboards.md, docs/alerts.md and docs/runbooks.md (the Helm chart's
+##                 files/ are links to dashboards/ and deploy/alerts)
+## make image IMAGE=registry.example.com/kube-device-exporter:0.1.0
+##                 build the image (PYTHON_IMAGE=...: another base; docs/deploy.md)
+## make push       the same, pushed
+## make base-image  a Python base made here with debootstrap, for a build where no registry
+##                 answers: then make image PYTHON_IMAGE=kube-device-exporter-base:bookworm
+## make image-test  build the image and run it as the DaemonSet does (Docker; in make test too)
+## make lock       regenerate requirements/*.lock (pip-compile, hashes) from pyproject.toml
+## make bench      the benchmarks (docs/performance.md)
+## make faults     fault and load runs against real exporter processes (about 4 minutes)
+## make soak       the same, long (about 15 minutes): the figures in docs/reliability.md
+## make proto      regenerate exporter/_proto from proto/
+## make debs       the Debian packages the peer tests need (as root)
+## make k8s        unpack the Kubernetes binaries of ../shared/k8s into .venv/k8s
+## make fakenvml   build the simulated NVML library
+## make clean      remove the environments, builds and caches
+## make help       this list
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -51,7 +68,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The image the chart (image.repository/tag) and the kit (kustomize images:) must name.
 IMAGE ?= kube-device-exporter:$(VERSION)
 
-.PHONY: lock image-test install demo test test-fast lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push clean
+.PHONY: lock image-test install demo test test-fast lint typecheck pytest realnode realcluster k8s bench faults soak proto docs debs fakenvml monitoring image push base-image clean help
 
 install: $(STAMP) debs fakenvml k8s
 
@@ -170,6 +187,24 @@ image:
 	  $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
 	  $(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) .
 
+# Where no registry answers (an air-gapped build host): Debian bookworm's python3 (3.11) by
+# debootstrap, as root, imported as LOCAL_BASE; build on it with
+# `make image PYTHON_IMAGE=$(LOCAL_BASE)`. A local import has no registry digest: it is named
+# by its tag alone. The recipe is tests/image/base.py's stand-in (the same packages, checked by
+# tests/test_first_hour.py), on which make image-test builds and runs the image.
+LOCAL_BASE ?= kube-device-exporter-base:bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+BASE_PACKAGES := python3,python3-venv,python-is-python3,ca-certificates
+base-image:
+	@command -v debootstrap >/dev/null || { echo "base-image: needs Debian's debootstrap (apt-get install debootstrap), as root" >&2; exit 1; }
+	root=$$(mktemp -d) && trap 'rm -rf "$$root"' EXIT && \
+	  debootstrap --variant=minbase --include=$(BASE_PACKAGES) bookworm "$$root" $(DEBIAN_MIRROR) && \
+	  rm -rf "$$root"/var/cache/apt/archives "$$root"/var/lib/apt/lists "$$root"/usr/share/doc "$$root"/usr/share/man && \
+	  tar --numeric-owner -C "$$root" -c . | $(DOCKER) import \
+	    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - $(LOCAL_BASE)
+	@echo "built $(LOCAL_BASE); now: make image PYTHON_IMAGE=$(LOCAL_BASE) IMAGE=..."
+
 # Only the image test: build, run as the DaemonSet against the simulated node, rebuild.
 image-test: install
 	$(VENV)/bin/pytest -q tests/test_image.py $(PYTEST_ARGS)
@@ -194,6 +229,9 @@ docs: $(STAMP)
 
 proto: $(STAMP)
 	PYTHON=$(CURDIR)/$(PY) proto/generate.sh
+
+help:
+	@sed -n 's/^## \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 clean:
 	rm -rf $(VENV) $(LOCKVENV) build *.egg-info simulator/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

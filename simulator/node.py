@@ -84,6 +84,13 @@ class SimulatedNode:
             args += ["--path.sysfs", str(empty), "--collector.netdev.vf-netlink", "false"]
         for part in self.parts:
             args += part.exporter_args()
+        if "--path.container-logs" not in args:
+            # No processes in the scenario, so no procfs part: the node's own empty
+            # container-log folder, not this machine's /var/log/containers (which a demo
+            # machine often lacks: attribution would warn about it).
+            logs = self.workdir / "containers-none"
+            logs.mkdir(parents=True, exist_ok=True)
+            args += ["--path.container-logs", str(logs)]
         return args
 
     def sources(

@@ -100,7 +100,7 @@ def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: 
     config = parse_config([*node.exporter_args(), *argv[1:]], min_collect_interval=0.01)
     logsetup.setup(config.log_level, config.log_format)
     try:
-        asyncio.run(_run(node, config))
+        asyncio.run(_run(node, config, argv[1:]))
     except OSError as exc:
         # The port is taken, most often: one line, as the plain exporter says it.
         log.error("cannot start: %s", exc)
@@ -108,7 +108,7 @@ def _simulate(scenario: Scenario, workdir: Path, argv: Sequence[str], *, owned: 
     return 0
 
 
-async def _run(node: SimulatedNode, config: Config) -> None:
+async def _run(node: SimulatedNode, config: Config, flags: Sequence[str]) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     await node.start()
@@ -122,7 +122,7 @@ async def _run(node: SimulatedNode, config: Config) -> None:
         ticker = asyncio.create_task(node.tick_forever(stop))
         try:
             await exporter.wait_ready()
-            print(_banner(node, exporter), flush=True)
+            print(_banner(node, exporter, flags), flush=True)
             await stop.wait()
         finally:
             stop.set()
@@ -132,7 +132,7 @@ async def _run(node: SimulatedNode, config: Config) -> None:
         await node.stop()
 
 
-def _banner(node: SimulatedNode, exporter: Exporter) -> str:
+def _banner(node: SimulatedNode, exporter: Exporter, flags: Sequence[str] = ()) -> str:
     if exporter.port:
         where = f"  Landing page: {exporter.url}\n  Metrics:      {exporter.url}metrics\n"
     else:
@@ -141,8 +141,29 @@ def _banner(node: SimulatedNode, exporter: Exporter) -> str:
         f"\nSimulated node {node.scenario.node!r} ({node.scenario.name}) is up.\n"
         f"{where}"
         f"  Kubelet:      {node.socket_path}\n"
+        f"  Doctor:       {doctor_command(node, flags)}\n"
         "Press Ctrl-C to stop.\n"
     )
+
+
+def doctor_command(node: SimulatedNode, flags: Sequence[str] = ()) -> str:
+    """`kube-device-exporter doctor` as it reads this node, to paste into another terminal
+    while the node runs: the node's environment (the NVML stand-in) and paths, and the
+    flags the exporter was given but the web ones (the doctor serves nothing)."""
+    kept: list[str] = []
+    skip = False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag.startswith("--web."):
+            skip = "=" not in flag
+        else:
+            kept.append(flag)
+    script = Path(sys.executable).parent / "kube-device-exporter"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "exporter"]
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in node.env().items())
+    args = shlex.join([*command, "doctor", *node.exporter_args(), *kept])
+    return f"{env} {args}" if env else args
 
 
 async def _run_node_only(node: SimulatedNode) -> None:

@@ -178,3 +178,22 @@ def test_the_demo_slice_short_job_frees_goes_idle_when_it_ends() -> None:
     assert [p["end"] for p in mig["processes"]] == [end]
     assert busy.value(0) == busy.value(end - 0.1) == 0.9
     assert busy.value(end + 0.1) == busy.value(3600) == 0.0
+
+
+def test_the_demo_prints_the_doctor_command_that_reads_its_node(tmp_path: Path) -> None:
+    """Issue 42, the first hour, item 3: `make demo`'s banner names the doctor command, with
+    the node's paths and the NVML stand-in's environment; pasted into another shell while the
+    demo runs, it finds no problem (without them it reported four)."""
+    proc = simulate(tmp_path, "demo", "--web.listen-address", "127.0.0.1:0")
+    try:
+        banner = wait_until_up(proc)
+        (line,) = [ln for ln in banner.splitlines() if ln.lstrip().startswith("Doctor:")]
+        command = line.split("Doctor:", 1)[1].strip()
+        doctor = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                timeout=120, env=env_for(tmp_path), check=False)  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert " doctor --kubelet-socket " in command and "--web." not in command
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "PROBLEM" not in doctor.stdout and "OK       source nvml" in doctor.stdout
