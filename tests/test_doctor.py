@@ -269,3 +269,44 @@ def test_resources_no_pattern_attributes_are_a_problem() -> None:
     assert "(now: nvidia.com/mig-*)" in finding.found
     assert "nvidia.com/*" in finding.fix
     assert check_unattributed(allocatable, ResourceMatcher()) == []
+
+
+async def test_doctor_says_whether_the_api_and_the_pods_api_answer(tmp_path: Path) -> None:
+    """Issue 42, the first apply, item 6: with --kubernetes.api, doctor said nothing of the
+    API connection or the Pods API. The loopback API server lists this node's pods; the
+    simulated Pods API answers ListPods; then each one missing or denied."""
+    from simulator.apiserver import ApiServer
+    from tests.support.kubeapi import NODE, pod
+    from tests.support.podsapi import FakePodsApi
+
+    server = ApiServer().start()
+    pods_api = FakePodsApi(tmp_path / "pods-api.sock")
+    for name in ("train", "debug"):
+        server.put("pods", pod(name, "ml"))
+        pods_api.add(pod(name, "ml"))
+    server.put("pods", pod("elsewhere", "ml", node="other-node"))
+    await pods_api.start()
+    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+
+    def flags(*more: str) -> list[str]:
+        return ["--kubernetes.api", "--node-name", NODE, "--kubernetes.kubeconfig",
+                str(kubeconfig), "--kubernetes.pods-api-socket", str(pods_api.socket), *more]  # fmt: skip
+
+    try:
+        api, kubelet = await doctor_command._ask_kubernetes(parse_config(flags(), env={}))
+        await pods_api.stop()  # the socket gone: the API server's watch, said so
+        _, gone = await doctor_command._ask_kubernetes(parse_config(flags(), env={}))
+        denied_config = server.kubeconfig(tmp_path / "denied", token="not-the-token")
+        denied_flags = flags("--kubernetes.kubeconfig", str(denied_config))
+        denied, _ = await doctor_command._ask_kubernetes(parse_config(denied_flags, env={}))
+    finally:
+        await pods_api.stop()
+        server.stop()
+    unreachable, _ = await doctor_command._ask_kubernetes(parse_config(flags(), env={}))
+    assert (api.status, api.found) == (OK, f"{server.url}: 2 pods on node {NODE}")
+    assert kubelet.status == OK and kubelet.found.startswith(f"{pods_api.socket}: 2 pods")
+    assert gone.status == ABSENT and "pods from the API server's watch" in gone.found
+    assert denied.status == PROBLEM and denied.found.startswith("listing this node's pods: 401")
+    assert unreachable.status == PROBLEM and "ConnectError" in unreachable.found
+    assert unreachable.fix and "KUBERNETES_SERVICE_HOST" in unreachable.fix
+    assert await doctor_command._ask_kubernetes(parse_config([], env={})) == []

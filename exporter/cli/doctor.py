@@ -15,9 +15,12 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from exporter.app import build_sources
 from exporter.checks import (
+    ABSENT,
+    OK,
     PROBLEM,
     Finding,
     check_kubelet,
@@ -51,8 +54,9 @@ def run_doctor(config: Config) -> int:
     findings = [Finding(PROBLEM, "environment", notice) for notice in config.notices]
     findings += check_sysfs(host_path_problems(config))
     findings.append(check_procfs(config.procfs))
-    (state, error), (healths, readings) = asyncio.run(_ask(config))
+    (state, error), (healths, readings), kubernetes = asyncio.run(_ask(config))
     findings += check_kubelet(config.kubelet_socket, state, error)
+    findings += kubernetes
     sources = source_findings(healths, readings)
     findings += sources.values()
     if state is not None:
@@ -75,9 +79,83 @@ async def _ask(
 ) -> tuple[
     tuple[PodResourcesState | None, PodResourcesError | None],
     tuple[list[SourceHealth], list[DeviceReading]],
+    list[Finding],
 ]:
-    """The kubelet and every source, at the same time."""
-    return await asyncio.gather(_ask_kubelet(config), _collect_once(config))
+    """The kubelet, every source and (with --kubernetes.api) the pod feeds, at the same time."""
+    return await asyncio.gather(
+        _ask_kubelet(config), _collect_once(config), _ask_kubernetes(config)
+    )
+
+
+async def _ask_kubernetes(config: Config) -> list[Finding]:
+    """With --kubernetes.api: does the API server answer this pod's list of its node's pods
+    (what the watch and the owner reads need), and does the kubelet's Pods API answer where
+    its socket is (the exporter then reads pods from it, not from an API server watch)?"""
+    if not config.kubernetes_api:
+        return []
+    from exporter.kubeapi import REQUEST_TIMEOUT_SECONDS
+    from exporter.kubeapi.client import ApiError, KubeApi, NotConfigured, describe, http_client
+    from exporter.kubeapi.client import load_config as load_kubeconfig
+
+    subject = "Kubernetes API"
+    api: KubeApi | None = None
+    try:
+        settings = load_kubeconfig(config.kubeconfig)
+        api = KubeApi(http_client(settings, REQUEST_TIMEOUT_SECONDS))
+        pods, _ = await api.list_pods(config.node_name)
+        server = str(getattr(settings.cluster, "server", "") or "")
+        found = [Finding(OK, subject, f"{server}: {len(pods)} pods on node {config.node_name}")]
+    except NotConfigured as exc:
+        found = [Finding(PROBLEM, subject, str(exc),
+                         "no kubeconfig, and no ServiceAccount token in this pod",
+                         "deploy with components/kubernetes-api (chart: kubernetesApi.enabled), "
+                         "which mounts the token and grants the RBAC it needs")]  # fmt: skip
+    except ApiError as exc:
+        denied = exc.code in (401, 403)
+        found = [Finding(PROBLEM, subject, f"listing this node's pods: {exc}",
+                         "the ServiceAccount may not list pods" if denied else "",
+                         "apply components/kubernetes-api's ClusterRole and binding (chart: "
+                         "kubernetesApi.enabled)" if denied else "")]  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - unreachable, TLS, a bad answer: said, not raised
+        found = [Finding(PROBLEM, subject, describe(exc),
+                         "the API server is not reachable from this pod",
+                         "check KUBERNETES_SERVICE_HOST/PORT (or the kubeconfig's server) and "
+                         "network policies between the node and the API server")]  # fmt: skip
+    finally:
+        if api is not None:
+            await api.close()
+    return [*found, await _ask_pods_api(config)]
+
+
+async def _ask_pods_api(config: Config) -> Finding:
+    """The kubelet's Pods API socket, as the exporter picks its pod feed at start."""
+    subject = "kubelet Pods API"
+    socket = Path(config.pods_api_socket) if config.pods_api_socket else None
+    if config.kubernetes_dra:
+        return Finding(OK, subject, "not used with --kubernetes.dra: pods from the API server")
+    if socket is None or not socket.exists():
+        return Finding(
+            ABSENT, subject,
+            f"no socket at {socket or '(none: --kubernetes.pods-api-socket is empty)'}: pods "
+            "from the API server's watch",
+            "the kubelet's PodsAPI gate is off (alpha in 1.36), or components/pods-api "
+            "(chart: kubernetesApi.podsApi) does not mount its folder",
+        )  # fmt: skip
+    import grpc.aio
+
+    from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
+    from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
+
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pb_grpc.PodsStub(channel)
+            listed = await stub.ListPods(pb.ListPodsRequest(), timeout=config.podresources_timeout)
+    except grpc.aio.AioRpcError as exc:
+        why = "the socket is there but the kubelet does not answer on it; the exporter reads "
+        why += "pods from it and retries with back-off meanwhile"
+        return Finding(PROBLEM, subject, f"{socket}: {exc.code().name}: {exc.details()}", why)
+    return Finding(OK, subject, f"{socket}: {len(listed.pods)} pods; pods are read from it, "
+                   "not from an API server watch")  # fmt: skip
 
 
 async def _ask_kubelet(config: Config) -> tuple[PodResourcesState | None, PodResourcesError | None]:

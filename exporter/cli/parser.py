@@ -36,7 +36,8 @@ COMMANDS = (
 DOCTOR = (
     "Why are my metrics missing? Asks the kubelet once, runs each enabled source once, looks "
     "at the host /sys and /proc, and compares what the node advertises with what the sources "
-    "see: one line per check, the likely cause and the fix for each problem; exit 1 when "
+    "see (with --kubernetes.api: the API server and the kubelet's Pods API too): one line "
+    "per check, the likely cause and the fix for each problem; exit 1 when "
     "there is one. Run it in the exporter's pod with the exporter's flags."
 )
 
