@@ -1,11 +1,12 @@
 """The image and the kit on the real 1.36 cluster, deployed as a user deploys them.
 
 The Dockerfile built by Debian's docker.io (tests/image), loaded into the node's containerd
-(`docker save | ctr -n k8s.io images import -`), then deployed three ways, each with only the
-overlay this cluster needs (tests/realcluster/image.py says which and why): deploy/base,
-deploy/base + components/kubernetes-api (real kustomize), and the Helm chart with
-`kubernetesApi.enabled` (Helm's library; applied as `helm template | kubectl apply`). Each
-time: the DaemonSet's one pod becomes Ready, its /metrics names the pods holding the test
+(`docker save | ctr -n k8s.io images import -`), then deployed as a user does, each with only
+the overlay this cluster needs (tests/realcluster/image.py says which and why): deploy/base;
+deploy/base + components/kubernetes-api (real kustomize), then the Helm chart with
+`kubernetesApi.enabled` over it (Helm's library; applied as `helm template | kubectl apply`,
+the objects the kit made adopted) and the kit again: two rolling updates of the one
+DaemonSet, scraped every 0.25 s, none failing. Each time: the DaemonSet's one pod becomes Ready, its /metrics names the pods holding the test
 device plugin's devices (and, with the API, each one's workload), `doctor` passes inside the
 running container (`ctr tasks exec`), and deleting what was applied leaves nothing: no
 object, no container, no listener. The exporter's RSS in the pod is measured each time
@@ -21,6 +22,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -181,81 +183,105 @@ def _vm_rss_kb(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
+def _ordered(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((o for o in objects if o["kind"] in ORDER), key=lambda o: ORDER.index(o["kind"]))
+
+
+def _namespace_of(objects: list[dict[str, Any]]) -> str:
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    return str(ds["metadata"]["namespace"])
+
+
+def _apply(admin: Api, objects: list[dict[str, Any]]) -> float:
+    """Every object (the namespace first where none comes with them, as `helm install
+    --create-namespace`); when it began."""
+    began = time.monotonic()
+    if not any(o["kind"] == "Namespace" for o in objects):
+        namespace(admin, _namespace_of(objects))
+    for obj in _ordered(objects):
+        admin.apply(obj)
+    return began
+
+
 def _deploy_and_check(admin: Api, node: ClusterNode, built: image.Built, label: str,
                       objects: list[dict[str, Any]], *, port: int, api: bool) -> None:  # fmt: skip
-    objects = sorted((o for o in objects if o["kind"] in ORDER),
-                     key=lambda o: ORDER.index(o["kind"]))  # fmt: skip
-    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
-    ns = ds["metadata"]["namespace"]
-    made_namespace = not any(o["kind"] == "Namespace" for o in objects)
-    began = time.monotonic()
     try:
-        if made_namespace:  # `helm install --create-namespace`
-            namespace(admin, ns)
-        for obj in objects:
-            admin.apply(obj)
-        wait_for(f"{label}: the exporter pod Ready",
-                 lambda: _ready(_exporter_pod(admin, ns)), READY_WITHIN)  # fmt: skip
-        print(f"{label}: pod Ready {time.monotonic() - began:.1f} s after the apply")
-        pod = _exporter_pod(admin, ns)
-        assert pod is not None and pod["spec"]["nodeName"] == node.name
-        (status,) = pod["status"]["containerStatuses"]
-        assert status["image"].endswith(built.tag.rsplit("/", 1)[1]), status["image"]
-
-        holders = set(_running(admin))
-
-        def named() -> bool:
-            pods = {s["k8s_pod_name"] for s in _series(port, "hw_allocation_info")}
-            return pods == holders
-
-        wait_for(f"{label}: /metrics naming {sorted(holders)}", named, 30)
-        allocations = _series(port, "hw_allocation_info")
-        assert {(a["k8s_namespace_name"], a["hw_allocation_resource"]) for a in allocations} \
-            == {(WORK_NS, RESOURCE)}  # fmt: skip
-        assert len({a["hw_allocation_device_id"] for a in allocations}) == 3
-        # Joined to the driver's GPUs: each allocation names its device by UUID.
-        assert {a["hw_id"] for a in allocations} == {a["hw_allocation_device_id"]
-                                                     for a in allocations}  # fmt: skip
-        if api:
-
-            def owners() -> dict[str, tuple[str, str]]:
-                return {s["k8s_pod_name"]: (s["k8s_workload_kind"], s["k8s_workload_name"])
-                        for s in _series(port, "k8s_pod_workload_info")
-                        if s["k8s_namespace_name"] == WORK_NS}  # fmt: skip
-
-            want = {name: ("Deployment", "train") if name.startswith("train-") else ("Pod", name)
-                    for name in holders}  # fmt: skip
-            wait_for(f"{label}: workloads named", lambda: owners() == want, 30)
-            assert _value(port, "kube_device_exporter_kubernetes_up") == 1.0
-        else:
-            assert _series(port, "k8s_pod_workload_info") == []
-
-        container_id = status["containerID"].removeprefix("containerd://")
-        doctor = node.node.containerd.ctr(
-            # Its stdio fifos in a folder both mount namespaces see (containerd's default,
-            # /run/containerd/fifo, is the node's private one).
-            "tasks", "exec", "--fifo-dir", str(node.node.workdir), "--exec-id",
-            f"doctor-{label}", container_id,
-            "kube-device-exporter", "doctor", check=False, timeout=120,
-        )  # fmt: skip
-        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-        assert "every device the node advertises is seen" in doctor.stdout, doctor.stdout
-        assert re.search(r"^OK\s+kubelet\s.*PodResources v1, \d+ pods \(3 holding devices\)",
-                         doctor.stdout, re.M), doctor.stdout  # fmt: skip
-        # RSS once the exporter has run a while past Ready (its cycles are every 10 s).
-        settle = began + SETTLE - time.monotonic()
-        if settle > 0:
-            time.sleep(settle)
-        pids = pids_in_container(container_id)
-        assert pids, f"no process of container {container_id}"
-        RSS[label] = max(_vm_rss_kb(p) for p in pids)
+        began = _apply(admin, objects)
+        _check(admin, node, built, label, ns=_namespace_of(objects), began=began, port=port,
+               api=api)  # fmt: skip
     finally:
-        for obj in reversed(objects):
-            if obj["kind"] != "Namespace":
-                admin.delete(obj)
-        if made_namespace or any(o["kind"] == "Namespace" for o in objects):
-            admin.request("DELETE", f"/api/v1/namespaces/{ns}")
-    # Deleting what was applied leaves nothing: no object, no container, no listener.
+        _delete(admin, node, built, label, objects, port=port)
+
+
+def _check(admin: Api, node: ClusterNode, built: image.Built, label: str, *, ns: str,
+           began: float, port: int, api: bool) -> None:  # fmt: skip
+    wait_for(f"{label}: the exporter pod Ready",
+             lambda: _ready(_exporter_pod(admin, ns)), READY_WITHIN)  # fmt: skip
+    print(f"{label}: pod Ready {time.monotonic() - began:.1f} s after the apply")
+    pod = _exporter_pod(admin, ns)
+    assert pod is not None and pod["spec"]["nodeName"] == node.name
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"].endswith(built.tag.rsplit("/", 1)[1]), status["image"]
+
+    holders = set(_running(admin))
+
+    def named() -> bool:
+        pods = {s["k8s_pod_name"] for s in _series(port, "hw_allocation_info")}
+        return pods == holders
+
+    wait_for(f"{label}: /metrics naming {sorted(holders)}", named, 30)
+    allocations = _series(port, "hw_allocation_info")
+    assert {(a["k8s_namespace_name"], a["hw_allocation_resource"]) for a in allocations} \
+        == {(WORK_NS, RESOURCE)}  # fmt: skip
+    assert len({a["hw_allocation_device_id"] for a in allocations}) == 3
+    # Joined to the driver's GPUs: each allocation names its device by UUID.
+    assert {a["hw_id"] for a in allocations} == {a["hw_allocation_device_id"]
+                                                 for a in allocations}  # fmt: skip
+    if api:
+
+        def owners() -> dict[str, tuple[str, str]]:
+            return {s["k8s_pod_name"]: (s["k8s_workload_kind"], s["k8s_workload_name"])
+                    for s in _series(port, "k8s_pod_workload_info")
+                    if s["k8s_namespace_name"] == WORK_NS}  # fmt: skip
+
+        want = {name: ("Deployment", "train") if name.startswith("train-") else ("Pod", name)
+                for name in holders}  # fmt: skip
+        wait_for(f"{label}: workloads named", lambda: owners() == want, 30)
+        assert _value(port, "kube_device_exporter_kubernetes_up") == 1.0
+    else:
+        assert _series(port, "k8s_pod_workload_info") == []
+
+    container_id = status["containerID"].removeprefix("containerd://")
+    doctor = node.node.containerd.ctr(
+        # Its stdio fifos in a folder both mount namespaces see (containerd's default,
+        # /run/containerd/fifo, is the node's private one).
+        "tasks", "exec", "--fifo-dir", str(node.node.workdir), "--exec-id",
+        f"doctor-{label}", container_id,
+        "kube-device-exporter", "doctor", check=False, timeout=120,
+    )  # fmt: skip
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "every device the node advertises is seen" in doctor.stdout, doctor.stdout
+    assert re.search(r"^OK\s+kubelet\s.*PodResources v1, \d+ pods \(3 holding devices\)",
+                     doctor.stdout, re.M), doctor.stdout  # fmt: skip
+    if api:
+        assert re.search(r"^OK\s+Kubernetes API\s", doctor.stdout, re.M), doctor.stdout
+    # RSS once the exporter has run a while past Ready (its cycles are every 10 s).
+    settle = began + SETTLE - time.monotonic()
+    if settle > 0:
+        time.sleep(settle)
+    pids = pids_in_container(container_id)
+    assert pids, f"no process of container {container_id}"
+    RSS[label] = max(_vm_rss_kb(p) for p in pids)
+
+
+def _delete(admin: Api, node: ClusterNode, built: image.Built, label: str,
+            objects: list[dict[str, Any]], *, port: int) -> None:  # fmt: skip
+    """Deleting what was applied leaves nothing: no object, no container, no listener."""
+    ns = _namespace_of(objects)
+    for obj in reversed(_ordered(objects)):
+        if obj["kind"] != "Namespace":
+            admin.delete(obj)
+    admin.request("DELETE", f"/api/v1/namespaces/{ns}")
     wait_for(f"{label}: namespace {ns} gone", lambda: _gone(admin, f"/api/v1/namespaces/{ns}"),
              90)  # fmt: skip
     for obj in objects:
@@ -263,6 +289,48 @@ def _deploy_and_check(admin: Api, node: ClusterNode, built: image.Built, label: 
     containers = node.node.containerd.ctr("containers", "ls").stdout
     assert built.tag not in containers, containers
     wait_for(f"{label}: port {port} free", lambda: not _listening(port), 30)
+
+
+class Scrapes:
+    """/metrics on `port` every 0.25 s in a thread, as Prometheus would over a rollout: each
+    scrape's outcome and the answering process's start time."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.outcomes: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scrapes:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                outcome = str(_value(self.port, "process_start_time_seconds"))
+            except (OSError, ValueError) as exc:
+                outcome = f"failed: {type(exc).__name__}"
+            self.outcomes.append((time.monotonic(), outcome))
+
+    @property
+    def failed(self) -> list[str]:
+        return [o for _, o in self.outcomes if o.startswith("failed")]
+
+    def processes(self) -> list[str]:
+        """The start times that answered, in order of first answer."""
+        return list(dict.fromkeys(o for _, o in self.outcomes if not o.startswith("failed")))
+
+
+def _rolled(admin: Api, ns: str, generation: int) -> bool:
+    """The DaemonSet's one pod is of template `generation` and Ready, the old one gone."""
+    pods = admin.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=SELECTOR)["items"]
+    return len(pods) == 1 and _ready(pods[0]) and int(
+        pods[0]["metadata"]["labels"].get("pod-template-generation", "0")) == generation  # fmt: skip
 
 
 def test_the_kit_base_runs_its_image_on_the_cluster(
@@ -273,29 +341,49 @@ def test_the_kit_base_runs_its_image_on_the_cluster(
     _deploy_and_check(scene, cluster_node, built, "kit", objects, port=port, api=False)
 
 
-def test_the_kit_with_the_api_names_workloads_from_the_pod(
+def test_the_chart_takes_over_from_the_kit_and_no_scrape_is_lost(
     scene: Api,
     control_plane: ControlPlane,
     cluster_node: ClusterNode,
     built: image.Built,
     driver: image.Driver,
 ) -> None:
+    """The kit with the API, then the chart over it (Helm's release name and namespace: the
+    same objects, adopted as docs/deploy.md says) and back: each change is a rolling update
+    of the one DaemonSet. Scraped every 0.25 s across both, no scrape fails: the new pod
+    starts beside the old one (maxSurge) and binds the node's port beside it (host network:
+    --web.reuse-port); the old one leaves once the new one is Ready. Before, with
+    `maxUnavailable: 1`, the old pod went first: docs/deploy.md gives what that lost."""
     port = free_port()
-    objects = image.kit(built, cluster_node, port, server=control_plane.server, driver=driver)
-    _deploy_and_check(scene, cluster_node, built, "kit-api", objects, port=port, api=True)
-
-
-def test_the_chart_with_the_api_runs_the_same(
-    scene: Api,
-    control_plane: ControlPlane,
-    cluster_node: ClusterNode,
-    built: image.Built,
-    driver: image.Driver,
-) -> None:
-    port = free_port()
-    objects = image.chart(built, cluster_node, port, "kube-device-exporter", "kde-chart",
-                          server=control_plane.server, driver=driver)  # fmt: skip
-    _deploy_and_check(scene, cluster_node, built, "chart-api", objects, port=port, api=True)
+    kit = image.kit(built, cluster_node, port, server=control_plane.server, driver=driver)
+    chart = image.chart(built, cluster_node, port, "kube-device-exporter", "kube-device-exporter",
+                        server=control_plane.server, driver=driver)  # fmt: skip
+    ns = _namespace_of(kit)
+    assert _namespace_of(chart) == ns
+    ds_path = f"/apis/apps/v1/namespaces/{ns}/daemonsets/kube-device-exporter"
+    try:
+        began = _apply(scene, kit)
+        _check(scene, cluster_node, built, "kit-api", ns=ns, began=began, port=port, api=True)
+        rolls = []
+        with Scrapes(port) as scrapes:
+            for label, objects in (("chart-api", chart), ("kit-api again", kit)):
+                started = _apply(scene, objects)
+                generation = int(scene.get(ds_path)["metadata"]["generation"])
+                wait_for(f"{label}: rolled", lambda g=generation: _rolled(scene, ns, g),  # type: ignore[misc]
+                         READY_WITHIN)  # fmt: skip
+                rolls.append(round(time.monotonic() - started, 1))
+                if label == "chart-api":
+                    _check(scene, cluster_node, built, label, ns=ns, began=started, port=port,
+                           api=True)  # fmt: skip
+            time.sleep(1)
+        print(
+            f"rollouts kit -> chart -> kit: {rolls} s; {len(scrapes.outcomes)} scrapes, "
+            f"{len(scrapes.failed)} failed, {len(scrapes.processes())} processes answered"
+        )
+        assert scrapes.outcomes and not scrapes.failed, scrapes.failed
+        assert len(scrapes.processes()) >= 3  # the kit's, the chart's, the kit's again
+    finally:
+        _delete(scene, cluster_node, built, "kit-and-chart", kit + chart, port=port)
 
 
 API_WATCH_MIB = 14.0

@@ -128,8 +128,10 @@ FLAGS: tuple[Flag, ...] = (
         duration,
         "30s",
         "ask the kubelet at least this often (every cycle when the collect interval is longer), "
-        "and at once when the devices or their processes change (at most every 5s); a pod "
-        "running nothing on its devices is labelled, or unlabelled, up to this late",
+        "and at once when the devices or their processes change, when its socket is a new "
+        "one (a restart), and with --kubernetes.api when a pod starts, changes or leaves (at "
+        "most every 5s); without a pod feed, a pod running nothing on its devices is labelled, "
+        "or unlabelled, up to this late",
     ),
     Flag(
         "kubelet",
@@ -228,6 +230,16 @@ FLAGS: tuple[Flag, ...] = (
         positive_int,
         "512",
         "open HTTP connections at most; at the cap the longest-idle one is closed",
+    ),
+    Flag(
+        "web",
+        "--web.reuse-port",
+        "web_reuse_port",
+        boolean,
+        "false",
+        "bind --web.listen-address with SO_REUSEPORT, so that during a rolling update the new "
+        "pod listens on the node's port while the old one drains (hostNetwork with maxSurge; "
+        "the kit's host-network component and the chart's hostNetwork set it)",
     ),
     Flag(
         "collection",
