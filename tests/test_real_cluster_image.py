@@ -193,11 +193,14 @@ def _namespace_of(objects: list[dict[str, Any]]) -> str:
 
 
 def _apply(admin: Api, objects: list[dict[str, Any]]) -> float:
-    """Every object (the namespace first where none comes with them, as `helm install
-    --create-namespace`); when it began."""
+    """Every object (the namespace first where none comes with them and it is not there, as
+    `helm install --create-namespace`); when it began."""
     began = time.monotonic()
-    if not any(o["kind"] == "Namespace" for o in objects):
-        namespace(admin, _namespace_of(objects))
+    ns = _namespace_of(objects)
+    if not any(o["kind"] == "Namespace" for o in objects) and _gone(
+        admin, f"/api/v1/namespaces/{ns}"
+    ):
+        namespace(admin, ns)
     for obj in _ordered(objects):
         admin.apply(obj)
     return began
