@@ -188,8 +188,9 @@ def _ordered(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _namespace_of(objects: list[dict[str, Any]]) -> str:
-    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
-    return str(ds["metadata"]["namespace"])
+    """The DaemonSet's namespace (the kit's and the chart's, where both are given)."""
+    (ns,) = {o["metadata"]["namespace"] for o in objects if o["kind"] == "DaemonSet"}
+    return str(ns)
 
 
 def _apply(admin: Api, objects: list[dict[str, Any]]) -> float:
