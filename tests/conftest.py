@@ -61,3 +61,18 @@ def cluster_node(control_plane: ControlPlane) -> Iterator[ClusterNode]:
     finally:
         left = node.close()
         assert not left, f"the cluster node left behind: {left}"
+
+
+SERIAL_MODULES = ("test_real_", "test_image.py", "test_podsapi_proto.py")
+"""Modules whose tests start a kubelet, a Kubernetes control plane or a Docker engine."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`), the tiers that start
+    a kubelet, a cluster or a Docker engine run in one worker, one after the other: they
+    share the session's control plane and the machine's containerd, mounts and iptables.
+    Before xdist reads the groups (tryfirst)."""
+    for item in items:
+        if item.path.name.startswith(SERIAL_MODULES):
+            item.add_marker(pytest.mark.xdist_group("serial-peers"))
