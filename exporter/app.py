@@ -125,9 +125,7 @@ class Exporter:
             ("prometheus", self.prometheus),
             ("landing", self.view),
         ]
-        self.web_limits = ServerLimits(
-            max_connections=config.web_max_connections, reuse_port=config.web_reuse_port
-        )
+        self.web_limits = ServerLimits(max_connections=config.web_max_connections)
         self.web_stats = ServerStats(self.web_limits.quiet_after)
         self_metrics: list[SelfMetrics] = [self.web_stats] if config.listen_address else []
         self.otlp = None

@@ -273,3 +273,32 @@ def test_the_chart_adoption_steps_cover_every_object_the_kit_made(tmp_path: Path
         assert selector.items() <= labels.items(), kustomize.key(obj)
         for how in ("label", "annotate"):
             assert obj["kind"] in reached[how], (how, kustomize.key(obj))
+
+
+# --- rollouts -------------------------------------------------------------------------------------
+
+
+def _rolling(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    rolling: dict[str, Any] = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    return rolling
+
+
+@pytest.mark.peer
+def test_a_rollout_surges_on_the_pod_network_and_stops_first_on_the_host_network(
+    tmp_path: Path,
+) -> None:
+    """On the pod network the new pod starts beside the old one (no scrape finds the node
+    without an exporter); on the host network the port is the node's and the scheduler
+    places no second pod on it (seen on the real 1.36 cluster: the surge pod stayed Pending
+    and the rollout never ended), so the kit's component and the chart stop the old pod
+    first. docs/deploy.md, section 5."""
+    surge, first = {"maxSurge": 1, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": 1}
+    (tmp_path / "pods").mkdir()
+    (tmp_path / "host").mkdir()
+    assert _rolling(kit_with(tmp_path / "pods", "podmonitor")) == surge
+    assert _rolling(kit_with(tmp_path / "host", "podmonitor", "host-network")) == first
+    assert _rolling(render_chart()) == surge
+    assert _rolling(render_chart({"hostNetwork": True})) == first
+    mine = {"hostNetwork": True, "updateStrategy": {"rollingUpdate": {"maxUnavailable": "10%"}}}
+    assert _rolling(render_chart(mine)) == {"maxSurge": 0, "maxUnavailable": "10%"}

@@ -207,35 +207,3 @@ async def test_hoarded_keep_alive_connections_make_room_for_a_scraper(exporter: 
     assert exporter.web_stats.closed["connection_limit"] == 0
     for _, writer in held:
         writer.close()
-
-
-async def test_with_reuse_port_a_second_exporter_binds_the_port_of_the_first(
-    tmp_path: Path,
-) -> None:
-    """A rolling update's new pod on the host network (maxSurge: beside the old one) binds
-    the node's port with --web.reuse-port; without it the start fails with the one line a
-    taken port gets (docs/deploy.md, Rollouts)."""
-    from exporter.web.listen import ListenError
-    from simulator.ports import free_port
-
-    port = free_port()
-
-    def one(*flags: str) -> Exporter:
-        config = config_for(tmp_path / "none.sock", "--web.listen-address", f"127.0.0.1:{port}",
-                            *flags)  # fmt: skip
-        return Exporter(config, sources={"fake": StaticSource(gpu_result())})
-
-    old, new, plain = one("--web.reuse-port"), one("--web.reuse-port"), one()
-    await old.start()
-    try:
-        await new.start()
-        try:
-            await new.wait_ready(10)
-            assert await scrape(new) == 200 and new.port == old.port == port
-        finally:
-            await new.stop()
-        with pytest.raises(ListenError, match=f"port {port} is in use by another process"):
-            await plain.start()
-    finally:
-        await plain.stop()
-        await old.stop()

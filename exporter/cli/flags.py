@@ -166,7 +166,6 @@ def parse_config(
         otlp=otlp,
         web_config_file=_web_config(get("web_config_file")),
         web_max_connections=get("web_max_connections"),
-        web_reuse_port=get("web_reuse_port"),
         kubernetes_api=kubernetes_api,
         kubernetes_dra=_dra(get("kubernetes_dra"), kubernetes_api),
         kubernetes_events=kubernetes_events,

@@ -59,7 +59,6 @@ class Config:
     web_config_file: Path | None = default_of("web_config_file")
     """exporter-toolkit web config (TLS, basic auth, headers); None: plain HTTP, no auth."""
     web_max_connections: int = default_of("web_max_connections")
-    web_reuse_port: bool = default_of("web_reuse_port")
     kubernetes_api: bool = default_of("kubernetes_api")
     """Watch this node's pods on the API server for UIDs, workloads and labels."""
     kubernetes_dra: bool = default_of("kubernetes_dra")

@@ -232,16 +232,6 @@ FLAGS: tuple[Flag, ...] = (
         "open HTTP connections at most; at the cap the longest-idle one is closed",
     ),
     Flag(
-        "web",
-        "--web.reuse-port",
-        "web_reuse_port",
-        boolean,
-        "false",
-        "bind --web.listen-address with SO_REUSEPORT, so that during a rolling update the new "
-        "pod listens on the node's port while the old one drains (hostNetwork with maxSurge; "
-        "the kit's host-network component and the chart's hostNetwork set it)",
-    ),
-    Flag(
         "collection",
         "--collect-interval",
         "collect_interval",

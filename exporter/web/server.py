@@ -53,10 +53,6 @@ class ServerLimits:
     write_timeout: float = 30.0
     quiet_after: float = 60.0
     """A malformed-request or accept-error state ends after this long without one."""
-    reuse_port: bool = False
-    """SO_REUSEPORT (`--web.reuse-port`): a second process of the same user may bind the port
-    while this one listens, and the kernel spreads new connections over both; the rolling
-    update of a hostNetwork DaemonSet with maxSurge starts the new pod that way."""
 
 
 class _Connection(asyncio.Protocol):
@@ -280,12 +276,7 @@ class GuardedServer:
         self._previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
         server = await loop.create_server(
-            lambda: _Connection(self),
-            host or None,
-            port,
-            reuse_address=True,
-            reuse_port=self.limits.reuse_port or None,
-            backlog=128,
+            lambda: _Connection(self), host or None, port, reuse_address=True, backlog=128
         )
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
