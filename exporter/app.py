@@ -216,6 +216,7 @@ class Exporter:
             from exporter.sinks.otlp_logs import OtlpLogSink  # the SDK loads only when used
 
             log_sink = OtlpLogSink(config)
+            self_metrics.append(log_sink)
         if config.kubernetes_events:
             from exporter.sinks.k8sevents import build_poster
 
@@ -240,11 +241,12 @@ class Exporter:
         if self.otlp is not None:
             self.otlp.start()
         if self.kubeapi is not None:
-            watches = [self.kubeapi.run(self._stop)]
+            from exporter.kubeapi.listwatch import supervise
+
+            watches = [supervise("the Kubernetes API pod watch", self.kubeapi.run, self._stop)]
             if self.slices is not None:
-                watches.append(self.slices.run(self._stop))
+                watches.append(supervise("the ResourceSlice watch", self.slices.run, self._stop))
             self._kubeapi_task = asyncio.create_task(_together(*watches))
-            self._kubeapi_task.add_done_callback(_log_watcher_end)
         if self.log_sink is not None:
             self.log_sink.start()
         if self.event_poster is not None:
@@ -291,7 +293,6 @@ class Exporter:
                     await self._task
         if self._kubeapi_task is not None:
             self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
-            # An error that ended it early was logged when it ended (_log_watcher_end).
             with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
         if self._events_task is not None:
@@ -327,19 +328,6 @@ class Exporter:
             return
         log.info("SIGHUP: reloading %s", watcher.path)
         watcher.reload(" on SIGHUP")
-
-
-def _log_watcher_end(task: asyncio.Task[None]) -> None:
-    """The pod watcher retries every error it knows; one it does not ends it. Say so once,
-    in one line: kubernetes_up 0 alone does not tell an operator why."""
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        log.error(
-            "the Kubernetes API watcher stopped: %s: %s; pod UIDs, owners and labels stay "
-            "missing until a restart",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-        )
 
 
 async def serve(exporter: Exporter, stop: asyncio.Event) -> None:
@@ -391,5 +379,9 @@ def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
 
     dra = config.kubernetes_dra
     connect = shared_connect(config, pod_status=read_pod_status if dra else None)
-    slices = SliceWatcher(connect, config.node_name) if dra else None
+    slices = (
+        SliceWatcher(connect, config.node_name, max_slices=config.kubernetes_max_resource_slices)
+        if dra
+        else None
+    )
     return pod_watcher(config, connect), slices

@@ -926,6 +926,19 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("source",),
     ),
     MetricSpec(
+        "kube_device_exporter.peer.answers.refused",
+        C,
+        "{answer}",
+        "Answers of a peer dropped at the exporter's decode boundary, the last good state "
+        "kept: `reason` `decode` (not the shape or encoding the API has), `bytes`, `pages`, "
+        "`objects` or `time` (over a bound: docs/reliability.md); `peer` "
+        "`kubernetes-api`, `kubelet-pods-api`, `kubelet-podresources` or `otlp`, `request` "
+        "what was asked (`pods`, `owners`, `resourceslices`, `devicetaintrules`, `List`, "
+        "`GetAllocatableResources`, `metrics`, `logs`). A series appears at its first refusal.",
+        scope=_E,
+        attributes=("peer", "request", "reason"),
+    ),
+    MetricSpec(
         "kube_device_exporter.dra.unidentified",
         G,
         "{device}",

@@ -131,6 +131,9 @@ class DraView:
         if self.slices is None:
             return tuple(out)
         out.append(Sample("kube_device_exporter.dra.slices.up", float(self.slices.up)))
+        for (peer, request, reason), count in sorted(self.slices.refused().items()):
+            attrs = (("peer", peer), ("request", request), ("reason", reason))
+            out.append(Sample("kube_device_exporter.peer.answers.refused", float(count), attrs))
         if self._identity is None:
             return tuple(out)
         identity = self._identity[1]
