@@ -19,7 +19,12 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 - a kubelet restart (a new socket file, or the socket gone and back): the channel is
   rebuilt instead of waiting out gRPC's reconnect back-off;
 - RESOURCE_EXHAUSTED ("rejected by rate limit", 100 qps / burst 10 across ALL clients):
-  exponential back-off during which no call is made.
+  exponential back-off during which no call is made;
+- an answer that does not decode (random bytes, a string that is not UTF-8, a varint
+  without end): a `List` fails the poll (`DECODE_ERROR`, retried the next cycle), a
+  `GetAllocatableResources` keeps the last allocatable list and is asked again the next
+  cycle; each counted in `refused`, logged once per state. `poll` raises nothing but
+  PodResourcesError: the kubelet's answers cost the kubelet's data, never a cycle.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
@@ -56,6 +62,9 @@ from exporter.settings.config import DEFAULTS
 
 _ListCache = tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]]
 """(API version, the answer's bytes, its pods, its invalid device IDs)."""
+
+DECODE_ERRORS = (DecodeError, ValueError, IndexError, RecursionError)
+"""What parsing bytes that are not the answer raises (UnicodeDecodeError is a ValueError)."""
 
 
 class PodResourcesError(Exception):
@@ -105,6 +114,7 @@ class PodResourcesClient:
         self._connected = False
         self._last_success = 0.0
         self._invalid_ids = 0
+        self._refused: Counter[tuple[str, str]] = Counter()
         self._states = StateLog(logging.getLogger("exporter.podresources"))
         self._settle = RestartSettle(restart_settle, clock, self._states)
         self._list_cache: _ListCache | None = None
@@ -132,6 +142,7 @@ class PodResourcesClient:
             last_duration_seconds=dict(self._durations),
             invalid_device_ids_total=self._invalid_ids,
             held=tuple(sorted(m for m, held in self._settle.held.items() if held)),
+            refused=dict(self._refused),
         )
 
     async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
@@ -143,6 +154,11 @@ class PodResourcesClient:
         except PodResourcesError:
             self._connected = False
             raise
+        except Exception as exc:
+            self._connected = False
+            message = f"PodResources poll failed unexpectedly: {exc!r}"
+            self._states.failed(f"error/{type(exc).__name__}", message, trace=exc)
+            raise PodResourcesError("ERROR", f"{type(exc).__name__}: {exc}") from exc
         self._connected = True
         self._last_success = self._wall_clock()
         return state
@@ -208,7 +224,10 @@ class PodResourcesClient:
             self._note_invalid(list(cached[3]), "List")  # counted per answer
             return cached[2]
         last = cached if cached is not None and cached[0] == api else None
-        read = await asyncio.to_thread(self._read_list, response_type, raw, last)
+        try:
+            read = await asyncio.to_thread(self._read_list, response_type, raw, last)
+        except DECODE_ERRORS as exc:
+            raise self._unusable("List", raw, exc) from exc
         self._list_cache = (api, raw, read[1], read[2])
         self._list_key = read[0]
         self._note_invalid(list(read[2]), "List")
@@ -227,6 +246,17 @@ class PodResourcesClient:
         if last is not None and pods == last[2]:
             pods = last[2]  # the same state (a packed field in a new order): the same objects
         return key, pods, tuple(invalid)
+
+    def _unusable(self, method: str, raw: bytes, exc: BaseException) -> PodResourcesError:
+        """Count a `method` answer that did not decode; the error to say it with (the List's
+        fails the poll, said by its schedule once per state)."""
+        self._refused[(method, "decode")] += 1
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        message = (
+            f"{method} answer unusable ({len(raw)} bytes that do not decode: {why}); the last "
+            "good one kept, asking again the next cycle"
+        )
+        return PodResourcesError("DECODE_ERROR", message)
 
     def _note_invalid(self, invalid: list[str], method: str) -> None:
         """Count skipped device IDs; log when they appear and when they are gone."""
@@ -263,7 +293,18 @@ class PodResourcesClient:
         cached = self._allocatable_cache
         if cached is None or cached[0] != raw:
             invalid: list[str] = []
-            devices = parse_allocatable(raw, v1_pb2.AllocatableResourcesResponse, invalid)
+            try:
+                devices = parse_allocatable(raw, v1_pb2.AllocatableResourcesResponse, invalid)
+            except DECODE_ERRORS as exc:
+                # The List of this poll stands; the last allocatable list is kept and the
+                # kubelet asked again the next cycle.
+                error = self._unusable("GetAllocatableResources", raw, exc)
+                said = f"PodResources {error.message}"
+                self._states.failed("decode/GetAllocatableResources", said)
+                self._allocatable_at = None
+                return
+            again = "PodResources GetAllocatableResources answers decode again"
+            self._states.ok("decode/GetAllocatableResources", again)
             if cached is not None and cached[1] == devices:
                 devices = cached[1]
             self._allocatable_cache = cached = (raw, devices, tuple(invalid))
