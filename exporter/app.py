@@ -49,8 +49,9 @@ from exporter.sinks.prometheus import PrometheusSink
 from exporter.sources import Source, SourceContext, registry
 from exporter.web.app import DevicesView, make_app
 from exporter.web.auth import security_middleware
-from exporter.web.config import WebConfigError, WebConfigWatcher
+from exporter.web.config import WebConfigError
 from exporter.web.listen import ListenError, listen_problem
+from exporter.web.reload import WebConfigWatcher
 from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
