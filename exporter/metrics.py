@@ -234,13 +234,18 @@ ATTRIBUTES: dict[str, str] = {
     "version": "Exporter version.",
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
-    "sink": "Sink name (`otlp`).",
+    "sink": "Sink name (`otlp`: the metrics; `otlp-logs`: the device events' log records).",
+    "peer": "Who answered: `kubernetes-api`, `kubelet-pods-api`, `kubelet-podresources`, `otlp`.",
+    "request": "What the peer was asked: `pods`, `owners`, `resourceslices`, "
+    "`devicetaintrules` (Kubernetes API, Pods API), `List`, `GetAllocatableResources` "
+    "(PodResources), `metrics`, `logs` (OTLP).",
     "step": "A step of the exporter's cycle (docs/architecture.md).",
     "group": "Metric group (`--metrics.group.NAME`; docs/metrics.md).",
     "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
     "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
     "`malformed`, `unauthorized`, `rate_limited` (a password check refused without bcrypt: "
-    "the client's failures over budget, or too many checks waiting).",
+    "the client's failures over budget, or too many checks waiting). Why a peer's answer "
+    "was dropped: `decode`, `bytes`, `pages`, `objects`, `time` (docs/reliability.md).",
 }
 
 DEVICE_ATTRIBUTES = (
@@ -906,7 +911,9 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.kubernetes.up",
         G,
         "",
-        "1 while the pod watch is established (`--kubernetes.api`).",
+        "1 while the pod cache is in sync with its feed (`--kubernetes.api`): the last list "
+        "or watch was answered and its answer usable; 0 while the cache is stale (the feed "
+        "failing, or its answers refused: `kube_device_exporter_peer_answers_refused_total`).",
         scope=_E,
     ),
     MetricSpec(
@@ -930,11 +937,9 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         C,
         "{answer}",
         "Answers of a peer dropped at the exporter's decode boundary, the last good state "
-        "kept: `reason` `decode` (not the shape or encoding the API has), `bytes`, `pages`, "
-        "`objects` or `time` (over a bound: docs/reliability.md); `peer` "
-        "`kubernetes-api`, `kubelet-pods-api`, `kubelet-podresources` or `otlp`, `request` "
-        "what was asked (`pods`, `owners`, `resourceslices`, `devicetaintrules`, `List`, "
-        "`GetAllocatableResources`, `metrics`, `logs`). A series appears at its first refusal.",
+        "kept: `reason` `decode` (not the shape or encoding the API has), or the bound it "
+        "passed: `bytes`, `pages`, `objects`, `time` (docs/reliability.md). A series appears "
+        "at its first refusal.",
         scope=_E,
         attributes=("peer", "request", "reason"),
     ),
@@ -950,7 +955,8 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.dra.slices.up",
         G,
         "",
-        "1 while the watch of this node's ResourceSlices is established (`--kubernetes.dra`).",
+        "1 while the ResourceSlice cache of this node is in sync with the API server "
+        "(`--kubernetes.dra`); 0 while it is stale.",
         scope=_E,
     ),
     MetricSpec(

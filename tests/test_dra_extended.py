@@ -16,7 +16,7 @@ from exporter.dra.claimhealth import read_pod_status
 from exporter.dra.extended import parse_extended
 from exporter.dra.view import DraView
 from exporter.join import join
-from exporter.kubeapi.client import pod_meta
+from exporter.kubeapi.pods import pod_meta
 from exporter.model import Allocation, AllocationKind, ExtendedClaim, Holder, PodResourcesState
 from simulator.dra import DraPart
 from simulator.scenario import parse_scenario

@@ -51,7 +51,8 @@ async def kubelet(tmp_path: Path) -> AsyncIterator[HostilePodsApi]:
 def watcher_of(
     server: ApiServer, kubelet: HostilePodsApi, tmp_path: Path, **options: object
 ) -> PodWatcher:
-    feed = functools.partial(KubeletPods, socket=kubelet.socket, restart_grace=0.2)
+    feed = functools.partial(KubeletPods, socket=kubelet.socket, restart_grace=0.05)
+    options.setdefault("timing", fast(backoff=(0.01, 0.04)))
     return pod_watcher(server.kubeconfig(tmp_path / "kubeconfig"), ["team"], feed=feed,
                        **options)  # type: ignore[arg-type]  # fmt: skip
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.kubeapi.answers import Limits
-from exporter.kubeapi.client import KubeApi, PodStatusReader, http_client, load_config
+from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.pods import PodStatusReader
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from exporter.settings.config import Config

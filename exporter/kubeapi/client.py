@@ -24,7 +24,6 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,10 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
 from exporter.kubeapi.answers import (
-    SHAPE_ERRORS,
     Limits,
     Unusable,
-    decoded,
-    flag,
     get,
     json_object,
-    labels,
     mapping,
     read_body,
     read_lines,
@@ -50,7 +45,14 @@ from exporter.kubeapi.answers import (
     text,
     within,
 )
-from exporter.model import ClaimHealth, ExtendedClaim
+from exporter.kubeapi.pods import (
+    OwnerRef,
+    PodMeta,
+    PodStatusReader,
+    WatchEvent,
+    controller_of,
+    pod_meta,
+)
 
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -58,13 +60,6 @@ LIST_PAGE = 500
 
 OWNER_RESOURCES = {"ReplicaSet": ("apps/v1", "replicasets"), "Job": ("batch/v1", "jobs")}
 """Owner kinds read once to find the workload above them (Deployment, CronJob)."""
-
-
-PodStatusReader = Callable[
-    [dict[str, Any]], tuple[tuple[ClaimHealth, ...], tuple[ExtendedClaim, ...]]
-]
-"""What a whole pod's status says of its DRA claims (`exporter.dra.claimhealth
-.read_pod_status`), handed in by the composition root with `--kubernetes.dra`."""
 
 
 class NotConfigured(Exception):
@@ -88,69 +83,6 @@ class ApiError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{code} {message}")
         self.code = code
-
-
-@dataclass(frozen=True, slots=True)
-class OwnerRef:
-    kind: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class PodMeta:
-    namespace: str
-    name: str
-    uid: str
-    labels: tuple[tuple[str, str], ...] = ()
-    owner: OwnerRef | None = None
-    """The controlling owner reference (`controller: true`), if any."""
-    health: tuple[ClaimHealth, ...] = ()
-    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`pod_status`)."""
-    extended: tuple[ExtendedClaim, ...] = ()
-    """Its `extendedResourceClaimStatus` (KEP-5004), when whole pods are read."""
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: str
-    """ADDED, MODIFIED, DELETED or BOOKMARK (the Pods API: INITIAL_SYNC_COMPLETE, no version)."""
-    resource_version: str
-    pod: PodMeta | None = None
-    """None for a BOOKMARK or INITIAL_SYNC_COMPLETE."""
-
-
-def controller_of(meta: dict[str, Any], where: str = "the object") -> OwnerRef | None:
-    """The controlling owner reference (`controller: true`) of an object's metadata: kind,
-    name and uid, all required (the API validates them); Unusable otherwise."""
-    refs = sequence(meta.get("ownerReferences"), f"{where}: ownerReferences")
-    for i, ref in enumerate(refs):
-        here = f"{where}: ownerReferences[{i}]"
-        ref = mapping(ref, here)
-        if flag(ref.get("controller"), f"{here}.controller"):
-            return OwnerRef(
-                text(ref.get("kind"), f"{here}.kind", required=True),
-                text(ref.get("name"), f"{here}.name", required=True),
-                text(ref.get("uid"), f"{here}.uid", required=True),
-            )
-    return None
-
-
-def pod_meta(obj: Any, status: PodStatusReader | None = None) -> PodMeta:
-    """A pod (or its PartialObjectMetadata) as the info series needs it; Unusable when it is
-    not the shape the API gives."""
-    meta = mapping(get(mapping(obj, "a pod"), "metadata"), "a pod's metadata")
-    name = text(meta.get("name"), "a pod's metadata.name", required=True)
-    namespace = text(meta.get("namespace"), f"pod {name}: metadata.namespace")
-    where = f"pod {namespace}/{name}"
-    uid = text(meta.get("uid"), f"{where}: metadata.uid", required=True)
-    pod_labels = labels(meta.get("labels"), f"{where}: metadata.labels")
-    owner = controller_of(meta, where)
-    try:
-        health, extended = status(obj) if status is not None else ((), ())
-    except SHAPE_ERRORS as exc:
-        raise decoded(f"{where}: its status", exc) from exc
-    return PodMeta(namespace, name, uid, pod_labels, owner, health, extended)
 
 
 def load_config(kubeconfig: Path | None) -> Any:

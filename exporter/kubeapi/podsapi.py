@@ -40,8 +40,9 @@ from exporter._proto.podsapi.corev1 import api_pb2 as corev1
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
 from exporter.kubeapi.answers import Unusable
-from exporter.kubeapi.client import NotConfigured, OwnerRef, PodMeta, WatchEvent
+from exporter.kubeapi.client import NotConfigured
 from exporter.kubeapi.listwatch import Failure, Sync, Wait
+from exporter.kubeapi.pods import OwnerRef, PodMeta, WatchEvent
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.settings.config import DEFAULTS
 

@@ -44,9 +44,6 @@ from exporter.kubeapi.client import (
     ApiError,
     KubeApi,
     NotConfigured,
-    OwnerRef,
-    PodMeta,
-    WatchEvent,
     describe,
 )
 from exporter.kubeapi.listwatch import (
@@ -59,6 +56,7 @@ from exporter.kubeapi.listwatch import (
     api_key,
     api_wait,
 )
+from exporter.kubeapi.pods import OwnerRef, PodMeta, WatchEvent
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.model import KubeApiHealth, PodInfo
 from exporter.settings.config import DEFAULTS

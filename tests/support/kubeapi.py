@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporter.kubeapi.answers import Limits
-from exporter.kubeapi.client import KubeApi, PodStatusReader, http_client, load_config
+from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.listwatch import Timing
+from exporter.kubeapi.pods import PodStatusReader
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from simulator.apiserver import ApiServer
