@@ -4,7 +4,8 @@ is not UTF-8, one varint of a megabyte, garbage from GetAllocatableResources.
 A bad answer costs the kubelet's data only: every cycle runs and serves the devices (the
 first one too, when the kubelet never answered well), the answer is counted and said once,
 `podresources_up` reads 0, the last good pods and allocatable list are kept; the kubelet is
-asked again the next cycle, so its data is back one cycle after it is mended; a List that
+asked again the next cycle (GetAllocatableResources at the next poll, not 300 s later), so
+its data is back one cycle after it is mended; a List that
 is one endless varint costs microseconds, not minutes. The kubelet is tests/support/
 hostile.py's, a real gRPC server on a unix socket; the cycle is the product's
 (tests/support/cycle.py).
@@ -104,7 +105,7 @@ async def test_a_bad_list_mid_run_keeps_the_last_pods_and_every_cycle(
     await client.close()
 
 
-async def test_garbage_from_get_allocatable_keeps_the_last_list_and_asks_again_next_cycle(
+async def test_garbage_from_get_allocatable_keeps_the_last_list_and_asks_again_next_poll(
     kubelet: hostile.RawKubelet,
 ) -> None:
     poller, client = poller_for(kubelet)
@@ -116,7 +117,7 @@ async def test_garbage_from_get_allocatable_keeps_the_last_list_and_asks_again_n
         kept = await poller.run_once()  # type: ignore[attr-defined]
         assert kept.allocatable == good.allocatable and holders(kept) == {"trainer"}
         assert kept.podresources.connected, "the List of the poll stands"
-    assert kubelet.calls["GetAllocatableResources"] == calls + 2, "asked every cycle, not 300 s on"
+    assert kubelet.calls["GetAllocatableResources"] == calls + 2, "asked every poll, not 300 s on"
     assert client.health().refused[("GetAllocatableResources", "decode")] == 2
     await client.close()
 

@@ -105,9 +105,10 @@ class AnswerReader:
     def _undecodable(self, method: str, raw: bytes, exc: BaseException) -> Undecodable:
         self.refused[(method, "decode")] += 1
         why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        when = "the next cycle" if method == "List" else "at the next poll"
         return Undecodable(
             f"{method} answer unusable ({len(raw)} bytes that do not decode: {why}); the last "
-            "good one kept, asking again the next cycle"
+            f"good one kept, asking again {when}"
         )
 
     def _note_invalid(self, invalid: list[str], method: str) -> None:

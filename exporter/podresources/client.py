@@ -23,7 +23,8 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 - an answer that does not decode (random bytes, a string that is not UTF-8, a varint
   without end; answers.py reads them): a `List` fails the poll (`DECODE_ERROR`, retried the
   next cycle), a `GetAllocatableResources` keeps the last allocatable list and is asked
-  again the next cycle; each counted, logged once per state. `poll` raises nothing but
+  again at the next poll (not 300 s later; the poll's List stands); each counted, logged
+  once per state. `poll` raises nothing but
   PodResourcesError: the kubelet's answers cost the kubelet's data, never a cycle.
 """
 
@@ -227,7 +228,7 @@ class PodResourcesClient:
             devices = self.answers.allocatable(raw)
         except Undecodable as exc:
             # The List of this poll stands; the last allocatable list is kept and the
-            # kubelet asked again the next cycle.
+            # kubelet asked again at the next poll (the one after a change, or the interval).
             self._states.failed("decode/GetAllocatableResources", f"PodResources {exc}")
             self._allocatable_at = None
             return
