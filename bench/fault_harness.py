@@ -7,12 +7,15 @@ Recovery is timed by polling /metrics every POLL seconds, so a figure of "1.0 s"
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,3 +199,31 @@ class Watched:
 def _quantile(ordered: list[float], q: float) -> float:
     """The `q` quantile of sorted seconds, in ms."""
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
+
+
+Case = Callable[[Path, Path], Awaitable[Row]]
+"""One fault run: (the tree to run the exporter from, a work folder of its own) -> its row."""
+
+
+async def run_cases(cases: Mapping[str, Case], tree: Path, only: str = "") -> list[Row]:
+    """Each case whose name holds `only`, in a folder of its own; its row printed as it ends."""
+    rows = []
+    for name, case in cases.items():
+        if only.lower() not in name.lower():
+            continue
+        with tempfile.TemporaryDirectory(prefix="kde-faults-") as tmp:
+            rows.append(await case(tree, Path(tmp)))
+        print_table(rows[-1:])
+    return rows
+
+
+def cases_main(prog: str, cases: Mapping[str, Case], argv: list[str] | None = None) -> int:
+    """`python -m PROG [--tree DIR] [--only WORD]`: the cases, then the whole table."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
+    parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
+    parser.add_argument("--only", default="", help="the cases whose name holds this")
+    args = parser.parse_args(argv)
+    rows = asyncio.run(run_cases(cases, args.tree.resolve(), args.only))
+    print()
+    print_table(rows)
+    return 0

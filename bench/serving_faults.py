@@ -13,7 +13,6 @@ docs/reliability.md come from the base commit run this way).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import dataclasses
@@ -22,9 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +29,17 @@ import bcrypt
 import yaml
 
 from bench.bignode import big_pods
-from bench.fault_harness import Process, Row, Watched, print_table, read_metrics, rss_mib, value
+from bench.fault_harness import (
+    Case,
+    Process,
+    Row,
+    Watched,
+    cases_main,
+    read_metrics,
+    rss_mib,
+    run_cases,
+    value,
+)
 from exporter.runtime.heap import SHIPPED_ENV
 from simulator.node import SimulatedNode
 from simulator.scenario import load_scenario
@@ -357,7 +364,7 @@ async def _metrics(p: Process) -> dict[str, list[tuple[dict[str, str], float]]]:
         return await read_metrics(http, p.url)
 
 
-CASES: dict[str, Callable[[Path, Path], Awaitable[Row]]] = {
+CASES: dict[str, Case] = {
     "web config: FIFO": lambda t, w: web_config_replaced(t, w, "fifo", hup=False),
     "web config: FIFO, SIGHUP": lambda t, w: web_config_replaced(t, w, "fifo", hup=True),
     "web config: /dev/zero": lambda t, w: web_config_replaced(t, w, "zero", hup=False),
@@ -376,26 +383,8 @@ CASES: dict[str, Callable[[Path, Path], Awaitable[Row]]] = {
 
 
 async def run(tree: Path, only: str = "") -> list[Row]:
-    rows = []
-    for name, case in CASES.items():
-        if only.lower() not in name.lower():
-            continue
-        with tempfile.TemporaryDirectory(prefix="kde-serving-faults-") as tmp:
-            rows.append(await case(tree, Path(tmp)))
-        print_table(rows[-1:])
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.serving_faults")
-    parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
-    parser.add_argument("--only", default="", help="the cases whose name holds this")
-    args = parser.parse_args(argv)
-    rows = asyncio.run(run(args.tree.resolve(), args.only))
-    print()
-    print_table(rows)
-    return 0
+    return await run_cases(CASES, tree, only)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cases_main("bench.serving_faults", CASES))
