@@ -55,6 +55,7 @@ from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
 if TYPE_CHECKING:
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi.watcher import PodWatcher
     from exporter.sinks.k8sevents import KubeEventPoster
@@ -144,9 +145,10 @@ class Exporter:
         )
         self.kubeapi = None
         self.slices = None
+        self.claims = None
         if config.kubernetes_api:
-            self.kubeapi, self.slices = build_watchers(config)
-        self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
+            self.kubeapi, self.slices, self.claims = build_watchers(config)
+        self.dra = DraView(self.slices, self.kubeapi if self.slices else None, self.claims)
         self_metrics.append(self.dra)
         collect = Collect(
             build_sources(config) if sources is None else sources,
@@ -241,8 +243,7 @@ class Exporter:
             self.otlp.start()
         if self.kubeapi is not None:
             watches = [self.kubeapi.run(self._stop)]
-            if self.slices is not None:
-                watches.append(self.slices.run(self._stop))
+            watches += [w.run(self._stop) for w in (self.slices, self.claims) if w is not None]
             self._kubeapi_task = asyncio.create_task(_together(*watches))
             self._kubeapi_task.add_done_callback(_log_watcher_end)
         if self.log_sink is not None:
@@ -382,14 +383,16 @@ async def _together(*watches: Coroutine[Any, Any, None]) -> None:
     await asyncio.gather(*watches)
 
 
-def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
-    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client.
-    The API client is imported here, when used (it costs start-up time otherwise)."""
+def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None, ClaimReader | None]:
+    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch and the claim reads,
+    on one client; imported here, when used (it costs start-up time otherwise)."""
     from exporter.dra.claimhealth import read_pod_status
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi import pod_watcher, shared_connect
 
     dra = config.kubernetes_dra
     connect = shared_connect(config, pod_status=read_pod_status if dra else None)
     slices = SliceWatcher(connect, config.node_name) if dra else None
-    return pod_watcher(config, connect), slices
+    claims = ClaimReader(connect) if dra else None
+    return pod_watcher(config, connect), slices, claims
