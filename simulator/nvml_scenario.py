@@ -59,6 +59,7 @@ GPU_DEFAULTS: dict[str, Any] = {
     "nvlink_peak": 120e9,
     "nvlink_crc_per_hour": 0.0,
     "max_mig_devices": 7,
+    "mig_mode": False,
     "gpm": True,
     "unsupported": [],
     "pci_device_id": 0x233010DE,
@@ -234,6 +235,7 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
         pci_device_id=int(g["pci_device_id"]),
         pci_subsystem_id=int(g["pci_subsystem_id"]),
         mig=migs,
+        mig_enabled=bool(g["mig_mode"]),
         processes=_processes(doc, g.get("processes"), f"{where}.processes"),
     )
 

@@ -176,10 +176,13 @@ class GpuSpec:
     pci_subsystem_id: int
     mig: tuple[MigSpec, ...] = ()
     processes: tuple[ProcessSpec, ...] = ()
+    mig_enabled: bool = False
+    """MIG mode on with no slice made yet (`mig_mode: true`): how a GPU waits for a DRA
+    driver to make its partitions at prepare (dra-driver-nvidia-gpu nvlib.go)."""
 
     @property
     def mig_mode(self) -> bool:
-        return bool(self.mig)
+        return bool(self.mig) or self.mig_enabled
 
     def busy(self, t: float) -> float:
         """Fraction of the GPU busy at t (a MIG GPU: its slices weighted by size)."""

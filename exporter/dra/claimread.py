@@ -83,6 +83,8 @@ class ClaimReader:
         """When `want()` first named each claim (the poller's thread only)."""
         self._claims: dict[ClaimKey, Claim] = {}
         self._current: Mapping[ClaimKey, Claim] = MappingProxyType({})
+        self._answered_keys: frozenset[ClaimKey] = frozenset()
+        """The claims the API server has answered for (a 404 included)."""
         self._due: dict[ClaimKey, float] = {}
         self._reads: dict[ClaimKey, int] = {}
         self._retry = Backoff(*self.timing.backoff)
@@ -117,7 +119,7 @@ class ClaimReader:
         first = self._first_seen.get(key)
         return (
             first is not None
-            and key not in self._current
+            and key not in self._answered_keys
             and not self.denied
             and self.timing.clock() - first < self.hold
         )
@@ -144,8 +146,8 @@ class ClaimReader:
 
     def _forget_unwanted(self) -> None:
         wanted = self._wanted
-        gone = [k for k in self._claims if k not in wanted]
-        for key in [*gone, *(k for k in self._due if k not in wanted)]:
+        gone = [k for k in {*self._claims, *self._due} if k not in wanted]
+        for key in gone:
             self._claims.pop(key, None)
             self._due.pop(key, None)
             self._reads.pop(key, None)
@@ -230,3 +232,4 @@ class ClaimReader:
 
     def _publish(self) -> None:
         self._current = MappingProxyType(dict(self._claims))
+        self._answered_keys = frozenset(self._reads)
