@@ -276,10 +276,9 @@ def share(control_plane: ControlPlane, cluster_node: ClusterNode,
             driver.publish()
         for obj in [*objects, _rule()]:
             admin.apply(obj)
-        for pod in (_pod("share-a", "share-20"), _pod("share-b", "share-30"),
-                    _pod("train", "mig-1g", "nic"), _ext_pod()):  # fmt: skip
+        for pod in (_pod("share-a", "share-20"), _pod("share-b", "share-30")):
             admin.apply(pod)
-        for name in ("share-a", "share-b", "train", "ext"):
+        for name in ("share-a", "share-b"):
             _running(admin, name)
         token = rbac.install_kit(admin, dra=True)
         kubeconfig = control_plane.token_kubeconfig(tmp / "exporter.kubeconfig", token)
@@ -361,6 +360,96 @@ def _labels(
             if set(match.items()) <= s}  # fmt: skip
 
 
+def _admin_kit(node: ClusterNode) -> list[dict[str, Any]]:
+    """deploy/base + host-network, kubernetes-api, dra and dra-admin-access as kustomize renders
+    them into a namespace of their own; of them the Namespace, ServiceAccount, claim template
+    and DaemonSet (the cluster-wide RBAC is the kit's, installed by rbac.install_kit), the
+    DaemonSet running busybox in place of the exporter's image (built by
+    test_real_cluster_image.py, minutes) without its probes, its PodResources mount at this
+    node's kubelet root."""
+    with tempfile.TemporaryDirectory(prefix="kde-admin-kit-") as tmp:
+        mine = Path(tmp)
+        parts = ["host-network", "kubernetes-api", "dra", "dra-admin-access"]
+        doc = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+               "namespace": KIT_NS, "resources": [os.path.relpath(DEPLOY / "base", mine)],
+               "components": [os.path.relpath(DEPLOY / "components" / c, mine) for c in parts]}  # fmt: skip
+        (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+        objects = [o for o in kustomize.build(mine)
+                   if o["kind"] in ("Namespace", "ServiceAccount", "ResourceClaimTemplate",
+                                    "DaemonSet")]  # fmt: skip
+    ds = next(o for o in objects if o["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        container.pop(probe)
+    container |= {"image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
+    volume["hostPath"]["path"] = str(node.kubelet.root_dir / "pod-resources")
+    spec["terminationGracePeriodSeconds"] = 1
+    return objects
+
+
+def _label_node(admin: Api, node: str, value: str | None) -> None:
+    admin.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {OPT_IN: value}}},
+                  content_type="application/merge-patch+json")  # fmt: skip
+
+
+def test_the_kits_admin_access_claim_gets_every_gpu_and_is_no_holder(share: Share) -> None:
+    """Fact 14 and components/dra-admin-access: the DaemonSet's claim (adminAccess,
+    allocationMode All, class gpu.nvidia.com) is allocated every GPU of the node although
+    workloads hold them, the driver prepares it, PodResources lists it like any claim, and
+    the exporter lists its pod as no holder. Run first: with a partition of GPU 1 held, or
+    GPU 0's capacity used up, the claim cannot be allocated (docs/dra.md)."""
+    admin, metrics, node = share.admin, share.metrics, share.node
+    objects = _admin_kit(node)
+    _label_node(admin, node.name, "true")
+    try:
+        for obj in objects:
+            admin.apply(obj)
+        pods = f"/api/v1/namespaces/{KIT_NS}/pods"
+        wait_for("the DaemonSet's pod", lambda: bool(admin.get(pods)["items"]), 30, interval=0.25)
+        name = admin.get(pods)["items"][0]["metadata"]["name"]
+        wait_for("its pod Running or refused", lambda: _pod_of(admin, name, KIT_NS)["status"].get(
+            "phase") == "Running" or bool(_unschedulable(admin, name, KIT_NS)), 60, interval=0.25)  # fmt: skip
+        pod = _pod_of(admin, name, KIT_NS)
+        assert pod["status"]["phase"] == "Running", _unschedulable(admin, name, KIT_NS)
+        (claim,) = _claims_of(admin, pod).values()
+        results = _results(claim)
+        gpus = {d["name"] for d in _gpu_devices() if d["attributes"]["type"] == {"string": "gpu"}}
+        assert {r["device"] for r in results} == gpus
+        assert all(r["adminAccess"] is True for r in results)
+        # On the shared GPU the admin claim records a share of the policy's default.
+        (on_shared,) = [r for r in results if r["device"] == "gpu-0"]
+        assert on_shared["consumedCapacity"] == {"memory": "10Gi"} and on_shared["shareID"]
+        uid = claim["metadata"]["uid"]
+        (prepared,) = [p for p in share.gpu.prepared if p["uid"] == uid]
+        assert {device for _, device, _ in prepared["devices"]} == gpus
+        metrics.wait("the monitor seen, as no holder", lambda m: _labels(
+            m, "hw_dra_admin_access_info", "hw_allocation_device_id", "hw_id",
+            k8s_pod_name=name) == {("gpu-0", SHARED): 1.0, ("gpu-1", PARTED): 1.0}, 30)  # fmt: skip
+        held = {dict(s).get("k8s_pod_name") for s in metrics.series("hw_allocation_info")}
+        assert name not in held
+        # gpu-0's holders are the workloads' shares only, and the admin claim's recorded
+        # share (the policy's default) is not counted: the scheduler's 30Gi are still free.
+        holders = _labels(metrics, "hw_allocation_info", "k8s_pod_name", hw_id=SHARED)
+        assert {p for (p,) in holders} == {"share-a", "share-b"}
+        free = _labels(metrics, "hw_dra_device_capacity_free", "hw_id",
+                       hw_allocation_device_id="gpu-0")  # fmt: skip
+        assert free == {(SHARED,): 30 * GIB}
+        # A partition of the GPU the admin claim holds whole.
+        admin.apply(_pod("probe", "mig-1g"))
+        wait_for("the partition's answer", lambda: _pod_of(admin, "probe")["status"].get(
+            "phase") == "Running" or bool(_unschedulable(admin, "probe")), 30, interval=0.25)  # fmt: skip
+        # The admin claim holds no counters: the partition is allocated all the same.
+        assert _pod_of(admin, "probe")["status"]["phase"] == "Running"
+        admin.delete(_pod("probe"))
+    finally:
+        for obj in reversed(objects):
+            admin.delete(obj)
+        _label_node(admin, node.name, None)
+        wait_for("the admin kit gone", functools.partial(_gone, admin, KIT_NS), 60, interval=0.5)
+
+
 def test_capacity_shares_and_what_the_scheduler_still_gives(share: Share) -> None:
     """Fact 12: each share is its claim's consumedCapacity (bytes), the device's free memory
     what the scheduler still gives: a third claim of exactly that runs, a fourth waits."""
@@ -405,6 +494,10 @@ def test_a_partition_made_at_prepare_is_joined_to_its_mig_device(share: Share) -
     device when it prepares the claim (no slice knows its UUID); the exporter finds it by
     parent GPU, GI profile and placement start and joins the pod to its own series."""
     admin, metrics = share.admin, share.metrics
+    admin.apply(_pod("train", "mig-1g", "nic"))
+    admin.apply(_ext_pod())
+    for name in ("train", "ext"):
+        _running(admin, name)
     pod = _pod_of(admin, "train")
     claims = _claims_of(admin, pod)
     (result,) = _results(claims["mig-1g"])
@@ -497,83 +590,6 @@ def test_a_nic_claim_carries_its_interface_conditions_counters_and_placement(
     placement = _labels(metrics, "hw_container_pcie_placement", "hw_gpu_id", "hw_network_id",
                         "hw_pcie_placement", k8s_pod_name="train")  # fmt: skip
     assert placement == {(mig, NIC, "PIX"): 1.0}
-
-
-def _admin_kit(node: ClusterNode) -> list[dict[str, Any]]:
-    """deploy/base + host-network, kubernetes-api, dra and dra-admin-access as kustomize renders
-    them into a namespace of their own; of them the Namespace, ServiceAccount, claim template
-    and DaemonSet (the cluster-wide RBAC is the kit's, installed by rbac.install_kit), the
-    DaemonSet running busybox in place of the exporter's image (built by
-    test_real_cluster_image.py, minutes) without its probes, its PodResources mount at this
-    node's kubelet root."""
-    with tempfile.TemporaryDirectory(prefix="kde-admin-kit-") as tmp:
-        mine = Path(tmp)
-        parts = ["host-network", "kubernetes-api", "dra", "dra-admin-access"]
-        doc = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-               "namespace": KIT_NS, "resources": [os.path.relpath(DEPLOY / "base", mine)],
-               "components": [os.path.relpath(DEPLOY / "components" / c, mine) for c in parts]}  # fmt: skip
-        (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-        objects = [o for o in kustomize.build(mine)
-                   if o["kind"] in ("Namespace", "ServiceAccount", "ResourceClaimTemplate",
-                                    "DaemonSet")]  # fmt: skip
-    ds = next(o for o in objects if o["kind"] == "DaemonSet")
-    spec = ds["spec"]["template"]["spec"]
-    (container,) = spec["containers"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        container.pop(probe)
-    container |= {"image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}
-    (volume,) = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
-    volume["hostPath"]["path"] = str(node.kubelet.root_dir / "pod-resources")
-    spec["terminationGracePeriodSeconds"] = 1
-    return objects
-
-
-def _label_node(admin: Api, node: str, value: str | None) -> None:
-    admin.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {OPT_IN: value}}},
-                  content_type="application/merge-patch+json")  # fmt: skip
-
-
-def test_the_kits_admin_access_claim_gets_every_gpu_and_is_no_holder(share: Share) -> None:
-    """Fact 14 and components/dra-admin-access: the DaemonSet's claim (adminAccess,
-    allocationMode All, class gpu.nvidia.com) is allocated every GPU of the node although
-    workloads hold them, the driver prepares it, PodResources lists it like any claim, and
-    the exporter lists its pod as no holder."""
-    admin, metrics, node = share.admin, share.metrics, share.node
-    objects = _admin_kit(node)
-    _label_node(admin, node.name, "true")
-    try:
-        for obj in objects:
-            admin.apply(obj)
-        pods = f"/api/v1/namespaces/{KIT_NS}/pods"
-        wait_for("the DaemonSet's pod", lambda: bool(admin.get(pods)["items"]), 30, interval=0.25)
-        name = admin.get(pods)["items"][0]["metadata"]["name"]
-        wait_for("its pod Running or refused", lambda: _pod_of(admin, name, KIT_NS)["status"].get(
-            "phase") == "Running" or bool(_unschedulable(admin, name, KIT_NS)), 60, interval=0.25)  # fmt: skip
-        pod = _pod_of(admin, name, KIT_NS)
-        print(f"admin-access pod: {pod['status'].get('phase')} "
-              f"{_unschedulable(admin, name, KIT_NS)}")  # fmt: skip
-        assert pod["status"]["phase"] == "Running"
-        (claim,) = _claims_of(admin, pod).values()
-        results = _results(claim)
-        gpus = {d["name"] for d in _gpu_devices() if d["attributes"]["type"] == {"string": "gpu"}}
-        assert {r["device"] for r in results} == gpus
-        assert all(r["adminAccess"] is True for r in results)
-        uid = claim["metadata"]["uid"]
-        (prepared,) = [p for p in share.gpu.prepared if p["uid"] == uid]
-        assert {device for _, device, _ in prepared["devices"]} == gpus
-        metrics.wait("the monitor seen, as no holder", lambda m: _labels(
-            m, "hw_dra_admin_access_info", "hw_allocation_device_id", "hw_id",
-            k8s_pod_name=name) == {("gpu-0", SHARED): 1.0, ("gpu-1", PARTED): 1.0}, 30)  # fmt: skip
-        held = {dict(s).get("k8s_pod_name") for s in metrics.series("hw_allocation_info")}
-        assert name not in held
-        # gpu-0's holders are the workloads' shares only.
-        holders = _labels(metrics, "hw_allocation_info", "k8s_pod_name", hw_id=SHARED)
-        assert {p for (p,) in holders} == {"share-a", "share-b", "share-c"}
-    finally:
-        for obj in reversed(objects):
-            admin.delete(obj)
-        _label_node(admin, node.name, None)
-        wait_for("the admin kit gone", functools.partial(_gone, admin, KIT_NS), 60, interval=0.5)
 
 
 def test_a_device_taint_rule_reaches_the_device(share: Share) -> None:
