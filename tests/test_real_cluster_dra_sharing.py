@@ -561,7 +561,7 @@ def test_free_partitions_per_profile_are_what_the_scheduler_gives(share: Share) 
                        hw_allocation_resource=GPU_DRIVER)  # fmt: skip
     left = _labels(metrics, "hw_dra_counter_free", "hw_dra_counter",
                    hw_allocation_resource=GPU_DRIVER)  # fmt: skip
-    print(f"counters left: {left}; stranded: {stranded}")
+    print(f"held {sorted(held)}; free {free}; counters left: {left}; stranded: {stranded}")
     for name in names:
         admin.delete(_pod(name))
 
