@@ -56,6 +56,7 @@ from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
 if TYPE_CHECKING:
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi.watcher import PodWatcher
     from exporter.sinks.k8sevents import KubeEventPoster
@@ -145,9 +146,10 @@ class Exporter:
         )
         self.kubeapi = None
         self.slices = None
+        self.claims = None
         if config.kubernetes_api:
-            self.kubeapi, self.slices = build_watchers(config)
-        self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
+            self.kubeapi, self.slices, self.claims = build_watchers(config)
+        self.dra = DraView(self.slices, self.kubeapi if self.slices else None, self.claims)
         self_metrics.append(self.dra)
         collect = Collect(
             build_sources(config) if sources is None else sources,
@@ -247,6 +249,8 @@ class Exporter:
             watches = [supervise("the Kubernetes API pod watch", self.kubeapi.run, self._stop)]
             if self.slices is not None:
                 watches.append(supervise("the ResourceSlice watch", self.slices.run, self._stop))
+            if self.claims is not None:
+                watches.append(supervise("the ResourceClaim reads", self.claims.run, self._stop))
             self._kubeapi_task = asyncio.create_task(_together(*watches))
         if self.log_sink is not None:
             self.log_sink.start()
@@ -371,10 +375,11 @@ async def _together(*watches: Coroutine[Any, Any, None]) -> None:
     await asyncio.gather(*watches)
 
 
-def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
-    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client.
-    The API client is imported here, when used (it costs start-up time otherwise)."""
+def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None, ClaimReader | None]:
+    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch and the claim reads,
+    on one client; imported here, when used (it costs start-up time otherwise)."""
     from exporter.dra.claimhealth import read_pod_status
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi import pod_watcher, shared_connect
 
@@ -385,4 +390,5 @@ def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
         if dra
         else None
     )
-    return pod_watcher(config, connect), slices
+    claims = ClaimReader(connect) if dra else None
+    return pod_watcher(config, connect), slices, claims

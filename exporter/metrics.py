@@ -207,6 +207,17 @@ ATTRIBUTES: dict[str, str] = {
     "(`gpu`, `mig`, `vfio`...) and its profile (`mig/1g.10gb`), or `device`.",
     "hw.dra.health": "Device health the kubelet reports for a claim "
     "(`allocatedResourcesStatus`): `Healthy`, `Unhealthy` or `Unknown`.",
+    "hw.dra.counter_set": "A DRA pool's shared counter set (KEP-4815; NVIDIA: "
+    "`gpu-<minor>-counter-set`).",
+    "hw.dra.counter": "A counter of a shared counter set (`memory-slice-0`, "
+    "`multiprocessors`, `memory`).",
+    "hw.dra.capacity": "A DRA device capacity (`memory`), as the driver names it.",
+    "hw.dra.condition": "A condition type a DRA driver wrote for a device (`Ready`).",
+    "hw.dra.condition.status": "`True`, `False` or `Unknown`.",
+    "hw.dra.condition.reason": "The condition's reason (`NetworkDeviceReady`).",
+    "hw.network.mac": "A network device's hardware address (DRA `networkData`).",
+    "hw.network.ips": "A network device's addresses in CIDR form, comma-separated (DRA "
+    "`networkData`).",
     "hw.dra.taint.key": "Device taint key (ResourceSlice or DeviceTaintRule).",
     "hw.dra.taint.value": "Device taint value (may be empty).",
     "hw.dra.taint.effect": "Device taint effect: `NoSchedule`, `NoExecute` or `None`.",
@@ -676,6 +687,149 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("hw.allocation.resource", "hw.allocation.pool", "hw.dra.kind"),
     ),
     MetricSpec(
+        "hw.dra.counter.free",
+        U,
+        "{amount}",
+        "What is left of a shared counter of a partitionable DRA pool (KEP-4815: a GPU's "
+        "memory slices, multiprocessors, memory) once the devices held on this node took "
+        "theirs, in the counter's base unit (bytes for memory) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.dra.counter_set",
+            "hw.dra.counter",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.counter.stranded",
+        U,
+        "{amount}",
+        "Of what is left of a shared counter, what no device that could still be allocated "
+        "would use: free capacity lost to fragmentation (a memory slice no free MIG "
+        "placement covers) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.dra.counter_set",
+            "hw.dra.counter",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.device.capacity",
+        U,
+        "{amount}",
+        "A capacity of a DRA device that claims share (`allowMultipleAllocations`, "
+        "KEP-5075), in its base unit: bytes for memory (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.device.capacity.free",
+        U,
+        "{amount}",
+        "What the scheduler can still give new shares of a shared DRA device: its capacity "
+        "less the `consumedCapacity` of every claim held on this node (admin-access claims "
+        "are not counted, as the scheduler does not count them) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.capacity",
+        U,
+        "{amount}",
+        "A pod's share of a shared DRA device: its claim's `consumedCapacity` (the request "
+        "rounded up to the device's policy), in the capacity's base unit: bytes for memory "
+        "(`--kubernetes.dra`, read from the ResourceClaim). `hw_allocation_replica` is the "
+        "share ID.",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.allocation.replica",
+            "hw.id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.condition",
+        G,
+        "",
+        "One series per condition a DRA driver wrote for an allocated device in the claim's "
+        "`status.devices` (KEP-4817: DRANET's `Ready`, `NetworkReady`...); always 1, the "
+        "status in `hw_dra_condition_status` (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.dra.condition",
+            "hw.dra.condition.status",
+            "hw.dra.condition.reason",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.network.info",
+        G,
+        "",
+        "The network data a DRA driver wrote for an allocated network device (KEP-4817 "
+        "`networkData`): its interface name inside the pod, MAC and addresses; always 1 "
+        "(`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.network.name",
+            "hw.network.mac",
+            "hw.network.ips",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.admin_access.info",
+        G,
+        "",
+        "A container holding a DRA device through an admin-access claim (a monitoring "
+        "agent's: `adminAccess: true`): not a holder of the device, so absent from "
+        "`hw_allocation_info`; always 1 (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.container.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+        ),
+    ),
+    MetricSpec(
         "hw.allocatable.devices",
         U,
         "{device}",
@@ -957,6 +1111,14 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "",
         "1 while the ResourceSlice cache of this node is in sync with the API server "
         "(`--kubernetes.dra`); 0 while it is stale.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.dra.claims.up",
+        G,
+        "",
+        "1 while the last read of a ResourceClaim PodResources lists worked "
+        "(`--kubernetes.dra`; a `get` per claim, docs/dra.md).",
         scope=_E,
     ),
     MetricSpec(

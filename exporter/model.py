@@ -388,3 +388,6 @@ class ExtendedClaim:
     container: str
     resource: str
     """The extended resource the container asked for (`example.com/gpu`)."""
+    request: str = ""
+    """The claim's request serving it (`container-0-request-0`): the allocation results of
+    that request are the container's own devices."""

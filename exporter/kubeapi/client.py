@@ -305,6 +305,10 @@ class KubeApi:
         finally:
             await response.aclose()
 
+    async def get_object(self, resource: str, path: str) -> dict[str, Any]:
+        """One whole object (a ResourceClaim the DRA view reads)."""
+        return await self._get("get", resource, path, {}, "application/json")
+
     async def controller_of(self, namespace: str, kind: str, name: str) -> OwnerRef | None:
         """The controlling owner of a ReplicaSet or Job (None: it has none)."""
         api_version, resource = OWNER_RESOURCES[kind]
