@@ -11,7 +11,11 @@ In this order, all exporter processes on 127.0.0.1:
 - client faults (bench/client_faults.py): `kde-simulate demo`, attacked with scrapers, idle,
   slowloris and malformed connections, then soaked;
 - host reads, the web config and password floods (bench/host_and_web_faults.py), then the
-  huge node (bench/bignode.py).
+  huge node (bench/bignode.py);
+- hostile peers (bench/peer_faults.py: an API server, a kubelet Pods API and PodResources,
+  an OTLP/HTTP collector answering what none does) and what keeps /metrics served
+  (bench/serving_faults.py: reloads of files replaced by a FIFO or /dev/zero, SIGHUP storms,
+  password floods on a first check, clients that never read), issue 41's.
 Each row says what was done, what happened and how long the exporter took to be whole again;
 docs/reliability.md quotes the output.
 """
@@ -24,7 +28,7 @@ import resource
 import sys
 from pathlib import Path
 
-from bench import host_and_web_faults
+from bench import host_and_web_faults, peer_faults, serving_faults
 from bench.client_faults import client_faults
 from bench.fault_harness import Row, print_table
 from bench.node_faults import node_faults
@@ -36,6 +40,8 @@ async def run(long: bool) -> list[Row]:
     rows = await node_faults()
     rows += await client_faults(long)
     rows += await host_and_web_faults.run(Path.cwd(), long)  # issue 25
+    rows += await peer_faults.run(Path.cwd())  # issue 41
+    rows += await serving_faults.run(Path.cwd())
     return rows
 
 

@@ -49,12 +49,14 @@ from exporter.sinks.prometheus import PrometheusSink
 from exporter.sources import Source, SourceContext, registry
 from exporter.web.app import DevicesView, make_app
 from exporter.web.auth import security_middleware
-from exporter.web.config import WebConfigError, WebConfigWatcher
+from exporter.web.config import WebConfigError
 from exporter.web.listen import ListenError, listen_problem
+from exporter.web.reload import WebConfigWatcher
 from exporter.web.server import GuardedServer, ServerLimits
 from exporter.web.stats import ServerStats, request_logger
 
 if TYPE_CHECKING:
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi.watcher import PodWatcher
     from exporter.sinks.k8sevents import KubeEventPoster
@@ -144,9 +146,10 @@ class Exporter:
         )
         self.kubeapi = None
         self.slices = None
+        self.claims = None
         if config.kubernetes_api:
-            self.kubeapi, self.slices = build_watchers(config)
-        self.dra = DraView(self.slices, self.kubeapi if self.slices is not None else None)
+            self.kubeapi, self.slices, self.claims = build_watchers(config)
+        self.dra = DraView(self.slices, self.kubeapi if self.slices else None, self.claims)
         self_metrics.append(self.dra)
         collect = Collect(
             build_sources(config) if sources is None else sources,
@@ -217,6 +220,7 @@ class Exporter:
             from exporter.sinks.otlp_logs import OtlpLogSink  # the SDK loads only when used
 
             log_sink = OtlpLogSink(config)
+            self_metrics.append(log_sink)
         if config.kubernetes_events:
             from exporter.sinks.k8sevents import build_poster
 
@@ -241,11 +245,14 @@ class Exporter:
         if self.otlp is not None:
             self.otlp.start()
         if self.kubeapi is not None:
-            watches = [self.kubeapi.run(self._stop)]
+            from exporter.kubeapi.listwatch import supervise
+
+            watches = [supervise("the Kubernetes API pod watch", self.kubeapi.run, self._stop)]
             if self.slices is not None:
-                watches.append(self.slices.run(self._stop))
+                watches.append(supervise("the ResourceSlice watch", self.slices.run, self._stop))
+            if self.claims is not None:
+                watches.append(supervise("the ResourceClaim reads", self.claims.run, self._stop))
             self._kubeapi_task = asyncio.create_task(_together(*watches))
-            self._kubeapi_task.add_done_callback(_log_watcher_end)
         if self.log_sink is not None:
             self.log_sink.start()
         if self.event_poster is not None:
@@ -292,7 +299,6 @@ class Exporter:
                     await self._task
         if self._kubeapi_task is not None:
             self._kubeapi_task.cancel()  # a watch waits on the server; nothing to finish
-            # An error that ended it early was logged when it ended (_log_watcher_end).
             with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                 await asyncio.wait_for(self._kubeapi_task, timeout=left(reserve=3.0))
         if self._events_task is not None:
@@ -328,19 +334,6 @@ class Exporter:
             return
         log.info("SIGHUP: reloading %s", watcher.path)
         watcher.reload(" on SIGHUP")
-
-
-def _log_watcher_end(task: asyncio.Task[None]) -> None:
-    """The pod watcher retries every error it knows; one it does not ends it. Say so once,
-    in one line: kubernetes_up 0 alone does not tell an operator why."""
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        log.error(
-            "the Kubernetes API watcher stopped: %s: %s; pod UIDs, owners and labels stay "
-            "missing until a restart",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-        )
 
 
 async def serve(exporter: Exporter, stop: asyncio.Event) -> None:
@@ -383,14 +376,20 @@ async def _together(*watches: Coroutine[Any, Any, None]) -> None:
     await asyncio.gather(*watches)
 
 
-def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None]:
-    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch, on one client.
-    The API client is imported here, when used (it costs start-up time otherwise)."""
+def build_watchers(config: Config) -> tuple[PodWatcher, SliceWatcher | None, ClaimReader | None]:
+    """The pod watch, and with `--kubernetes.dra` the ResourceSlice watch and the claim reads,
+    on one client; imported here, when used (it costs start-up time otherwise)."""
     from exporter.dra.claimhealth import read_pod_status
+    from exporter.dra.claimread import ClaimReader
     from exporter.dra.slicewatch import SliceWatcher
     from exporter.kubeapi import pod_watcher, shared_connect
 
     dra = config.kubernetes_dra
     connect = shared_connect(config, pod_status=read_pod_status if dra else None)
-    slices = SliceWatcher(connect, config.node_name) if dra else None
-    return pod_watcher(config, connect), slices
+    slices = (
+        SliceWatcher(connect, config.node_name, max_slices=config.kubernetes_max_resource_slices)
+        if dra
+        else None
+    )
+    claims = ClaimReader(connect) if dra else None
+    return pod_watcher(config, connect), slices, claims

@@ -49,6 +49,20 @@ def normalize_device_id(raw: str) -> tuple[str, str]:
     return pci_address(raw) or raw, ""
 
 
+def mig_placement_key(parent_uuid: str, profile_id: int, start: int) -> str:
+    """The key of a MIG device by what NVIDIA's DRA driver names a partition with (its GPU,
+    GPU instance profile ID and placement start: dra-driver-nvidia-gpu
+    cmd/gpu-kubelet-plugin/mig.go `MigSpecTuple`), the NVML source's alias of a MIG device
+    whose GPU instance it could read."""
+    return f"{parent_uuid}/mig-placement/{profile_id}/{start}"
+
+
+def interface_key(name: str) -> str:
+    """The key of a network device by its interface name in the host's namespace (DRANET
+    publishes it as `dra.net/ifName`)."""
+    return f"netdev/{name}"
+
+
 class ResourceMatcher:
     def __init__(self, patterns: Iterable[str] = DEFAULT_RESOURCE_PATTERNS) -> None:
         self.patterns = tuple(patterns)

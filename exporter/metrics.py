@@ -206,6 +206,17 @@ ATTRIBUTES: dict[str, str] = {
     "(`gpu`, `mig`, `vfio`...) and its profile (`mig/1g.10gb`), or `device`.",
     "hw.dra.health": "Device health the kubelet reports for a claim "
     "(`allocatedResourcesStatus`): `Healthy`, `Unhealthy` or `Unknown`.",
+    "hw.dra.counter_set": "A DRA pool's shared counter set (KEP-4815; NVIDIA: "
+    "`gpu-<minor>-counter-set`).",
+    "hw.dra.counter": "A counter of a shared counter set (`memory-slice-0`, "
+    "`multiprocessors`, `memory`).",
+    "hw.dra.capacity": "A DRA device capacity (`memory`), as the driver names it.",
+    "hw.dra.condition": "A condition type a DRA driver wrote for a device (`Ready`).",
+    "hw.dra.condition.status": "`True`, `False` or `Unknown`.",
+    "hw.dra.condition.reason": "The condition's reason (`NetworkDeviceReady`).",
+    "hw.network.mac": "A network device's hardware address (DRA `networkData`).",
+    "hw.network.ips": "A network device's addresses in CIDR form, comma-separated (DRA "
+    "`networkData`).",
     "hw.dra.taint.key": "Device taint key (ResourceSlice or DeviceTaintRule).",
     "hw.dra.taint.value": "Device taint value (may be empty).",
     "hw.dra.taint.effect": "Device taint effect: `NoSchedule`, `NoExecute` or `None`.",
@@ -233,13 +244,18 @@ ATTRIBUTES: dict[str, str] = {
     "version": "Exporter version.",
     "python_version": "Python version.",
     "api_version": "PodResources API version in use (`v1`, `v1alpha1`).",
-    "sink": "Sink name (`otlp`).",
+    "sink": "Sink name (`otlp`: the metrics; `otlp-logs`: the device events' log records).",
+    "peer": "Who answered: `kubernetes-api`, `kubelet-pods-api`, `kubelet-podresources`, `otlp`.",
+    "request": "What the peer was asked: `pods`, `owners`, `resourceslices`, "
+    "`devicetaintrules` (Kubernetes API, Pods API), `List`, `GetAllocatableResources` "
+    "(PodResources), `metrics`, `logs` (OTLP).",
     "step": "A step of the exporter's cycle (docs/architecture.md).",
     "group": "Metric group (`--metrics.group.NAME`; docs/metrics.md).",
     "reason": "Why the exporter's HTTP server closed a connection or refused a request: "
     "`header_timeout`, `write_timeout`, `evicted`, `connection_limit`, `tls_handshake`; "
     "`malformed`, `unauthorized`, `rate_limited` (a password check refused without bcrypt: "
-    "the client's failures over budget, or too many checks waiting).",
+    "the client's failures over budget, or too many checks waiting). Why a peer's answer "
+    "was dropped: `decode`, `bytes`, `pages`, `objects`, `time` (docs/reliability.md).",
 }
 
 DEVICE_ATTRIBUTES = (
@@ -670,6 +686,149 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("hw.allocation.resource", "hw.allocation.pool", "hw.dra.kind"),
     ),
     MetricSpec(
+        "hw.dra.counter.free",
+        U,
+        "{amount}",
+        "What is left of a shared counter of a partitionable DRA pool (KEP-4815: a GPU's "
+        "memory slices, multiprocessors, memory) once the devices held on this node took "
+        "theirs, in the counter's base unit (bytes for memory) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.dra.counter_set",
+            "hw.dra.counter",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.counter.stranded",
+        U,
+        "{amount}",
+        "Of what is left of a shared counter, what no device that could still be allocated "
+        "would use: free capacity lost to fragmentation (a memory slice no free MIG "
+        "placement covers) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.dra.counter_set",
+            "hw.dra.counter",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.device.capacity",
+        U,
+        "{amount}",
+        "A capacity of a DRA device that claims share (`allowMultipleAllocations`, "
+        "KEP-5075), in its base unit: bytes for memory (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.device.capacity.free",
+        U,
+        "{amount}",
+        "What the scheduler can still give new shares of a shared DRA device: its capacity "
+        "less the `consumedCapacity` of every claim held on this node (admin-access claims "
+        "are not counted, as the scheduler does not count them) (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "hw.id",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.capacity",
+        U,
+        "{amount}",
+        "A pod's share of a shared DRA device: its claim's `consumedCapacity` (the request "
+        "rounded up to the device's policy), in the capacity's base unit: bytes for memory "
+        "(`--kubernetes.dra`, read from the ResourceClaim). `hw_allocation_replica` is the "
+        "share ID.",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.allocation.replica",
+            "hw.id",
+            "hw.dra.capacity",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.condition",
+        G,
+        "",
+        "One series per condition a DRA driver wrote for an allocated device in the claim's "
+        "`status.devices` (KEP-4817: DRANET's `Ready`, `NetworkReady`...); always 1, the "
+        "status in `hw_dra_condition_status` (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.dra.condition",
+            "hw.dra.condition.status",
+            "hw.dra.condition.reason",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.allocation.network.info",
+        G,
+        "",
+        "The network data a DRA driver wrote for an allocated network device (KEP-4817 "
+        "`networkData`): its interface name inside the pod, MAC and addresses; always 1 "
+        "(`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+            "hw.network.name",
+            "hw.network.mac",
+            "hw.network.ips",
+        ),
+    ),
+    MetricSpec(
+        "hw.dra.admin_access.info",
+        G,
+        "",
+        "A container holding a DRA device through an admin-access claim (a monitoring "
+        "agent's: `adminAccess: true`): not a holder of the device, so absent from "
+        "`hw_allocation_info`; always 1 (`--kubernetes.dra`).",
+        scope=_A,
+        attributes=(
+            "k8s.namespace.name",
+            "k8s.pod.name",
+            "k8s.container.name",
+            "hw.allocation.claim",
+            "hw.allocation.resource",
+            "hw.allocation.pool",
+            "hw.allocation.device_id",
+            "hw.id",
+        ),
+    ),
+    MetricSpec(
         "hw.allocatable.devices",
         U,
         "{device}",
@@ -905,7 +1064,9 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.kubernetes.up",
         G,
         "",
-        "1 while the pod watch is established (`--kubernetes.api`).",
+        "1 while the pod cache is in sync with its feed (`--kubernetes.api`): the last list "
+        "or watch was answered and its answer usable; 0 while the cache is stale (the feed "
+        "failing, or its answers refused: `kube_device_exporter_peer_answers_refused_total`).",
         scope=_E,
     ),
     MetricSpec(
@@ -925,6 +1086,17 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         attributes=("source",),
     ),
     MetricSpec(
+        "kube_device_exporter.peer.answers.refused",
+        C,
+        "{answer}",
+        "Answers of a peer dropped at the exporter's decode boundary, the last good state "
+        "kept: `reason` `decode` (not the shape or encoding the API has), or the bound it "
+        "passed: `bytes`, `pages`, `objects`, `time` (docs/reliability.md). A series appears "
+        "at its first refusal.",
+        scope=_E,
+        attributes=("peer", "request", "reason"),
+    ),
+    MetricSpec(
         "kube_device_exporter.dra.unidentified",
         G,
         "{device}",
@@ -936,7 +1108,16 @@ SPECS_LIST: tuple[MetricSpec, ...] = (
         "kube_device_exporter.dra.slices.up",
         G,
         "",
-        "1 while the watch of this node's ResourceSlices is established (`--kubernetes.dra`).",
+        "1 while the ResourceSlice cache of this node is in sync with the API server "
+        "(`--kubernetes.dra`); 0 while it is stale.",
+        scope=_E,
+    ),
+    MetricSpec(
+        "kube_device_exporter.dra.claims.up",
+        G,
+        "",
+        "1 while the last read of a ResourceClaim PodResources lists worked "
+        "(`--kubernetes.dra`; a `get` per claim, docs/dra.md).",
         scope=_E,
     ),
     MetricSpec(

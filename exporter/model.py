@@ -295,6 +295,8 @@ class PodResourcesHealth:
     held: tuple[str, ...] = ()
     """Methods whose last answer was replaced by the last good one (a restarting kubelet's
     empty answers, exporter/podresources/settle.py)."""
+    refused: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """(method, reason) -> answers that did not decode, dropped (the last good kept)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +320,8 @@ class KubeApiHealth:
     source: str = "kubernetes-api"
     """Where the pods come from: `kubernetes-api` (the API server's pod watch) or
     `kubelet-pods-api` (the kubelet's Pods API; owners above ReplicaSet/Job still from the API)."""
+    refused: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    """(peer, request, reason) -> answers dropped at the decode boundary (answers.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,3 +388,6 @@ class ExtendedClaim:
     container: str
     resource: str
     """The extended resource the container asked for (`example.com/gpu`)."""
+    request: str = ""
+    """The claim's request serving it (`container-0-request-0`): the allocation results of
+    that request are the container's own devices."""

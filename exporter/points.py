@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import platform
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from exporter import __version__
@@ -242,10 +242,21 @@ def _pod_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         attrs = (("verb", verb), ("resource", resource), ("code", code), *node)
         yield Point(SPECS["kube_device_exporter.kubernetes.requests"], attrs, float(count))
     yield Point(SPECS["kube_device_exporter.kubernetes.up"], node, float(api.up))
+    yield from refused_points(api.refused, node)
     yield Point(SPECS["kube_device_exporter.kubernetes.pods"], node, float(api.pods))
     yield Point(
         SPECS["kube_device_exporter.kubernetes.pods.source"], (("source", api.source), *node), 1.0
     )
+
+
+def refused_points(
+    refused: Mapping[tuple[str, str, str], int], node: Attributes
+) -> Iterator[Point]:
+    """`kube_device_exporter.peer.answers.refused` of (peer, request, reason) counts."""
+    spec = SPECS["kube_device_exporter.peer.answers.refused"]
+    for (peer, request, reason), count in sorted(refused.items()):
+        attrs = (("peer", peer), ("request", request), ("reason", reason), *node)
+        yield Point(spec, attrs, float(count))
 
 
 def _workload_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
@@ -340,6 +351,8 @@ def _exporter_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
         yield point(
             "kube_device_exporter.podresources.held", float(method in pr.held), ("method", method)
         )
+    kubelet = "kubelet-podresources"
+    yield from refused_points({(kubelet, m, r): n for (m, r), n in pr.refused.items()}, node)
     yield point("kube_device_exporter.cycle.duration", snapshot.cycle_duration_seconds)
     yield point("kube_device_exporter.cycles", float(snapshot.cycles_total))
     yield point("kube_device_exporter.attribution.enabled", float(snapshot.attribution))

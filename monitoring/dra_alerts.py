@@ -1,5 +1,5 @@
-"""The DRA alerts (`--kubernetes.dra`): a pod on a tainted or unhealthy device, and a device
-whose taints disagree with what its hardware says. Each with its promtool cases."""
+"""The DRA alerts (`--kubernetes.dra`): a pod on a tainted, unhealthy or not ready device, and
+a device whose taints disagree with what its hardware says. Each with its promtool cases."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ TAINT = (
 )
 INFO = f'hw.dra.device.info{{{N1}, hw.id="GPU-2", {NAMES}, hw.dra.kind="gpu"}}'
 STATUS = f'hw.status{{{N1}, hw.id="GPU-2", hw.type="gpu", hw.vendor="nvidia"'
+CONDITION = (
+    f'hw.dra.allocation.condition{{{N1}, k8s.namespace.name="serving", k8s.pod.name="infer-a", '
+    f'hw.allocation.claim="serving/infer-a-gpu", hw.id="GPU-2", {NAMES}, '
+    'hw.dra.condition="Ready", hw.dra.condition.reason="NetworkDeviceNotReady"'
+)
 
 
 def alerts() -> list[Alert]:
@@ -45,6 +50,15 @@ def alerts() -> list[Alert]:
         "k8s.pod.name": "infer-a",
         "k8s.container.name": "vllm",
         "hw.allocation.claim": "infer-a-gpu",
+    }
+    condition_labels = {
+        **DEVICE_LABELS,
+        "hw.id": "GPU-2",
+        "k8s.namespace.name": "serving",
+        "k8s.pod.name": "infer-a",
+        "hw.allocation.claim": "serving/infer-a-gpu",
+        "hw.dra.condition": "Ready",
+        "hw.dra.condition.reason": "NetworkDeviceNotReady",
     }
     by_taint = f"{DEVICE}, hw.id, hw.dra.taint.key, hw.dra.taint.effect"
     by_holder = f"{DEVICE}, hw.id, k8s.namespace.name, k8s.pod.name, k8s.container.name, "
@@ -105,6 +119,39 @@ def alerts() -> list[Alert]:
                 Case(
                     "unknown (a driver without a health stream) is not unhealthy",
                     {f'{health}, hw.dra.health="Unknown"}}': "1+0x10"},
+                    "8m",
+                ),
+            ),
+        ),
+        Alert(
+            "KubeDeviceDraDeviceNotReady",
+            f"max by ({DEVICE}, hw.id, k8s.namespace.name, k8s.pod.name, hw.allocation.claim,"
+            " hw.dra.condition, hw.dra.condition.reason)"
+            ' (hw.dra.allocation.condition{hw.dra.condition.status="False"})',
+            "5m",
+            "warning",
+            "DRA device {hw.allocation.device_id} of {k8s.namespace.name}/{k8s.pod.name} is "
+            "not {hw.dra.condition}",
+            "The {hw.allocation.resource} driver reports condition {hw.dra.condition} False "
+            "({hw.dra.condition.reason}) for device {hw.allocation.device_id} ({hw.id}) of "
+            "claim {hw.allocation.claim}, held by {k8s.namespace.name}/{k8s.pod.name} on "
+            "{k8s.node.name} (the claim's status.devices, KEP-4817): the pod runs with a device "
+            "its driver did not set up (a NIC without its network, for DRANET).",
+            (
+                Case(
+                    "not ready for 10m",
+                    {f'{CONDITION}, hw.dra.condition.status="False"}}': "_x2 1+0x10"},
+                    "8m",
+                    (condition_labels,),
+                ),
+                Case(
+                    "ready",
+                    {f'{CONDITION}, hw.dra.condition.status="True"}}': "1+0x10"},
+                    "8m",
+                ),
+                Case(
+                    "unknown is not false",
+                    {f'{CONDITION}, hw.dra.condition.status="Unknown"}}': "1+0x10"},
                     "8m",
                 ),
             ),

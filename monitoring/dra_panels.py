@@ -1,5 +1,6 @@
-"""The DRA row of the devices dashboard: what this node's ResourceSlices offer and taint
-(`--kubernetes.dra`, docs/dra.md)."""
+"""The DRA row of the devices dashboard: what this node's ResourceSlices offer and taint, the
+pools' counters (free per profile, stranded capacity) and each claim's share of a shared
+device (`--kubernetes.dra`, docs/dra.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from monitoring.grafana import PanelBuilder, Q, table_panel, timeseries_panel
 from monitoring.queries import NODE, sel
 
 DEVICE = "k8s.node.name, hw.allocation.resource, hw.allocation.pool, hw.allocation.device_id"
+MEMORY = 'hw.dra.capacity="memory"'
 
 
 def panels() -> list[PanelBuilder]:
@@ -25,6 +27,44 @@ def panels() -> list[PanelBuilder]:
                 )
             ],
             unit="short",
+        ),
+        timeseries_panel(
+            "DRA pool counters left and stranded",
+            "What is left of each shared counter of a partitionable pool (KEP-4815: a GPU's "
+            "memory slices, multiprocessors, memory) once the held partitions took theirs "
+            "(solid), and of that what no partition that still fits would use: capacity lost "
+            "to fragmentation (dashed). Bytes for memory, counts for the rest.",
+            [
+                Q(
+                    "sum by (k8s.node.name, hw.allocation.pool, hw.dra.counter_set,"
+                    f" hw.dra.counter) ({sel('hw.dra.counter.free', NODE)})",
+                    "{{k8s_node_name}} {{hw_dra_counter_set}} {{hw_dra_counter}} left",
+                ),
+                Q(
+                    "sum by (k8s.node.name, hw.allocation.pool, hw.dra.counter_set,"
+                    f" hw.dra.counter) ({sel('hw.dra.counter.stranded', NODE)}) > 0",
+                    "{{k8s_node_name}} {{hw_dra_counter_set}} {{hw_dra_counter}} stranded",
+                ),
+            ],
+            unit="short",
+        ),
+        timeseries_panel(
+            "Shares of shared DRA devices",
+            "Each claim's share of a device that claims share by capacity (KEP-5075: its "
+            "`consumedCapacity`, read from the ResourceClaim), and what the scheduler can "
+            "still give of the device (free); GPU memory in bytes.",
+            [
+                Q(
+                    f"sum by ({DEVICE}, k8s.namespace.name, k8s.pod.name, hw.allocation.claim)"
+                    f" ({sel('hw.dra.allocation.capacity', NODE, MEMORY)})",
+                    "{{hw_allocation_device_id}} {{k8s_namespace_name}}/{{k8s_pod_name}}",
+                ),
+                Q(
+                    f"sum by ({DEVICE}) ({sel('hw.dra.device.capacity.free', NODE, MEMORY)})",
+                    "{{hw_allocation_device_id}} free",
+                ),
+            ],
+            unit="bytes",
         ),
         table_panel(
             "Tainted DRA devices",

@@ -186,6 +186,19 @@ RUNBOOKS: dict[str, Runbook] = {
             "Restart the workload elsewhere; have the device checked or reset.",
         ),
     ),
+    "KubeDeviceDraDeviceNotReady": Runbook(
+        "A DRA driver wrote a condition False for a device of a running pod's claim "
+        "(`status.devices[].conditions`, KEP-4817; DRANET writes `Ready` and `NetworkReady` "
+        "once it has moved the NIC into the pod and configured it). The pod was started all "
+        "the same: nothing in Kubernetes acts on these conditions (docs/dra.md).",
+        (
+            "`kubectl get resourceclaim -n NS CLAIM -o jsonpath='{.status.devices}'` shows the "
+            "driver's conditions, message and network data.",
+            "The driver's logs on the node say why (for DRANET: its `RunPodSandbox` hook).",
+            "Recreate the pod once the driver is fixed; the claim's status is rewritten on "
+            "the next prepare.",
+        ),
+    ),
     "KubeDeviceDraTaintedButHealthy": Runbook(
         "A DRA device has been tainted NoSchedule/NoExecute for 30 minutes while the exporter "
         "reads its hardware as ok: capacity held back, perhaps by a taint nobody removed.",

@@ -67,6 +67,11 @@ RESOURCES = {
         "DeviceTaintRule",
         "resource.k8s.io/v1beta2",
     ),
+    "resourceclaims": (
+        "/apis/resource.k8s.io/v1/resourceclaims",
+        "ResourceClaim",
+        "resource.k8s.io/v1",
+    ),
 }
 """resource -> (list path, kind, apiVersion)."""
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

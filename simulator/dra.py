@@ -17,7 +17,19 @@ dra:
     ml-team/trainer-0-gpu-7xk2p: gpu  # pod's reference to it (spec.resourceClaims[].name)
   extended:                     # claims the scheduler made for an extended resource a
     ml-team/ext-0-extended-resources-4x7kq: example.com/gpu  # DeviceClass serves (KEP-5004)
+  claims:                       # what a ResourceClaim says beyond PodResources
+    serving/infer-a-gpu: {consumed: {memory: 20Gi}}         # consumedCapacity per result
+    monitoring/dcgm-gpus: {admin: true}                     # adminAccess: true
+    ml-team/nic: {devices: [{device: DRIVER/POOL/DEVICE, conditions: [...], networkData: {...}}]}
 ```
+
+Every claim a pod of the scenario lists is served as a `resource.k8s.io/v1` ResourceClaim
+(GET by namespace and name, as the exporter reads them): its `status.allocation` has one
+result per device the pods list (`request` the pod's reference to it, `gpu` for one made
+beforehand, `container-<i>-request-0` for an extended one, whose devices go to its
+containers in turn, as the real scheduler gave `gpu-0` to container 0 and `gpu-1` to
+container 1), with the share ID PodResources lists and what `claims:` adds; its
+`status.devices` is what `claims:` gives (KEP-4817, shapes of control-plane.md fact 15).
 
 An `extended` claim is what the real 1.36 cluster made for a pod asking for
 `example.com/gpu` in its limits (tests/test_real_cluster_dra_extended.py, docs/dra.md): the
@@ -49,6 +61,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from exporter.model import ClaimResource
 from simulator.apiserver import ApiServer
 from simulator.scenario import Scenario, ScenarioError
 from simulator.scenario_model import TimedPod
@@ -71,7 +84,7 @@ class DraPart:
         self.api.start()
         self.kubeconfig = self.api.kubeconfig(workdir / "dra-kubeconfig")
         self._sent: dict[str, dict[str, str]] = {
-            r: {} for r in ("pods", "resourceslices", "devicetaintrules")
+            r: {} for r in ("pods", "resourceslices", "devicetaintrules", "resourceclaims")
         }
         self.advance(0.0)
 
@@ -93,6 +106,7 @@ class DraPart:
         self._sync("resourceslices", self._slices(t))
         self._sync("devicetaintrules", self._rules(t))
         self._sync("pods", [self._pod(p, t) for p in self.scenario.listed_at(t)])
+        self._sync("resourceclaims", self._claims(t))
 
     def _sync(self, resource: str, objects: list[dict[str, Any]]) -> None:
         """Put what changed, delete what is gone: watchers see only real changes."""
@@ -235,6 +249,59 @@ class DraPart:
                 "resourceClaimName": extended_claim,
             }
         return obj
+
+    def _claims(self, t: float) -> list[dict[str, Any]]:
+        """The ResourceClaims the listed pods hold (module docstring)."""
+        conf = self.doc.get("claims") or {}
+        extended = self.doc.get("extended") or {}
+        templated = self.doc.get("templated") or {}
+        listed: dict[str, list[tuple[int, ClaimResource]]] = {}
+        for timed in self.scenario.listed_at(t):
+            for index, c in enumerate(timed.pod.containers):
+                for claim in c.dynamic_resources:
+                    key = f"{claim.claim_namespace}/{claim.claim_name}"
+                    entries = listed.setdefault(key, [])
+                    entries += [(index, r) for r in claim.claim_resources
+                                if r not in [e[1] for e in entries]]  # fmt: skip
+        out = []
+        for key, entries in sorted(listed.items()):
+            namespace, name = key.split("/", 1)
+            extra = conf.get(key) or {}
+            containers = sorted({i for i, _ in entries})
+            results = []
+            for j, (_, r) in enumerate(entries):
+                if key in extended:
+                    request = f"container-{containers[j % len(containers)]}-request-0"
+                else:
+                    request = str(templated.get(key) or "gpu")
+                result: dict[str, Any] = {"request": request, "driver": r.driver_name,
+                                          "pool": r.pool_name, "device": r.device_name}  # fmt: skip
+                if r.share_id:
+                    result["shareID"] = r.share_id
+                if extra.get("admin"):
+                    result["adminAccess"] = True
+                if extra.get("consumed"):
+                    result["consumedCapacity"] = dict(extra["consumed"])
+                results.append(result)
+            status: dict[str, Any] = {"allocation": {"devices": {"results": results}}}
+            if extra.get("devices"):
+                status["devices"] = [_device_status(d) for d in extra["devices"]]
+            out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": name, "namespace": namespace,
+                                     "uid": f"uid-claim-{namespace}-{name}"},
+                        "spec": {"devices": {"requests": [
+                            {"name": r, "exactly": {"deviceClassName": "sim",
+                                                    "adminAccess": bool(extra.get("admin"))}}
+                            for r in sorted({x["request"] for x in results})]}},
+                        "status": status})  # fmt: skip
+        return out
+
+
+def _device_status(entry: dict[str, Any]) -> dict[str, Any]:
+    """A `claims: devices:` entry (`device: DRIVER/POOL/DEVICE`) as `status.devices[]`."""
+    driver, pool, device = str(entry["device"]).split("/", 2)
+    return {"driver": driver, "pool": pool, "device": device,
+            **{k: v for k, v in entry.items() if k != "device"}}  # fmt: skip
 
 
 def make_part(scenario: Scenario, workdir: Path) -> DraPart:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 from exporter.ids import pci_address
@@ -26,6 +27,7 @@ from simulator.nvml_spec import (
     NvidiaSpec,
     ProcessSpec,
     XidSpec,
+    mig_profile,
 )
 from simulator.scenario import ScenarioError, _Where
 from simulator.signals import Signal, parse_signal
@@ -57,6 +59,7 @@ GPU_DEFAULTS: dict[str, Any] = {
     "nvlink_peak": 120e9,
     "nvlink_crc_per_hour": 0.0,
     "max_mig_devices": 7,
+    "mig_mode": False,
     "gpm": True,
     "unsupported": [],
     "pci_device_id": 0x233010DE,
@@ -174,9 +177,11 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
         {"correctable", "uncorrectable", "pending", "failure"},
     )
     limit = doc.num(g["power_limit"], f"{where}.power_limit")
-    migs = tuple(
-        _mig(doc, m, f"{where}.mig[{i}]")
-        for i, m in enumerate(doc.items(g.get("mig"), f"{where}.mig"))
+    migs = _placed(
+        tuple(
+            _mig(doc, m, f"{where}.mig[{i}]")
+            for i, m in enumerate(doc.items(g.get("mig"), f"{where}.mig"))
+        )
     )
     if len(migs) > int(g["max_mig_devices"]):
         raise doc.fail(f"{where}.mig", f"more slices than max_mig_devices ({g['max_mig_devices']})")
@@ -230,6 +235,7 @@ def _gpu(doc: _Doc, index: int, g: dict[str, Any]) -> GpuSpec:
         pci_device_id=int(g["pci_device_id"]),
         pci_subsystem_id=int(g["pci_subsystem_id"]),
         mig=migs,
+        mig_enabled=bool(g["mig_mode"]),
         processes=_processes(doc, g.get("processes"), f"{where}.processes"),
     )
 
@@ -245,8 +251,9 @@ def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
     m = doc.fields(
         value,
         where,
-        {"uuid", "profile", "gi", "ci", "memory", "utilization", "memory_utilization", "processes"},
-    )
+        {"uuid", "profile", "gi", "ci", "memory", "utilization", "memory_utilization", "processes",
+         "profile_id", "placement"},
+    )  # fmt: skip
     for key in ("uuid", "profile", "gi"):
         if key not in m:
             raise doc.fail(where, f"needs {key!r}")
@@ -256,6 +263,7 @@ def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
     size = re.search(r"\.(\d+)gb", profile)
     # nvidia-smi shows a 1g.10gb slice of an H100 80GB as 9984MiB: 97.5% of the name.
     default_memory = int(int(size[1]) * 1024 * 0.975) * MIB if size else 10 * GIB
+    profile_id, size_default = mig_profile(profile)
     return MigSpec(
         uuid=str(m["uuid"]),
         profile=profile,
@@ -269,7 +277,36 @@ def _mig(doc: _Doc, value: Any, where: str) -> MigSpec:
             else None
         ),
         processes=_processes(doc, m.get("processes"), f"{where}.processes"),
+        profile_id=int(doc.num(m.get("profile_id", profile_id), f"{where}.profile_id")),
+        placement=_placement(doc, m.get("placement"), size_default, f"{where}.placement"),
     )
+
+
+def _placement(doc: _Doc, value: Any, size: int, where: str) -> tuple[int, int]:
+    """`placement: {start: S, size: N}` (memory slices); the size defaults to the profile's,
+    the start to -1: the GPU's block places it (`_placed`)."""
+    if value is None:
+        return (-1, size)
+    p = doc.fields(value, where, {"start", "size"})
+    return (int(doc.num(p.get("start", -1), f"{where}.start")),
+            int(doc.num(p.get("size", size), f"{where}.size")))  # fmt: skip
+
+
+def _placed(migs: tuple[MigSpec, ...]) -> tuple[MigSpec, ...]:
+    """Slices without a start take the first free start that is a multiple of their size (as
+    the driver's placements are: 2g at 0, 2, 4; 3g at 0, 4), in the order listed."""
+    placed = [m.placement for m in migs if m.placement[0] >= 0]
+    taken = {s for start, size in placed for s in range(start, start + size)}
+    out = []
+    for m in migs:
+        start, size = m.placement
+        if start < 0:
+            start = next(s for s in range(0, 64, max(size, 1))
+                         if not taken & set(range(s, s + size)))  # fmt: skip
+            taken |= set(range(start, start + size))
+            m = replace(m, placement=(start, size))
+        out.append(m)
+    return tuple(out)
 
 
 def _processes(doc: _Doc, value: Any, where: str) -> tuple[ProcessSpec, ...]:

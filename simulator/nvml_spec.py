@@ -101,6 +101,21 @@ class ProcessSpec:
         return self.start <= t < self.end
 
 
+MIG_PROFILES: dict[str, tuple[int, int]] = {"1g": (19, 1), "2g": (14, 2), "3g": (9, 4),
+                                             "4g": (5, 4), "7g": (0, 8)}  # fmt: skip
+"""A GPU instance profile's compute part -> (its profile ID, the memory slices a placement
+of it occupies), as `nvidia-smi mig -lgip` lists them on an A100 and an H100 (NVIDIA's MIG
+user guide, "Supported MIG Profiles": 19 is 1g.5gb/1g.10gb, 14 2g, 9 3g, 5 4g, 0 7g, on 8
+memory slices). The variants (1g with twice the memory, ID 15, 2 slices; `+me`, ID 20) are
+given by a scenario's `profile_id` and `placement`. `nvmlGpuInstanceGetInfo` answers them
+(nvml.h `nvmlGpuInstanceInfo_t`: `profileId`, `placement {start, size}`)."""
+
+
+def mig_profile(profile: str) -> tuple[int, int]:
+    """(profile ID, placement size) of a profile name by its compute part (`3g.40gb`)."""
+    return MIG_PROFILES.get(profile.split(".", 1)[0], (19, 1))
+
+
 @dataclass(frozen=True, slots=True)
 class MigSpec:
     uuid: str
@@ -111,6 +126,10 @@ class MigSpec:
     utilization: Signal
     memory_utilization: Signal | None
     processes: tuple[ProcessSpec, ...] = ()
+    profile_id: int = 19
+    """The GPU instance profile ID (MIG_PROFILES)."""
+    placement: tuple[int, int] = (0, 1)
+    """(start, size) in memory slices: where the GPU instance sits on its GPU."""
 
     @property
     def slices(self) -> int:
@@ -157,10 +176,13 @@ class GpuSpec:
     pci_subsystem_id: int
     mig: tuple[MigSpec, ...] = ()
     processes: tuple[ProcessSpec, ...] = ()
+    mig_enabled: bool = False
+    """MIG mode on with no slice made yet (`mig_mode: true`): how a GPU waits for a DRA
+    driver to make its partitions at prepare (dra-driver-nvidia-gpu nvlib.go)."""
 
     @property
     def mig_mode(self) -> bool:
-        return bool(self.mig)
+        return bool(self.mig) or self.mig_enabled
 
     def busy(self, t: float) -> float:
         """Fraction of the GPU busy at t (a MIG GPU: its slices weighted by size)."""

@@ -42,6 +42,11 @@ STAND_IN: dict[str, str] = {
     ),
     "mig-slot-empty": "Slots without a MIG device answer NOT_FOUND.",
     "gpu-instances-privileged": "Not implemented (a call would fail as a missing symbol).",
+    "gpu-instance-by-id-privileged": (
+        "A MIG block's `gi` finds its GPU instance; `profile_id`, `placement_start` and "
+        "`placement_size` are its info. Unprivileged (`privileged 0`) both calls answer "
+        "NO_PERMISSION; a GPU not in MIG mode NOT_SUPPORTED, an unknown ID NOT_FOUND."
+    ),
     "mig-aggregate-processes": (
         "Unprivileged (`privileged 0`): a parent GPU handle in MIG mode answers NO_PERMISSION."
     ),

@@ -161,7 +161,7 @@ def _gpu_values(spec: NvidiaSpec, gpu: GpuSpec, t: float, since: float) -> dict[
         "remapped_failure": int(failure),
         "processes": 1,
     }
-    if not gpu.mig:
+    if not gpu.mig_mode:
         memory_util = gpu.memory_utilization.value(t) if gpu.memory_utilization else 0.5 * busy
         values |= {
             "util_gpu": round(100 * busy),
@@ -199,7 +199,7 @@ def _gpu_values(spec: NvidiaSpec, gpu: GpuSpec, t: float, since: float) -> dict[
 def _dram_seconds(gpu: GpuSpec, t: float) -> float | None:
     """A whole GPU's DRAM-busy seconds: its memory utilization where the scenario gives
     one (MIG off), else GPM_SHARES' share of its busy time."""
-    if gpu.mig or gpu.memory_utilization is None:
+    if gpu.mig_mode or gpu.memory_utilization is None:
         return None
     return gpu.memory_utilization.integral(t)
 
@@ -211,6 +211,9 @@ def _mig_values(gpu: GpuSpec, mig: MigSpec, t: float) -> dict[str, object]:
         "name": f"{gpu.name} MIG {mig.profile}",
         "gi": mig.gi,
         "ci": mig.ci,
+        "profile_id": mig.profile_id,
+        "placement_start": mig.placement[0],
+        "placement_size": mig.placement[1],
         "memory_total": mig.memory,
         "memory_reserved": 0,
         "memory_used": min(used, mig.memory),

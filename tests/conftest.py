@@ -72,14 +72,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (`make test`: two workers), the tiers that start a kubelet, a
     cluster or a Docker engine are one unit of work, run in one worker in their order (they
     share the session's control plane and the machine's containerd, mounts and iptables),
-    handed out first as the largest; every other test is a unit of its own. (xdist's
+    handed out first as the largest; every other module is a unit of its own, so that its
+    module-scoped peers (a Prometheus, an exporter) start once and its tests keep their
+    order (some read what an earlier one waited for: test_dra_simulated's taint). (xdist's
     `loadgroup` does not group on pytest 9: it renames the item's `_nodeid`, which pytest 9
     no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SerialPeers(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
         def _split_scope(self, nodeid: str) -> str:
-            module = Path(nodeid.split("::", 1)[0]).name
-            return "serial-peers" if module.startswith(SERIAL_MODULES) else nodeid
+            path = nodeid.split("::", 1)[0]
+            return "serial-peers" if Path(path).name.startswith(SERIAL_MODULES) else path
 
     return SerialPeers(config, log)

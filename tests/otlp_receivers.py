@@ -31,7 +31,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 @dataclass
 class Behaviour:
     answer: str = "ok"
-    """ok | unavailable (gRPC UNAVAILABLE, HTTP 503) | partial | hang"""
+    """ok | unavailable (gRPC UNAVAILABLE, HTTP 503) | partial | hang; HTTP only: drip (200
+    and a body announced long, one byte every `drip_seconds`) | endless (200 and a body
+    that never ends): answers no collector gives, what the exporter must bound (issue 41)"""
+    drip_seconds: float = 0.5
     rejected: int = 0
     """Data points reported rejected with `partial`."""
     hang_seconds: float = 5.0
@@ -54,7 +57,7 @@ class _Record:
         self.release = threading.Event()
         """Set to end every hang at once (teardown)."""
         self.logs: list[logs_pb.ExportLogsServiceRequest] = []
-        """Every log export (always accepted: `behaviour` is about metrics)."""
+        """Every log export (accepted, or dripped or never ended as `behaviour` says)."""
 
     def add_logs(self, request: logs_pb.ExportLogsServiceRequest) -> None:
         with self.cond:
@@ -230,7 +233,7 @@ class HttpReceiver(Receiver):
         await site.start()
         return int(self._runner.addresses[0][1])
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         encoding = request.headers.get("Content-Encoding", "")
         # aiohttp may already have decoded the body; decode what is still compressed.
@@ -249,18 +252,38 @@ class HttpReceiver(Receiver):
             return web.Response(status=503, text="test receiver is unavailable")
         if answer == "unauthenticated":
             return web.Response(status=401, text="missing credentials")
+        if answer in ("drip", "endless"):
+            return await self._hostile(request, answer)
         return web.Response(
             body=self._record.response(answer).SerializeToString(),
             content_type="application/x-protobuf",
         )
 
-    async def _handle_logs(self, request: web.Request) -> web.Response:
+    async def _hostile(self, request: web.Request, answer: str) -> web.StreamResponse:
+        """A 200 whose body drips (announced 1 MB long) or never ends, until the client goes."""
+        response = web.StreamResponse(headers={"Content-Type": "application/x-protobuf"})
+        if answer == "drip":
+            response.content_length = 1_000_000
+        await response.prepare(request)
+        chunk = b"\0" if answer == "drip" else b"\0" * 65536
+        try:
+            while not self._record.release.is_set():
+                await response.write(chunk)
+                if answer == "drip":
+                    await asyncio.sleep(self._record.behaviour.drip_seconds)
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    async def _handle_logs(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.headers.get("Content-Encoding", "") == "gzip" and body[:2] == b"\x1f\x8b":
             body = gzip.decompress(body)
         parsed = logs_pb.ExportLogsServiceRequest()
         parsed.ParseFromString(body)
         self._record.add_logs(parsed)
+        if self._record.behaviour.answer in ("drip", "endless"):
+            return await self._hostile(request, self._record.behaviour.answer)
         return web.Response(
             body=logs_pb.ExportLogsServiceResponse().SerializeToString(),
             content_type="application/x-protobuf",

@@ -15,11 +15,11 @@ import pytest
 from exporter.dra.identity import (
     device_kind,
     device_taints,
-    free_devices,
     identify,
     numa_nodes,
     unidentified,
 )
+from exporter.dra.pool import free_devices
 from exporter.dra.slices import parse_slice, parse_taint_rule, quantity
 from exporter.dra.view import DraView
 from exporter.ids import normalize_device_id

@@ -16,7 +16,7 @@ from exporter.dra.claimhealth import read_pod_status
 from exporter.dra.extended import parse_extended
 from exporter.dra.view import DraView
 from exporter.join import join
-from exporter.kubeapi.client import pod_meta
+from exporter.kubeapi.pods import pod_meta
 from exporter.model import Allocation, AllocationKind, ExtendedClaim, Holder, PodResourcesState
 from simulator.dra import DraPart
 from simulator.scenario import parse_scenario
@@ -42,8 +42,8 @@ def _pod(status: dict[str, Any], containers: tuple[str, ...] = ("c", "d")) -> di
 
 def test_the_real_status_parses_to_one_entry_per_container() -> None:
     assert parse_extended(_pod(REAL_STATUS)) == (
-        ExtendedClaim(CLAIM, "c", "example.com/gpu"),
-        ExtendedClaim(CLAIM, "d", "example.com/gpu"),
+        ExtendedClaim(CLAIM, "c", "example.com/gpu", "container-0-request-0"),
+        ExtendedClaim(CLAIM, "d", "example.com/gpu", "container-1-request-0"),
     )
     assert parse_extended({"metadata": {}, "status": {}}) == ()
     assert pod_meta(_pod(REAL_STATUS), read_pod_status).extended == parse_extended(

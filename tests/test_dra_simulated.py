@@ -158,3 +158,36 @@ def test_the_dashboards_dra_panels_show_the_node(prom: PrometheusServer) -> None
         ("gpu-1-128", "maintenance-amd"): 1.0,
         ("gpu-2", "slice"): 1.0,
     }
+
+
+GIB = 2**30
+
+
+@pytest.mark.peer
+def test_claims_give_shares_capacity_left_and_no_admin_holder(prom: PrometheusServer) -> None:
+    """What only the ResourceClaims say (the loopback API server serves them by name): the
+    two shares of GPU 2 in bytes and what the scheduler can still give of its 80Gi; the
+    monitor holding GPU 0 through an admin-access claim is no holder, so GPU 0 keeps
+    trainer-0's labels (without the API it has two holders: tests/golden/scenario-dra.prom)."""
+    shares = prom.wait_for(
+        "hw_dra_allocation_capacity",
+        lambda r: len(r) == 2,
+        timeout=20,
+    )
+    assert _by(shares, "k8s_pod_name", "hw_allocation_replica", "hw_id", "hw_dra_capacity") == {
+        ("infer-a", "6f1c0d52-4b1e-4a5c-9d3e-0a1b2c3d4e5f", GPU2, "memory"): 20 * GIB,
+        ("infer-b", "8d2e4b17-2c6f-4e8a-b1d0-5f6e7d8c9b0a", GPU2, "memory"): 30 * GIB,
+    }
+    free = prom.query('hw_dra_device_capacity_free{hw_allocation_device_id="gpu-2"}')
+    assert _by(free, "hw_id", "hw_dra_capacity") == {(GPU2, "memory"): 30 * GIB}
+    held = prom.query(f'hw_allocation_info{{hw_id="{GPU0}"}}')
+    assert _by(held, "k8s_pod_name", "hw_allocation_shared") == {("trainer-0", "false"): 1.0}
+    admin = prom.query("hw_dra_admin_access_info")
+    assert _by(admin, "k8s_pod_name", "k8s_container_name", "hw_allocation_claim", "hw_id") == {
+        ("dcgm-0", "dcgm", "gpu-monitoring/dcgm-0-gpus-m4x8q", GPU0): 1.0
+    }
+    util = prom.query(f'hw_gpu_utilization_ratio{{hw_id="{GPU0}", hw_gpu_task="general"}}')
+    assert [r["metric"].get("k8s_pod_name") for r in util] == ["trainer-0"]
+    assert _by(prom.query("kube_device_exporter_dra_claims_up"), "k8s_node_name") == {
+        ("dra-node-1",): 1.0
+    }

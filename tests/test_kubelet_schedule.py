@@ -15,7 +15,7 @@ import pytest
 from exporter.cycle.collect import Collect
 from exporter.cycle.pipeline import Cycle, Pipeline
 from exporter.cycle.poller import Poller
-from exporter.kubeapi.client import PodMeta
+from exporter.kubeapi.pods import PodMeta
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.model import (
     Device,

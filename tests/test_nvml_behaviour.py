@@ -16,6 +16,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from exporter.ids import mig_placement_key
 from exporter.model import SourceResult
 from exporter.sources import RestartRequired
 from exporter.sources.nvml import NvmlUnavailable
@@ -279,6 +280,54 @@ nvidia:
     node.part.spec = nvidia_node(MIG_GPU).part.spec  # MIG enabled, two slices made
     result = node.collect_at(source, 2.0)
     assert sorted(ids(result)) == sorted([GPU.format(0), MIG.format(1), MIG.format(2)])
+
+
+WAITING = f"""
+nvidia:
+  gpus: [{{uuid: {GPU.format(0)}, mig_mode: true}}]
+"""
+"""MIG mode on, no slice yet: a GPU whose partitions a DRA driver makes at prepare."""
+MADE = f"""
+nvidia:
+  gpus:
+    - uuid: {GPU.format(0)}
+      mig:
+        - {{uuid: {MIG.format(3)}, profile: 1g.10gb, gi: 11, placement: {{start: 2}}}}
+"""
+
+
+def test_a_slice_made_at_prepare_is_seen_and_placed(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """gpu-instance-by-id-privileged and enumerated-at-init: a slice made with the MIG mode
+    unchanged (dra-driver-nvidia-gpu nvlib.go createMigDevice) is found at the next slow
+    check, with its GPU instance's profile and placement, the key NVIDIA's partition names."""
+    assert {"gpu-instance-by-id-privileged", "enumerated-at-init"} <= BY_KEY.keys()
+    node = nvidia_node(WAITING)
+    source = node.source(**{"rediscover-interval": "1h", "slow-interval": "1s"})
+    assert ids(node.collect_at(source, 1.0)) == [GPU.format(0)]
+    node.part.spec = nvidia_node(MADE).part.spec
+    assert ids(node.collect_at(source, 1.5)) == [GPU.format(0)]  # before the slow check
+    result = node.collect_at(source, 2.5)
+    assert ids(result) == [GPU.format(0), MIG.format(3)]
+    (mig,) = [r.device for r in result.readings if r.device.parent]
+    assert mig_placement_key(GPU.format(0), 19, 2) in mig.aliases
+    assert result.field_errors == 0
+
+
+def test_unprivileged_the_placement_is_denied_once_and_no_error(
+    nvidia_node: Callable[[str], NvidiaNode], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    node = nvidia_node(MIG_GPU)
+    source = node.source(**{"rediscover-interval": "1s"})
+    for t in (1.0, 2.5, 4.0):
+        result = node.collect_at(source, t)
+        assert result.field_errors == 0
+    migs = [r.device for r in result.readings if r.device.parent]
+    assert len(migs) == 2 and not any("/mig-placement/" in a for m in migs for a in m.aliases)
+    denied = [m for m in caplog.messages if "denies nvmlDeviceGetGpuInstanceById" in m]
+    assert len(denied) == 1
 
 
 def test_a_lost_gpu_stays_failed_across_a_driver_reload_until_retention(

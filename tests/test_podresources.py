@@ -11,7 +11,7 @@ import pytest
 
 from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter.model import Pod
-from exporter.podresources import client as podresources_client
+from exporter.podresources import answers as podresources_answers
 from exporter.podresources.client import PodResourcesClient, PodResourcesError
 from exporter.podresources.parse import parse_list
 from simulator.kubelet import GET_DISABLED, SimulatedKubelet
@@ -303,7 +303,7 @@ async def test_a_shuffled_list_is_parsed_only_when_its_content_changes(
         parsed.append(raw)
         return parse_list(response_type, raw, invalid)
 
-    monkeypatch.setattr(podresources_client, "parse_list", counting_parse)
+    monkeypatch.setattr(podresources_answers, "parse_list", counting_parse)
     scenario = SCENARIO + (
         "pod_sets:\n  - {prefix: web, count: 30, containers: [app, side]}\n"
         "  - {prefix: eight, count: 2, containers: [{name: c, devices: "

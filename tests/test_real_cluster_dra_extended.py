@@ -8,8 +8,9 @@ claim (`<pod>-extended-resources-xxxxx`) and maps each container to `example.com
 request; PodResources List and Get carry the claim in `dynamic_resources` of every mapped
 container, each with all of the claim's devices, and nothing names the resource; the kubelet
 writes no `allocatedResourcesStatus` for it. The exporter names those allocations by the
-resource, joined to the NVML stand-in through the slice's `uuid`; an ordinary claim of the
-same DeviceClass keeps the driver.
+resource, each container with only the device of its own request (from the claim's results
+and the pod's mappings), joined to the NVML stand-in through the slice's `uuid`; an ordinary
+claim of the same DeviceClass keeps the driver.
 
 Tier: real cluster (the session's control plane and 1.36 kubelet).
 """
@@ -200,8 +201,10 @@ def test_extended_resource_claim_is_named_by_the_resource(ext: Ext) -> None:
     assert [r.device_name for r in plain.claim_resources] == [other]
 
     uuid = {f"gpu-{i}": GPUS[i] for i in range(len(GPUS))}
+    # The exporter reads the claim: each container holds the device of its own request.
+    own = {"c": results["container-0-request-0"], "d": results["container-1-request-0"]}
     want = {("ext-a", c, "dra", EXTENDED, f"{NS}/{claim}", dev, uuid[dev])
-            for c in ("c", "d") for dev in both}  # fmt: skip
+            for c, dev in own.items()}  # fmt: skip
     want |= {("plain", "c", "dra", DRIVER, f"{NS}/{plain_claim}", other, uuid[other])}
     with on_node(ext.tmp, ext.node.socket, ext.node.name, ext.kubeconfig,
                  "--kubernetes.dra", env=ext.nvml.env()) as metrics:  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from exporter.dra.claimread import CLAIMS_PATH
 from exporter.dra.slicewatch import RULES_PATH, SLICES_PATH
 from exporter.kubeapi.client import ApiError, KubeApi, http_client, load_config
 from tests.realcluster import rbac
@@ -51,15 +52,17 @@ DRA_RULES = {
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
     ("resource.k8s.io", "devicetaintrules", "list"),
+    ("resource.k8s.io", "resourceclaims", "get"),
 }
 """docs/dra.md: the dra component's rules, on top of DOCUMENTED."""
 DRA_CALL_OF = {
     ("resource.k8s.io", "resourceslices", "list"): "list ResourceSlices",
     ("resource.k8s.io", "resourceslices", "watch"): "watch ResourceSlices",
     ("resource.k8s.io", "devicetaintrules", "list"): "list DeviceTaintRules",
+    ("resource.k8s.io", "resourceclaims", "get"): "get ResourceClaim",
 }
-"""The request of exporter/dra/slicewatch.py that each DRA rule lets through (the claims'
-health comes from the pod watch, with the kubernetes-api component's rules)."""
+"""The request of exporter/dra/slicewatch.py and claimread.py that each DRA rule lets through
+(the claims' health comes from the pod watch, with the kubernetes-api component's rules)."""
 SOURCES = ["kit", "chart", "kit-dra", "chart-dra"]
 
 
@@ -170,7 +173,7 @@ async def _calls(kubeconfig: Path, replicaset: str, job: str, *, dra: bool) -> d
 
 
 async def _dra_calls(api: KubeApi, attempt: Any) -> None:
-    """The requests of exporter/dra/slicewatch.py, as it makes them."""
+    """The requests of exporter/dra/slicewatch.py and claimread.py, as they make them."""
     selector = {"fieldSelector": f"spec.nodeName={NODE}"}
 
     async def watch_slices() -> None:
@@ -190,6 +193,16 @@ async def _dra_calls(api: KubeApi, attempt: Any) -> None:
                   lambda: api.list_objects("resourceslices", SLICES_PATH, selector))  # fmt: skip
     await attempt("watch ResourceSlices", watch_slices)
     await attempt("list DeviceTaintRules", list_rules)
+
+    async def get_claim() -> None:
+        try:
+            await api.get_object("resourceclaims", CLAIMS_PATH.format(namespace=WORK_NS,
+                                                                      name="absent"))  # fmt: skip
+        except ApiError as exc:
+            if exc.code != 404:  # none by that name: the authorizer let it through
+                raise
+
+    await attempt("get ResourceClaim", get_claim)
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -213,7 +226,7 @@ def test_docs_state_the_rules_the_test_expects() -> None:
 
 def test_docs_state_the_dra_rules() -> None:
     text = " ".join((ROOT / "docs" / "dra.md").read_text().split())
-    assert "`list`, `watch` on `resource.k8s.io/resourceslices`, `list` on `resource.k8s.io/devicetaintrules`. Nothing written." in text  # fmt: skip
+    assert "`list`, `watch` on `resource.k8s.io/resourceslices`, `list` on `resource.k8s.io/devicetaintrules`, `get` on `resource.k8s.io/resourceclaims`. Nothing written." in text  # fmt: skip
 
 
 def _expected(source: str) -> set[tuple[str, str, str]]:
@@ -261,7 +274,7 @@ def test_access_reviews_allow_what_it_needs_and_nothing_near_it(setup: Setup, so
     granted = {(v, r, g) for g, r, v in _expected(source)}
     allowed = [r for r in refused if r not in granted and rbac.allowed(api, *r)]
     assert [r for r in refused if r in granted] == (
-        [("list", "resourceslices", "resource.k8s.io")]
+        [("list", "resourceslices", "resource.k8s.io"), ("get", "resourceclaims", "resource.k8s.io")]
         if source.endswith("-dra") else []
     )  # fmt: skip
     assert allowed == []

@@ -62,7 +62,10 @@ class Joiner:
         devices = tuple(r.device for r in readings)
         dra = self.dra.identity(devices) if self.dra is not None else None
         dra_numa = self.dra.numa() if self.dra is not None else None
-        key = (cycle.kubelet, devices, tuple(sorted(cycle.cpu_nodes.items())), dra, dra_numa)
+        # What the claims say is not held (admin access, another container's request)
+        # leaves the kubelet's answer before the join (exporter/dra/holders.py).
+        kubelet = self.dra.narrow(cycle.kubelet) if self.dra is not None else cycle.kubelet
+        key = (kubelet, devices, tuple(sorted(cycle.cpu_nodes.items())), dra, dra_numa)
         if self._cache is not None and self._cache[0] == key:
             last = self._cache[1]
             joined_devices = tuple(
@@ -72,7 +75,7 @@ class Joiner:
             return replace(last, devices=joined_devices)
         joined = join(
             results,
-            cycle.kubelet,
+            kubelet,
             self.matcher,
             cpu_nodes=cycle.cpu_nodes,
             known_resources=self._resources,

@@ -28,8 +28,8 @@ from exporter.model import ExtendedClaim
 
 
 def parse_extended(obj: dict[str, Any]) -> tuple[ExtendedClaim, ...]:
-    """(claim, container, resource) of a pod's `extendedResourceClaimStatus`, one per
-    mapping (a container asking for two resources has two); () when there is none."""
+    """(claim, container, resource, request) of a pod's `extendedResourceClaimStatus`, one
+    per mapping (a container asking for two resources has two); () when there is none."""
     status = (obj.get("status") or {}).get("extendedResourceClaimStatus") or {}
     claim = str(status.get("resourceClaimName", "") or "")
     if not claim:
@@ -37,7 +37,12 @@ def parse_extended(obj: dict[str, Any]) -> tuple[ExtendedClaim, ...]:
     return tuple(
         sorted(
             {
-                ExtendedClaim(claim, str(m.get("containerName", "")), str(m["resourceName"]))
+                ExtendedClaim(
+                    claim,
+                    str(m.get("containerName", "")),
+                    str(m["resourceName"]),
+                    str(m.get("requestName", "") or ""),
+                )
                 for m in status.get("requestMappings") or ()
                 if m.get("resourceName")
             }

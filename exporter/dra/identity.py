@@ -15,7 +15,16 @@ ResourceSlice, which each driver publishes (sources, docs/dra.md):
 - Intel intel-resource-drivers-for-kubernetes, `cmd/kubelet-gpu-plugin/node_state.go`:
   `resource.kubernetes.io/pciBusID` and the deprecated `pciAddress`;
 - the standard attribute: k8s.io/dynamic-resource-allocation/deviceattribute
-  `StandardDeviceAttributePCIBusID` (`resource.kubernetes.io/pciBusID`).
+  `StandardDeviceAttributePCIBusID` (`resource.kubernetes.io/pciBusID`);
+- NVIDIA's partitions made at prepare (KEP-4815, dra-driver-nvidia-gpu
+  `cmd/gpu-kubelet-plugin/mig.go`, `partitions.go`): no UUID (the MIG device does not exist
+  until a claim is prepared), `parentUUID`, `profile`, and the name
+  `gpu-<minor>-mig-<profile>-<profile ID>-<placement start>` (`MigSpecTuple.ToCanonicalName`):
+  the MIG device the NVML source reads with that GPU, profile ID and placement start (as
+  the driver finds it, nvlib.go `FindMigDevBySpec`); where NVML denies the placement to
+  the exporter, such a device stays unidentified (counted, named in the log);
+- Google's DRANET, `pkg/inventory/db.go` and `pkg/apis/attributes.go`: `dra.net/pciAddress`
+  and the interface's host-side name `dra.net/ifName`.
 
 An identifying value that more than one device of the same driver publishes (a MIG
 device's or an AMD partition's parent bus ID) identifies none of them: it is skipped, and a
@@ -24,12 +33,18 @@ device left with no identifying value is unidentified, never guessed.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.ids import normalize_device_id, pci_address
+from exporter.ids import (
+    interface_key,
+    mig_placement_key,
+    normalize_device_id,
+    pci_address,
+)
 from exporter.model import Allocation, AllocationKind, ClaimResource, Container, Device
 
 if TYPE_CHECKING:  # the API client (exporter.kubeapi) loads only with --kubernetes.api
@@ -46,6 +61,7 @@ ID_ATTRIBUTES: tuple[tuple[str, bool], ...] = (
     ("pcieBusID", True),  # NVIDIA
     ("pciAddress", True),  # Intel (deprecated for the standard one)
     ("pciAddr", True),  # AMD VFIO devices
+    ("dra.net/pciAddress", True),  # DRANET's NICs
 )
 """(attribute, is a PCI address), in the order they are tried; a short name is in the
 driver's own domain."""
@@ -57,6 +73,9 @@ value, the kubelet's own rule for DRA topology hints (pkg/kubelet/cm/dra, the hi
 AMD's `numaNode` (ROCm/k8s-gpu-dra-driver deviceinfo.go, in its driver's domain). NVIDIA's
 VFIO devices say `numa` (k8s-dra-driver-gpu deviceinfo.go), taken too; its GPU and MIG
 devices publish only `resource.kubernetes.io/pcieRoot`, a root complex, not a node."""
+
+DYNAMIC_MIG = re.compile(r"^gpu-(?P<minor>\d+)-mig-(?P<profile>.+)-(?P<id>\d+)-(?P<start>\d+)$")
+"""NVIDIA's name for a MIG placement (mig.go `canonicalMigNameRegex`)."""
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 """A device tainted so is not allocated to a claim that does not tolerate it."""
@@ -107,16 +126,23 @@ def _id_values(device: SliceDevice) -> list[str]:
         value = pci_address(raw) if is_pci else normalize_device_id(raw)[0]
         if value and value not in values:
             values.append(value)
+    parent = device.attribute("parentUUID")
+    placed = DYNAMIC_MIG.match(device.name) if parent else None
+    if parent and placed:
+        values.append(mig_placement_key(parent, int(placed["id"]), int(placed["start"])))
+    interface = device.attribute("dra.net/ifName")
+    if interface:
+        values.append(interface_key(interface))
     return values
 
 
 def _one(candidates: Sequence[Device]) -> str | None:
-    """The device a value names; a PCI address names a GPU and its MIG devices alike, and
-    then means the one that is no other's child."""
+    """The device a value names; a PCI address names a GPU and its MIG devices alike (or a
+    NIC and its RDMA port), and then means the one that is no other candidate's child."""
     ids = {d.id for d in candidates}
     if len(ids) == 1:
         return next(iter(ids))
-    roots = {d.id for d in candidates if not d.parent}
+    roots = {d.id for d in candidates if d.parent not in ids}
     return next(iter(roots)) if len(roots) == 1 else None
 
 
@@ -163,43 +189,6 @@ def device_taints(
         out += [(device, t, "slice") for t in device.taints]
         out += [(device, r.taint, r.name) for r in rules if r.selects(device)]
     return sorted(out, key=lambda x: (x[0].key, x[1], x[2]))
-
-
-def free_devices(
-    slices: Iterable[Slice],
-    allocations: Iterable[Allocation],
-    rules: Iterable[TaintRule] = (),
-) -> dict[tuple[str, str, str], int]:
-    """(driver, pool, kind) -> devices a new claim could still get, every kind of every
-    current slice listed (0 included). A device is free when no container holds it (or it
-    allows multiple allocations), no NoSchedule/NoExecute taint is on it, and what it
-    consumes of its pool's shared counters (partitionable devices, KEP-4815: a MIG
-    placement and its whole GPU draw on the same memory slices) is still left once the
-    held devices' consumption is taken off. Held means: in PodResources now, which is what
-    this node runs; a claim allocated but not yet running here is not seen."""
-    current = current_slices(list(slices))
-    held = {(a.driver, a.pool, a.raw_id) for a in allocations if a.kind is AllocationKind.DRA}
-    left: dict[tuple[str, str, str, str], float] = {}
-    for s in current:
-        for counter_set, name, value in s.counters:
-            key = (s.driver, s.pool, counter_set, name)
-            left[key] = left.get(key, 0.0) + value
-    devices = [d for s in current for d in s.devices]
-    for d in devices:
-        if d.key in held:
-            for counter_set, name, amount in d.consumes:
-                key = (d.driver, d.pool, counter_set, name)
-                left[key] = left.get(key, 0.0) - amount
-    blocked = {d.key for d, t, _ in device_taints(devices, rules) if t.effect in BLOCKING_EFFECTS}
-    out: dict[tuple[str, str, str], int] = {}
-    for d in devices:
-        group = (d.driver, d.pool, device_kind(d))
-        fits = all(
-            left.get((d.driver, d.pool, cs, name), 0.0) >= amount for cs, name, amount in d.consumes
-        )
-        free = (d.key not in held or d.multiple) and d.key not in blocked and fits
-        out[group] = out.get(group, 0) + int(free)
-    return dict(sorted(out.items()))
 
 
 def current_slices(slices: list[Slice]) -> list[Slice]:

@@ -15,7 +15,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.kubeapi.client import KubeApi, PodStatusReader, http_client, load_config
+from exporter.kubeapi.answers import Limits
+from exporter.kubeapi.client import KubeApi, http_client, load_config
+from exporter.kubeapi.pods import PodStatusReader
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from exporter.settings.config import Config
@@ -38,11 +40,12 @@ def pod_watcher(config: Config, connect: Callable[[], KubeApi]) -> PodWatcher:
 
         log.info("pod metadata from the kubelet Pods API at %s", socket)
         feed = functools.partial(KubeletPods, socket=socket)
-        return PodWatcher(connect, config.node_name, labels, feed=feed)
+        return PodWatcher(connect, config.node_name, labels, feed=feed,
+                          max_pods=config.kubernetes_max_pods)  # fmt: skip
     # --kubernetes.dra reads whole pods (claim health) from the API watch: kept then.
     log.info("pod metadata from the API server's pod watch (no Pods API socket at %s%s)",
              socket, ", or --kubernetes.dra" if config.kubernetes_dra else "")  # fmt: skip
-    return PodWatcher(connect, config.node_name, labels)
+    return PodWatcher(connect, config.node_name, labels, max_pods=config.kubernetes_max_pods)
 
 
 def shared_connect(
@@ -58,6 +61,7 @@ def shared_connect(
                 KubeApi(
                     http_client(load_config(config.kubeconfig), REQUEST_TIMEOUT_SECONDS),
                     pod_status=pod_status,
+                    limits=Limits(objects=config.kubernetes_max_pods),
                 )
             )
         return made[0]

@@ -11,6 +11,10 @@ Every call asks for `PartialObjectMetadata` (client-go's metadata informer): lab
 and owner references are metadata, and a pod's spec and status (often tens of KB, changing
 on every probe) never cross the wire. A server that does not offer it answers plain JSON,
 which parses the same.
+
+Every answer is read through answers.py's bounds and decoders: bytes per body and per
+watch line, pages and objects per list, time per read; a shape or encoding the API does
+not have raises `Unusable`, never a KeyError or an AttributeError halfway through a list.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,26 @@ from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
-from exporter.model import ClaimHealth, ExtendedClaim
+from exporter.kubeapi.answers import (
+    Limits,
+    Unusable,
+    get,
+    json_object,
+    mapping,
+    read_body,
+    read_lines,
+    sequence,
+    text,
+    within,
+)
+from exporter.kubeapi.pods import (
+    OwnerRef,
+    PodMeta,
+    PodStatusReader,
+    WatchEvent,
+    controller_of,
+    pod_meta,
+)
 
 ACCEPT_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 ACCEPT_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -40,13 +62,6 @@ OWNER_RESOURCES = {"ReplicaSet": ("apps/v1", "replicasets"), "Job": ("batch/v1",
 """Owner kinds read once to find the workload above them (Deployment, CronJob)."""
 
 
-PodStatusReader = Callable[
-    [dict[str, Any]], tuple[tuple[ClaimHealth, ...], tuple[ExtendedClaim, ...]]
-]
-"""What a whole pod's status says of its DRA claims (`exporter.dra.claimhealth
-.read_pod_status`), handed in by the composition root with `--kubernetes.dra`."""
-
-
 class NotConfigured(Exception):
     """No usable kubeconfig or in-cluster configuration (only an operator fixes that)."""
 
@@ -54,13 +69,12 @@ class NotConfigured(Exception):
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     httpx.HTTPError,
     OSError,
-    ValueError,
-    KeyError,
     TimeoutError,
     NotConfigured,
 )
-"""What a watch catches as "the API server is unavailable for now": transport errors, a
-body that does not parse, no configuration yet; retried with back-off, never fatal."""
+"""What a watch catches as "the API server is unavailable for now": transport errors, no
+configuration yet; retried with back-off, never fatal. An answer that came but cannot be
+used is `Unusable` (answers.py)."""
 
 
 class ApiError(Exception):
@@ -69,58 +83,6 @@ class ApiError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{code} {message}")
         self.code = code
-
-
-@dataclass(frozen=True, slots=True)
-class OwnerRef:
-    kind: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class PodMeta:
-    namespace: str
-    name: str
-    uid: str
-    labels: tuple[tuple[str, str], ...] = ()
-    owner: OwnerRef | None = None
-    """The controlling owner reference (`controller: true`), if any."""
-    health: tuple[ClaimHealth, ...] = ()
-    """Its claims' `allocatedResourcesStatus`, when whole pods are read (`pod_status`)."""
-    extended: tuple[ExtendedClaim, ...] = ()
-    """Its `extendedResourceClaimStatus` (KEP-5004), when whole pods are read."""
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: str
-    """ADDED, MODIFIED, DELETED or BOOKMARK (the Pods API: INITIAL_SYNC_COMPLETE, no version)."""
-    resource_version: str
-    pod: PodMeta | None = None
-    """None for a BOOKMARK or INITIAL_SYNC_COMPLETE."""
-
-
-def controller_of(meta: dict[str, Any]) -> OwnerRef | None:
-    for ref in meta.get("ownerReferences") or ():
-        if ref.get("controller"):
-            return OwnerRef(str(ref.get("kind", "")), str(ref.get("name", "")), str(ref["uid"]))
-    return None
-
-
-def pod_meta(obj: dict[str, Any], status: PodStatusReader | None = None) -> PodMeta:
-    meta = obj["metadata"]
-    health, extended = status(obj) if status is not None else ((), ())
-    labels = meta.get("labels") or {}
-    return PodMeta(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta["name"]),
-        uid=str(meta["uid"]),
-        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        owner=controller_of(meta),
-        health=health,
-        extended=extended,
-    )
 
 
 def load_config(kubeconfig: Path | None) -> Any:
@@ -179,24 +141,48 @@ def describe(exc: BaseException) -> str:
 
 
 def _error(response: httpx.Response, body: bytes) -> ApiError:
+    return ApiError(response.status_code, _error_message(body, response.reason_phrase))
+
+
+def _error_message(body: bytes, reason: str) -> str:
+    """An HTTP error's `Status` message (its first 200 bytes when it has none; `reason`
+    when it is empty)."""
     try:
-        message = str(json.loads(body).get("message", ""))
-    except ValueError:
+        message = json.loads(body).get("message", "")
+    except (ValueError, AttributeError, RecursionError):
+        message = None
+    if not isinstance(message, str):
         message = body[:200].decode(errors="replace")
-    return ApiError(response.status_code, message or response.reason_phrase)
+    return message[:500] or reason
+
+
+def _status_error(obj: dict[str, Any]) -> ApiError:
+    """A watch ERROR event's `Status` (410 Gone when the version is too old)."""
+    code = obj.get("code")
+    message = obj.get("message")
+    return ApiError(
+        code if isinstance(code, int) and 100 <= code < 600 else 500,
+        message[:500] if isinstance(message, str) else "",
+    )
 
 
 class KubeApi:
     """Pods of one node and owner metadata; `requests` counts (verb, resource, code)."""
 
     def __init__(
-        self, http: httpx.AsyncClient, *, pod_status: PodStatusReader | None = None
+        self,
+        http: httpx.AsyncClient,
+        *,
+        pod_status: PodStatusReader | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.http = http
         self.requests: Counter[tuple[str, str, str]] = Counter()
         self.pod_status = pod_status
         """Given: list and watch whole pods, not their metadata, and read their DRA claims
         from their status with it (`--kubernetes.dra`, exporter/dra/claimhealth.py)."""
+        self.limits = limits or Limits()
+        """Bounds on every answer; `objects` is the pod list's (--kubernetes.max-pods)."""
 
     @property
     def full_pods(self) -> bool:
@@ -207,21 +193,22 @@ class KubeApi:
 
     async def list_pods(self, node: str) -> tuple[list[PodMeta], str]:
         """Every pod on `node`, page by page; the list's resourceVersion to watch from."""
-        pods: list[PodMeta] = []
-        params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(LIST_PAGE)}
-        while True:
-            accept = "application/json" if self.full_pods else ACCEPT_LIST
-            body = await self._get("list", "pods", "/api/v1/pods", params, accept)
-            pods += [pod_meta(item, self.pod_status) for item in body.get("items") or ()]
-            meta = body.get("metadata") or {}
-            if not meta.get("continue"):
-                return pods, str(meta.get("resourceVersion", ""))
-            params["continue"] = str(meta["continue"])
+        accept = "application/json" if self.full_pods else ACCEPT_LIST
+        params = {"fieldSelector": f"spec.nodeName={node}"}
+        items, version = await self._list("pods", "/api/v1/pods", params, accept,
+                                          limits=self.limits, what="pods",
+                                          flag_name="--kubernetes.max-pods")  # fmt: skip
+        return [pod_meta(item, self.pod_status) for item in items], version
 
     async def watch_pods(
-        self, node: str, resource_version: str, timeout_seconds: int
+        self,
+        node: str,
+        resource_version: str,
+        timeout_seconds: int,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        """Events after `resource_version` until the server ends the watch (its timeout)."""
+        """Events after `resource_version` until the server ends the watch (its timeout);
+        `opened()` once the server accepted it (it sends everything after that version)."""
         params = {
             "watch": "true",
             "fieldSelector": f"spec.nodeName={node}",
@@ -237,31 +224,66 @@ class KubeApi:
         response = await self._send("watch", "pods", request)
         try:
             if response.status_code != 200:
-                raise _error(response, await response.aread())
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield _watch_event(json.loads(line), self.pod_status)
+                raise _error(response, await read_body(response, self.limits.answer_bytes))
+            if opened is not None:
+                opened()
+            async for line in read_lines(response, self.limits.answer_bytes):
+                yield _watch_event(json_object(line, "a pod watch line"), self.pod_status)
         finally:
             await response.aclose()
 
     async def list_objects(
-        self, resource: str, path: str, params: dict[str, str]
+        self,
+        resource: str,
+        path: str,
+        params: dict[str, str],
+        limits: Limits | None = None,
+        flag_name: str = "",
     ) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a list (whole objects, page by page): the DRA slices and rules."""
-        items: list[dict[str, Any]] = []
+        """Every object of a list (whole objects, page by page): the DRA slices and rules;
+        `limits.objects` (set by `flag_name`) bounds how many."""
+        items, version = await self._list(resource, path, params, "application/json",
+                                          limits=limits or self.limits, what=resource,
+                                          flag_name=flag_name)  # fmt: skip
+        return [mapping(item, f"a {resource} list item") for item in items], version
+
+    async def _list(
+        self,
+        resource: str,
+        path: str,
+        params: dict[str, str],
+        accept: str,
+        *,
+        limits: Limits,
+        what: str,
+        flag_name: str,
+    ) -> tuple[list[Any], str]:
+        """A list's items, page by page (at most `limits.pages`, `limits.objects` items);
+        its resourceVersion."""
+        items: list[Any] = []
         params = {**params, "limit": str(LIST_PAGE)}
-        while True:
-            body = await self._get("list", resource, path, params, "application/json")
-            items += list(body.get("items") or ())
-            meta = body.get("metadata") or {}
-            if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion", ""))
-            params["continue"] = str(meta["continue"])
+        for _ in range(limits.pages):
+            body = await self._get("list", resource, path, params, accept)
+            items += sequence(body.get("items"), f"the {resource} list's items")
+            limits.count(len(items), what, flag_name or "the limit")
+            meta = mapping(body.get("metadata"), f"the {resource} list's metadata")
+            more = text(meta.get("continue"), f"the {resource} list's continue token")
+            if not more:
+                version = meta.get("resourceVersion")
+                return items, text(version, f"the {resource} list's resourceVersion")
+            params["continue"] = more
+        raise Unusable("pages", f"a {resource} list of more than {limits.pages} pages: dropped")
 
     async def watch_objects(
-        self, resource: str, path: str, params: dict[str, str], timeout_seconds: int
+        self,
+        resource: str,
+        path: str,
+        params: dict[str, str],
+        timeout_seconds: int,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-        """(type, resourceVersion, object) of a watch of whole objects; ApiError on ERROR."""
+        """(type, resourceVersion, object) of a watch of whole objects; ApiError on ERROR;
+        `opened()` once the server accepted it."""
         params = {**params, "watch": "true", "allowWatchBookmarks": "true",
                   "timeoutSeconds": str(timeout_seconds)}  # fmt: skip
         timeout = httpx.Timeout(self.http.timeout.connect, read=None)
@@ -269,41 +291,53 @@ class KubeApi:
         response = await self._send("watch", resource, request)
         try:
             if response.status_code != 200:
-                raise _error(response, await response.aread())
-            async for line in response.aiter_lines():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message", "")))
-                version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-                yield str(event.get("type", "")), version, obj
+                raise _error(response, await read_body(response, self.limits.answer_bytes))
+            if opened is not None:
+                opened()
+            async for line in read_lines(response, self.limits.answer_bytes):
+                event = json_object(line, f"a {resource} watch line")
+                obj = mapping(event.get("object"), f"a {resource} watch event's object")
+                kind = text(event.get("type"), f"a {resource} watch event's type")
+                if kind == "ERROR":
+                    raise _status_error(obj)
+                version = text(get(obj, "metadata", "resourceVersion"),
+                               f"a {resource} watch event's resourceVersion")  # fmt: skip
+                yield kind, version, obj
         finally:
             await response.aclose()
+
+    async def get_object(self, resource: str, path: str) -> dict[str, Any]:
+        """One whole object (a ResourceClaim the DRA view reads)."""
+        return await self._get("get", resource, path, {}, "application/json")
 
     async def controller_of(self, namespace: str, kind: str, name: str) -> OwnerRef | None:
         """The controlling owner of a ReplicaSet or Job (None: it has none)."""
         api_version, resource = OWNER_RESOURCES[kind]
         path = f"/apis/{api_version}/namespaces/{namespace}/{resource}/{name}"
         body = await self._get("get", resource, path, {}, ACCEPT_OBJECT)
-        return controller_of(body.get("metadata") or {})
+        where = f"{kind} {namespace}/{name}"
+        return controller_of(mapping(body.get("metadata"), f"{where}: metadata"), where)
 
     async def _get(
         self, verb: str, resource: str, path: str, params: dict[str, str], accept: str
     ) -> dict[str, Any]:
+        """One answer, whole within `limits.read_seconds` and `limits.answer_bytes`."""
+        what = f"{verb} {resource}"
+        fetching = self._fetch(verb, resource, path, params, accept)
+        response, body = await within(self.limits.read_seconds, f"the {what} answer", fetching)
+        if response.status_code != 200:
+            raise _error(response, body)
+        return json_object(body, f"the {what} answer")
+
+    async def _fetch(
+        self, verb: str, resource: str, path: str, params: dict[str, str], accept: str
+    ) -> tuple[httpx.Response, bytes]:
         request = self.http.build_request("GET", path, params=params, headers={"Accept": accept})
         response = await self._send(verb, resource, request)
         try:
-            body = await response.aread()
+            return response, await read_body(response, self.limits.answer_bytes)
         finally:
             await response.aclose()
-        if response.status_code != 200:
-            raise _error(response, body)
-        data = json.loads(body)
-        if not isinstance(data, dict):
-            raise ApiError(response.status_code, "answer is not a JSON object")
-        return data
 
     async def _send(self, verb: str, resource: str, request: httpx.Request) -> httpx.Response:
         try:
@@ -316,12 +350,12 @@ class KubeApi:
 
 
 def _watch_event(event: dict[str, Any], status: PodStatusReader | None) -> WatchEvent:
-    kind = str(event.get("type", ""))
-    obj = event.get("object") or {}
+    kind = text(event.get("type"), "a pod watch event's type")
+    obj = mapping(event.get("object"), "a pod watch event's object")
     if kind == "ERROR":
         # A Status: 410 Gone when the resourceVersion is too old for the watch cache.
-        raise ApiError(int(obj.get("code") or 500), str(obj.get("message", "")))
-    version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        raise _status_error(obj)
+    version = text(get(obj, "metadata", "resourceVersion"), "a pod watch event's resourceVersion")
     if kind == "BOOKMARK":
         return WatchEvent(kind, version)
     return WatchEvent(kind, version, pod_meta(obj, status))

@@ -11,7 +11,10 @@ What is listed and watched, how an event is decoded and applied, and what a fail
 belong to the watched thing (`Watched`: the API server's pods, kubeapi/watcher.py; the
 kubelet's, kubeapi/podsapi.py; the ResourceSlices, dra/slicewatch.py). How long the loop
 waits is `Timing`, defaults once. Every failure of a list or a watch is caught here, in one
-place.
+place, and no exception ends the loop while the process runs: an answer the watched thing
+cannot use (`answers.Unusable`: a shape the API does not have, bytes that do not decode, an
+answer over a bound) is counted in `Sync.refused` and retried like an unavailable peer, and
+anything else, a bug, is logged with its traceback once and retried the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Generic, Protocol, TypeVar
 
+from exporter.kubeapi.answers import Unusable
 from exporter.kubeapi.client import ApiError
 from exporter.runtime.backoff import Backoff
 from exporter.runtime.log import StateLog
@@ -50,6 +55,10 @@ class Timing:
     """The first wait after a failure, doubling to the second."""
     denied_backoff: float = 300.0
     """The wait after a failure only an operator fixes (401/403, no configuration)."""
+    stable: float = 120.0
+    """A stream that stayed in sync this long before it ended starts the retry schedule over
+    (client-go's reflector resets its back-off after 2 minutes without one); one that ends
+    sooner, however often it synced, goes on with the schedule."""
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
@@ -83,7 +92,10 @@ class Failure:
     """What to log: a warning once per state; for a relist, an info line each time."""
     wait: Wait = Wait.RETRY
     restart: bool = False
-    """The stream had synced before it ended: the retry schedule starts over (the Pods API)."""
+    """The stream stayed in sync `Timing.stable` or longer before it ended: the retry
+    schedule starts over (the Pods API)."""
+    trace: BaseException | None = None
+    """An error nobody expected: logged with its traceback (once per state)."""
 
     @property
     def relists(self) -> bool:
@@ -101,13 +113,23 @@ class Sync:
         """The last list or watch worked."""
         self.synced = asyncio.Event()
         """Set at the first sync; never cleared."""
+        self.refused: Counter[str] = Counter()
+        """Answers dropped at the boundary, by `Unusable.reason`."""
+        self._lingering = False
+        """The last failure was an unusable answer or a bug: a list or an accepted watch
+        makes the thing up again, but only an event used ends the failure said (a peer that
+        lists well and breaks every watch is one warning, not two lines per attempt)."""
 
-    def answering(self, again: str, first: Callable[[], str]) -> None:
-        """In sync: say `again` after a failure, `first()` at the first sync."""
-        if not self.up:
+    def answering(self, again: str, first: Callable[[], str], *, event: bool = False) -> None:
+        """In sync: say `again` after a failure (`event`: an event was used), `first()` at the
+        first sync."""
+        if self.up and not (event and self._lingering):
+            return
+        if event or not self._lingering:
             self.states.ok_all(self.key, again)
-            if not self.synced.is_set():
-                self.states.logger.info("%s", first())
+            self._lingering = False
+        if not self.synced.is_set():
+            self.states.logger.info("%s", first())
         self.up = True
         self.synced.set()
 
@@ -117,7 +139,8 @@ class Sync:
         if failure.relists:
             self.states.logger.info("%s", failure.line)
         else:
-            self.states.failed(self.key + failure.key, failure.line)
+            self._lingering = failure.key.startswith(("unusable/", "error/"))
+            self.states.failed(self.key + failure.key, failure.line, trace=failure.trace)
 
 
 class Watched(Protocol[Event]):
@@ -127,8 +150,8 @@ class Watched(Protocol[Event]):
     """For the log: "the {name} watch ended..."."""
     sync: Sync
     failures: tuple[type[BaseException], ...]
-    """What its list or watch raises when the peer is unusable for now; anything else ends
-    the loop."""
+    """What its list or watch raises when the peer is unavailable for now, for `failure` to
+    say what it means; `Unusable` and anything else are the loop's to say."""
     bounded: bool
     """The peer ends each watch after the `timeoutSeconds` asked (the API server); False: a
     stream it never ends by itself (the kubelet's)."""
@@ -162,8 +185,8 @@ class ListWatch(Generic[Event]):
         self.timing = timing
 
     async def run(self, stop: asyncio.Event) -> None:
-        """List and watch until `stop` is set (a list or watch in flight then ends at once);
-        an error not in `failures` ends it."""
+        """List and watch until `stop` is set (a list or watch in flight then ends at once),
+        whatever the peer answers."""
         looping = asyncio.ensure_future(self._loop(stop))
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -193,14 +216,36 @@ class ListWatch(Generic[Event]):
             except ShortWatch as exc:
                 log.debug("%s", exc)
                 wait: float | None = self._delay(retry, denied=False)
-            except self.watched.failures as exc:
-                failure = self.watched.failure(exc)
+            except Exception as exc:  # noqa: BLE001 - no answer and no bug ends the watch
+                failure = self._failure(exc)
                 self.watched.sync.down(failure)
                 wait = self._wait(failure, retry, relist if gone else None)
                 if failure.relists:
                     version, gone = "", True
+                elif isinstance(exc, Unusable):
+                    version = ""  # resumed, the watch would replay what broke: list again
             if wait is not None:
                 await pause(stop, wait)
+
+    def _failure(self, exc: Exception) -> Failure:
+        """What `exc` means: the watched thing's word for its failures; an unusable answer
+        or anything else (a bug), the loop's."""
+        name = self.watched.name
+        if isinstance(exc, Unusable):
+            self.watched.sync.refused[exc.reason] += 1
+            line = (
+                f"{name} answer unusable ({exc}); keeping what was last read, asking again "
+                "with back-off"
+            )
+            return Failure(f"unusable/{exc.reason}", line)
+        if isinstance(exc, self.watched.failures):
+            return self.watched.failure(exc)
+        what = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        line = (
+            f"the {name} watch failed unexpectedly ({type(exc).__name__}: {what}); keeping what "
+            "was last read, asking again with back-off"
+        )
+        return Failure(f"error/{type(exc).__name__}", line, trace=exc)
 
     async def _watch(self, version: str, stop: asyncio.Event) -> str:
         """Apply events until the peer ends the watch; the version to resume from."""
@@ -253,6 +298,40 @@ def api_wait(
 def api_key(exc: BaseException) -> str:
     """An API server failure's state: its HTTP code, or the exception's name."""
     return str(exc.code) if isinstance(exc, ApiError) else type(exc).__name__
+
+
+async def supervise(
+    name: str,
+    run: Callable[[asyncio.Event], Awaitable[None]],
+    stop: asyncio.Event,
+    timing: Timing | None = None,
+) -> None:
+    """`run(stop)` until `stop` is set, started again whenever it ends before: what keeps a
+    watcher alive while the process runs should one of the loops above have a bug that lets
+    an error through. Each end is logged once per state (with its traceback) and the next
+    start waits the retry schedule, which starts over after a run of `timing.stable`."""
+    timing = timing or Timing()
+    retry = Backoff(*timing.backoff)
+    states = StateLog(log)
+    while not stop.is_set():
+        started = timing.clock()
+        trace: BaseException | None = None
+        try:
+            await run(stop)
+        except Exception as exc:  # noqa: BLE001 - the one place a watcher's end is caught
+            trace = exc
+        if stop.is_set():
+            return
+        if timing.clock() - started >= timing.stable:
+            retry.success()
+        wait = timing.jittered(retry.failure())
+        why = f"{type(trace).__name__}: {trace}" if trace is not None else "it returned"
+        states.failed(
+            "ended",
+            f"{name} ended ({why.splitlines()[0][:200]}); started again in {wait:.0f}s",
+            trace=trace,
+        )
+        await pause(stop, wait)
 
 
 async def pause(stop: asyncio.Event, seconds: float) -> None:

@@ -15,7 +15,13 @@ event names them; pods deleted while the stream was down leave then. No pod lose
 series during a kubelet restart. Each state change is logged once.
 
 The stream is a feed of watcher.py's `PodWatcher`, driven by listwatch.py's loop like the API
-server's pod watch: its "list" starts a replay, its events are decoded here, in one place.
+server's pod watch: its "list" starts a replay, its events are decoded here, in one place:
+pod bytes that do not decode (or hold a string that is not UTF-8) make the stream's answer
+unusable (answers.py), as does a replay or a cache of more pods than `--kubernetes.max-pods`;
+the stream is then dropped, the cache kept, and the loop reconnects with back-off. A stream
+that ends is retried on the back-off schedule, which starts over only after a stream that
+stayed in sync `Timing.stable` (2 minutes): a kubelet that replays and hangs up at once is
+asked ever less often, not once a second.
 Owners above a ReplicaSet or Job (Deployment, CronJob) are not in the pod: the PodWatcher
 still reads them from the API server, one `get` per owner, whatever its feed.
 """
@@ -33,8 +39,10 @@ from google.protobuf.message import DecodeError
 from exporter._proto.podsapi.corev1 import api_pb2 as corev1
 from exporter._proto.podsapi.v1alpha1 import api_pb2 as pb
 from exporter._proto.podsapi.v1alpha1 import api_pb2_grpc as pb_grpc
-from exporter.kubeapi.client import OwnerRef, PodMeta, WatchEvent
-from exporter.kubeapi.listwatch import Failure, Sync
+from exporter.kubeapi.answers import Unusable
+from exporter.kubeapi.client import NotConfigured
+from exporter.kubeapi.listwatch import Failure, Sync, Wait
+from exporter.kubeapi.pods import OwnerRef, PodMeta, WatchEvent
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.settings.config import DEFAULTS
 
@@ -56,13 +64,31 @@ class StreamEnded(Exception):
 
 def decode_pod(data: bytes) -> PodMeta:
     """`v1.Pod#Marshal()` bytes -> the metadata the info series needs (its controlling owner,
-    `controller: true`, as watcher.py's `controller_of` picks it)."""
-    meta = corev1.Pod.FromString(data).metadata
-    owner = next(
-        (OwnerRef(ref.kind, ref.name, ref.uid) for ref in meta.ownerReferences if ref.controller),
-        None,
-    )
-    return PodMeta(meta.namespace, meta.name, meta.uid, tuple(sorted(meta.labels.items())), owner)
+    `controller: true`, as watcher.py's `controller_of` picks it). Unusable: bytes that do
+    not decode, a string that is not UTF-8 (which protobuf reads lazily: as an exception, or
+    for a map's value as bytes)."""
+    try:
+        meta = corev1.Pod.FromString(data).metadata
+        owner = next(
+            (OwnerRef(_text(ref.kind), _text(ref.name), _text(ref.uid))
+             for ref in meta.ownerReferences if ref.controller),
+            None,
+        )  # fmt: skip
+        labels = tuple(sorted((_text(k), _text(v)) for k, v in meta.labels.items()))
+        pod = PodMeta(_text(meta.namespace), _text(meta.name), _text(meta.uid), labels, owner)
+    except (DecodeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        message = f"a pod of {len(data)} bytes that does not decode ({why})"
+        raise Unusable("decode", message) from exc
+    if not pod.uid or not pod.name:
+        raise Unusable("decode", "a pod without a name or a UID")
+    return pod
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"a string that is not UTF-8: {value!r:.40}")
+    return value
 
 
 _KINDS = {pb.ADDED: "ADDED", pb.MODIFIED: "MODIFIED", pb.DELETED: "DELETED"}
@@ -87,8 +113,9 @@ class KubeletPods:
     name = "kubelet Pods API"
     source = SOURCE_KUBELET
     bounded = False
-    failures: tuple[type[BaseException], ...] = (grpc.aio.AioRpcError, StreamEnded, DecodeError)
-    """Not NotConfigured: with no API configuration for the owner reads the watcher ends."""
+    failures: tuple[type[BaseException], ...] = (grpc.aio.AioRpcError, StreamEnded, NotConfigured)
+    """NotConfigured: no API configuration for the owner reads, which only an operator fixes
+    (asked again after the long wait)."""
 
     def __init__(
         self,
@@ -105,12 +132,15 @@ class KubeletPods:
         """WatchPods calls made (the first, then one per reconnect)."""
         self._replay: dict[str, PodMeta] | None = None
         """The pods the stream replays, apart until INITIAL_SYNC_COMPLETE; None after."""
+        self._synced_at: float | None = None
+        """When the current stream synced (None: it has not)."""
 
     async def list(self) -> str:
         """A new replay, kept apart from the cache (which keeps serving meanwhile). The owner
         reads' client is made first (it makes no request by itself)."""
         self.pods.client()
         self._replay = {}
+        self._synced_at = None
         return ""
 
     async def watch(self, version: str, timeout: int) -> AsyncIterator[WatchEvent]:
@@ -136,10 +166,15 @@ class KubeletPods:
         elif event.type == "DELETED":
             self._replay.pop(event.pod.uid, None)
         else:
+            if event.pod.uid not in self._replay:
+                self.pods.check_count(len(self._replay) + 1)
             self._replay[event.pod.uid] = event.pod
         return ""
 
     def failure(self, exc: BaseException) -> Failure:
+        if isinstance(exc, NotConfigured):
+            line = f"{exc}; owners above ReplicaSets and Jobs cannot be read, Pods API not read"
+            return Failure("NotConfigured", line, Wait.DENIED)
         if isinstance(exc, grpc.aio.AioRpcError):
             key, why = exc.code().name, f"{exc.code().name}: {exc.details()}"
         else:
@@ -148,7 +183,12 @@ class KubeletPods:
             f"kubelet Pods API at {self.socket} unavailable ({why}); reconnecting with back-off,"
             f" serving the {len(self.pods.pods)} pods last synced meanwhile"
         )
-        return Failure(key, line, restart=isinstance(exc, StreamEnded) and self._replay is None)
+        return Failure(key, line, restart=isinstance(exc, StreamEnded) and self._stable())
+
+    def _stable(self) -> bool:
+        """The stream that ended had stayed in sync `Timing.stable` or longer."""
+        timing = self.pods.timing
+        return self._synced_at is not None and timing.clock() - self._synced_at >= timing.stable
 
     def _swap(self, replay: dict[str, PodMeta]) -> None:
         """The replay becomes the cache. After a reconnect, pods it lacks stay `restart_grace`
@@ -163,12 +203,14 @@ class KubeletPods:
             asyncio.get_running_loop().call_later(self.restart_grace, self._expire, missing)
             replay = {**missing, **replay}
         self.pods.replace(replay)
+        self._synced_at = self.pods.timing.clock()
         self.sync.answering(
             f"kubelet Pods API at {self.socket} answering again",
             lambda: (
                 f"reading the {len(replay)} pods of node {self.pods.node} from the kubelet "
                 f"Pods API at {self.socket}"
             ),
+            event=True,
         )
 
     def _expire(self, missing: dict[str, PodMeta]) -> None:

@@ -19,6 +19,10 @@ Owners: a pod's controller is in its own metadata; the workload above a ReplicaS
 after `owner_ttl` while a pod still refers to it, whatever the feed. Steady state is one
 watch request per watch timeout plus the owner re-reads: see docs/kubernetes-api.md for the
 measured numbers.
+
+Bounds: the cache holds at most `max_pods` pods (`--kubernetes.max-pods`): a list or an
+event past it is an unusable answer (answers.py), the cache as it was kept. No answer and no
+bug ends the feed's loop or the owner reads: both log once per state and retry.
 """
 
 from __future__ import annotations
@@ -27,21 +31,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import httpx2 as httpx
 
+from exporter.kubeapi.answers import Unusable
 from exporter.kubeapi.client import (
     OWNER_RESOURCES,
     UNAVAILABLE,
     ApiError,
     KubeApi,
     NotConfigured,
-    OwnerRef,
-    PodMeta,
-    WatchEvent,
     describe,
 )
 from exporter.kubeapi.listwatch import (
@@ -54,8 +57,10 @@ from exporter.kubeapi.listwatch import (
     api_key,
     api_wait,
 )
+from exporter.kubeapi.pods import OwnerRef, PodMeta, WatchEvent
 from exporter.kubeapi.workloads import LabelFilter, pod_info
 from exporter.model import KubeApiHealth, PodInfo
+from exporter.settings.config import DEFAULTS
 
 log = logging.getLogger("exporter.kubeapi")
 
@@ -90,9 +95,14 @@ class PodWatcher:
         timing: Timing | None = None,
         owner_ttl: float = OWNER_TTL_SECONDS,
         owner_retry: float = OWNER_RETRY_SECONDS,
+        max_pods: int = DEFAULTS.kubernetes_max_pods,
     ) -> None:
         self._connect = connect
         self.node = node
+        self.max_pods = max_pods
+        """Pods the cache may hold (--kubernetes.max-pods); 0: no limit."""
+        self.owners_refused: Counter[str] = Counter()
+        """Owner answers dropped at the boundary, by `Unusable.reason`."""
         self.labels = labels or LabelFilter()
         self.timing = timing or Timing()
         self.owner_ttl = owner_ttl
@@ -140,7 +150,12 @@ class PodWatcher:
 
     def health(self) -> KubeApiHealth:
         requests = dict(self.api.requests) if self.api is not None else {}
-        return KubeApiHealth(self.feed.sync.up, len(self.pods), requests, self.feed.source)
+        refused = {(self.feed.source, "pods", reason): n
+                   for reason, n in self.feed.sync.refused.items()}  # fmt: skip
+        refused |= {("kubernetes-api", "owners", reason): n
+                    for reason, n in self.owners_refused.items()}  # fmt: skip
+        return KubeApiHealth(self.feed.sync.up, len(self.pods), requests, self.feed.source,
+                             refused)  # fmt: skip
 
     def _info(self, uid: str, pod: PodMeta) -> PodInfo:
         owner = self.owners.get(pod.owner.uid) if pod.owner else None
@@ -172,8 +187,10 @@ class PodWatcher:
         self._changed.set()
 
     def replace(self, pods: dict[str, PodMeta]) -> None:
-        """The feed's whole list (or replay) becomes the cache. Its first is the feed
-        starting, not a change on the node: the first poll has those pods already."""
+        """The feed's whole list (or replay) becomes the cache; Unusable (the cache as it
+        was) past `max_pods`. Its first is the feed starting, not a change on the node: the
+        first poll has those pods already."""
+        self.check_count(len(pods))
         if pods != self.pods and self.synced.is_set():
             self._note_change()
         self.pods = pods
@@ -184,17 +201,29 @@ class PodWatcher:
         """One pod added or changed, or (`kind` DELETED) gone. Every event is a change: a
         pod's status (its containers started, so its devices allocated) is not in its
         metadata."""
-        self._note_change()
         if kind == "DELETED":
             self.pods.pop(pod.uid, None)
             self._infos.pop(pod.uid, None)
         else:
+            if pod.uid not in self.pods:
+                self.check_count(len(self.pods) + 1)
             self.pods[pod.uid] = pod
             self._want_owners((pod,))
+        self._note_change()
+
+    def check_count(self, pods: int) -> None:
+        """Unusable when `pods` is more than this node can run (--kubernetes.max-pods)."""
+        if self.max_pods and pods > self.max_pods:
+            raise Unusable(
+                "objects",
+                f"more than {self.max_pods} pods on node {self.node} "
+                "(over --kubernetes.max-pods): answer dropped",
+            )
 
     # --- the background tasks ------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        """The feed's loop and the owner reads until `stop` (the client closed then)."""
         owners = asyncio.create_task(self._resolve_owners(stop))
         try:
             await self._watch_forever(stop)
@@ -202,7 +231,7 @@ class PodWatcher:
             owners.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await owners
-            if self.api is not None:
+            if self.api is not None and stop.is_set():  # ended for a bug: started again, with it
                 await self.api.close()
 
     async def _watch_forever(self, stop: asyncio.Event) -> None:
@@ -217,12 +246,22 @@ class PodWatcher:
                 return
 
     async def _resolve_owners(self, stop: asyncio.Event) -> None:
+        states = self.feed.sync.states
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._owner_wanted.wait(), timeout=self.owner_retry)
             self._owner_wanted.clear()
-            if self.api is not None:
+            if self.api is None:
+                continue
+            try:
                 await self._read_due_owners(self.api)
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the owner reads
+                states.failed(
+                    f"owner/error/{type(exc).__name__}",
+                    f"reading owners failed unexpectedly ({type(exc).__name__}: {exc}); "
+                    f"asking again in {self.owner_retry:g}s",
+                    trace=exc,
+                )
 
     async def _read_due_owners(self, api: KubeApi) -> None:
         now = self.timing.clock()
@@ -247,7 +286,17 @@ class PodWatcher:
                         "(Deployments, CronJobs) stay unnamed; check the ServiceAccount's RBAC",
                     )
                 parent = known.parent if known else None
-            except (httpx.HTTPError, OSError, ValueError) as exc:
+            except Unusable as exc:
+                self.owners_refused[exc.reason] += 1
+                self.feed.sync.states.failed(
+                    f"owner/unusable/{exc.reason}",
+                    f"{ref.kind} owner answer unusable ({exc}); asking again in "
+                    f"{self.owner_retry:g}s",
+                )
+                parent = known.parent if known else None
+                self.owners[uid] = _Owner(parent, self.timing.clock() + self.owner_retry)
+                continue
+            except (httpx.HTTPError, OSError) as exc:
                 log.debug("reading %s %s/%s failed: %s", ref.kind, namespace, ref.name, exc)
                 # Retried after owner_retry; meanwhile the pod's series names what is known.
                 parent = known.parent if known else None
@@ -279,12 +328,13 @@ class ApiPods:
         return version
 
     def watch(self, version: str, timeout: int) -> AsyncIterator[WatchEvent]:
-        return self.pods.client().watch_pods(self.pods.node, version, timeout)
+        # Accepted from our version: in sync (up) before the first event comes.
+        return self.pods.client().watch_pods(self.pods.node, version, timeout, self._answering)
 
     def apply(self, event: WatchEvent) -> str:
-        self._answering()
         if event.pod is not None:  # a BOOKMARK only moves the version
             self.pods.apply(event.type, event.pod)
+        self._answering(event=True)
         return event.resource_version
 
     def failure(self, exc: BaseException) -> Failure:
@@ -302,8 +352,9 @@ class ApiPods:
         )
         return Failure(api_key(exc), line, wait)
 
-    def _answering(self) -> None:
+    def _answering(self, *, event: bool = False) -> None:
         self.sync.answering(
             "Kubernetes API answering again",
             lambda: f"watching the {len(self.pods.pods)} pods of node {self.pods.node}",
+            event=event,
         )

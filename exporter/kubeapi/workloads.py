@@ -14,7 +14,7 @@ import functools
 import re
 from collections.abc import Sequence
 
-from exporter.kubeapi.client import OwnerRef, PodMeta
+from exporter.kubeapi.pods import OwnerRef, PodMeta
 from exporter.model import PodInfo
 
 KIND_ATTRIBUTE = {

@@ -19,12 +19,17 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
 - a kubelet restart (a new socket file, or the socket gone and back): the channel is
   rebuilt instead of waiting out gRPC's reconnect back-off;
 - RESOURCE_EXHAUSTED ("rejected by rate limit", 100 qps / burst 10 across ALL clients):
-  exponential back-off during which no call is made.
+  exponential back-off during which no call is made;
+- an answer that does not decode (random bytes, a string that is not UTF-8, a varint
+  without end; answers.py reads them): a `List` fails the poll (`DECODE_ERROR`, retried the
+  next cycle), a `GetAllocatableResources` keeps the last allocatable list and is asked
+  again at the next poll (not 300 s later; the poll's List stands); each counted, logged
+  once per state. `poll` raises nothing but
+  PodResourcesError: the kubelet's answers cost the kubelet's data, never a cycle.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import stat
@@ -41,21 +46,12 @@ from exporter._proto.podresources.v1 import api_pb2 as v1_pb2
 from exporter._proto.podresources.v1 import api_pb2_grpc as v1_grpc
 from exporter._proto.podresources.v1alpha1 import api_pb2 as v1alpha1_pb2
 from exporter.model import ContainerDevices, Pod, PodResourcesHealth, PodResourcesState
-from exporter.podresources.parse import (
-    OrderFreeKey,
-    device_id_problem,
-    order_free_key,
-    parse_allocatable,
-    parse_list,
-    pod_from_proto,
-)
+from exporter.podresources.answers import AnswerReader, Undecodable
+from exporter.podresources.parse import device_id_problem, pod_from_proto
 from exporter.podresources.settle import DEFAULT_SETTLE_SECONDS, RestartSettle
 from exporter.runtime.backoff import Backoff
 from exporter.runtime.log import StateLog
 from exporter.settings.config import DEFAULTS
-
-_ListCache = tuple[str, bytes, tuple[Pod, ...], tuple[str, ...]]
-"""(API version, the answer's bytes, its pods, its invalid device IDs)."""
 
 
 class PodResourcesError(Exception):
@@ -105,17 +101,9 @@ class PodResourcesClient:
         self._durations: dict[str, float] = {}
         self._connected = False
         self._last_success = 0.0
-        self._invalid_ids = 0
         self._states = StateLog(logging.getLogger("exporter.podresources"))
         self._settle = RestartSettle(restart_settle, clock, self._states)
-        self._list_cache: _ListCache | None = None
-        self._list_key: tuple[bytes, ...] = ()
-        self._order_free_key = OrderFreeKey()
-        self._allocatable_cache: (
-            tuple[bytes, tuple[ContainerDevices, ...], tuple[str, ...]] | None
-        ) = None
-        self.parses = 0
-        """List answers parsed so far (identical bytes are not parsed)."""
+        self.answers = AnswerReader(self._states)
         self._raw_rpcs: dict[tuple[str, str], Any] = {}  # per channel
 
     # --- public -------------------------------------------------------------------
@@ -131,8 +119,9 @@ class PodResourcesClient:
             last_success_timestamp=self._last_success,
             requests_total=dict(self._requests),
             last_duration_seconds=dict(self._durations),
-            invalid_device_ids_total=self._invalid_ids,
+            invalid_device_ids_total=self.answers.invalid_ids,
             held=tuple(sorted(m for m, held in self._settle.held.items() if held)),
+            refused=dict(self.answers.refused),
         )
 
     async def poll(self, *, fresh_allocatable: bool = False) -> PodResourcesState:
@@ -144,6 +133,11 @@ class PodResourcesClient:
         except PodResourcesError:
             self._connected = False
             raise
+        except Exception as exc:
+            self._connected = False
+            message = f"PodResources poll failed unexpectedly: {exc!r}"
+            self._states.failed(f"error/{type(exc).__name__}", message, trace=exc)
+            raise PodResourcesError("ERROR", f"{type(exc).__name__}: {exc}") from exc
         self._connected = True
         self._last_success = self._wall_clock()
         return state
@@ -212,47 +206,17 @@ class PodResourcesClient:
     async def _list(
         self, channel: grpc.aio.Channel, api: str, response_type: Any
     ) -> tuple[Pod, ...]:
-        """`List` as raw bytes. The real kubelet's order changes on every call, so equal
-        bytes are rare: an order-insensitive key of the bytes (parse.OrderFreeKey, in a
-        worker thread) decides, and only a changed key is parsed; an unchanged one hands on
-        the last values, the same objects cycle after cycle."""
+        """`List` as raw bytes, read by `answers` (parsed only when changed)."""
         raw: bytes = await self._call("List", self._raw_rpc(channel, api, "List"), b"")
-        cached = self._list_cache
-        if cached is not None and cached[:2] == (api, raw):
-            self._note_invalid(list(cached[3]), "List")  # counted per answer
-            return cached[2]
-        last = cached if cached is not None and cached[0] == api else None
-        read = await asyncio.to_thread(self._read_list, response_type, raw, last)
-        self._list_cache = (api, raw, read[1], read[2])
-        self._list_key = read[0]
-        self._note_invalid(list(read[2]), "List")
-        return read[1]
+        try:
+            return await self.answers.pods(api, response_type, raw)
+        except Undecodable as exc:
+            raise PodResourcesError("DECODE_ERROR", str(exc)) from exc
 
-    def _read_list(
-        self, response_type: Any, raw: bytes, last: _ListCache | None
-    ) -> tuple[tuple[bytes, ...], tuple[Pod, ...], tuple[str, ...]]:
-        """(key, pods, invalid IDs) of an answer: the last pods when its key is the last's."""
-        key = order_free_key(self._order_free_key, raw)
-        if last is not None and key == self._list_key:
-            return key, last[2], last[3]
-        invalid: list[str] = []
-        pods = parse_list(response_type, raw, invalid)
-        self.parses += 1
-        if last is not None and pods == last[2]:
-            pods = last[2]  # the same state (a packed field in a new order): the same objects
-        return key, pods, tuple(invalid)
-
-    def _note_invalid(self, invalid: list[str], method: str) -> None:
-        """Count skipped device IDs; log when they appear and when they are gone."""
-        self._invalid_ids += len(invalid)
-        if invalid:
-            self._states.failed(
-                f"invalid/{method}",
-                f"PodResources {method} reports {len(invalid)} empty or malformed device IDs "
-                f"(first: {invalid[0][:80]!r}, {device_id_problem(invalid[0])}); skipped",
-            )
-        else:
-            self._states.ok(f"invalid/{method}", f"PodResources {method}: device IDs well-formed")
+    @property
+    def parses(self) -> int:
+        """List answers parsed so far (identical bytes are not parsed)."""
+        return self.answers.parses
 
     async def _refresh_allocatable(
         self, channel: grpc.aio.Channel, now: float, fresh: bool = False
@@ -274,17 +238,19 @@ class PodResourcesClient:
                 return
             self._allocatable_at = None
             raise
-        cached = self._allocatable_cache
-        if cached is None or cached[0] != raw:
-            invalid: list[str] = []
-            devices = parse_allocatable(raw, v1_pb2.AllocatableResourcesResponse, invalid)
-            if cached is not None and cached[1] == devices:
-                devices = cached[1]
-            self._allocatable_cache = cached = (raw, devices, tuple(invalid))
-        self._allocatable = self._settle.allocatable(cached[1])
+        try:
+            devices = self.answers.allocatable(raw)
+        except Undecodable as exc:
+            # The List of this poll stands; the last allocatable list is kept and the
+            # kubelet asked again at the next poll (the one after a change, or the interval).
+            self._states.failed("decode/GetAllocatableResources", f"PodResources {exc}")
+            self._allocatable_at = None
+            return
+        again = "PodResources GetAllocatableResources answers decode again"
+        self._states.ok("decode/GetAllocatableResources", again)
+        self._allocatable = self._settle.allocatable(devices)
         if self._settle.held["GetAllocatableResources"]:
             self._allocatable_at = None  # asked again next cycle until the plugins are back
-        self._note_invalid(list(cached[2]), "GetAllocatableResources")  # counted per answer
         self._allocatable_known = True
 
     def _raw_rpc(self, channel: grpc.aio.Channel, api: str, method: str) -> Any:

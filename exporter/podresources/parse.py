@@ -156,15 +156,23 @@ LIST_SCHEMA: Schema = {
 others are leaves. From proto/podresources/v1/api.proto."""
 
 
+MAX_VARINT_BYTES = 10
+"""A protobuf varint holds at most 64 bits: 10 bytes of 7."""
+
+
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The varint at `i` and the index after it; ValueError past 10 bytes, so a run of
+    continuation bytes (an answer of 0xFF) costs 10 steps, not a number as long as the run."""
+    end = min(i + MAX_VARINT_BYTES, len(buf))
     shift = value = 0
-    while True:
+    while i < end:
         b = buf[i]
         i += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
             return value, i
         shift += 7
+    raise ValueError("a varint longer than 10 bytes, or cut short, in a PodResources answer")
 
 
 def _records(buf: bytes) -> list[tuple[int, bytes, bytes]]:

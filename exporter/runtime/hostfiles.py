@@ -16,6 +16,10 @@ should be, or bind-mounted over it, must not hang a cycle:
 A read that sleeps inside a regular file (a hung FUSE or NFS mount, a driver that takes its
 time) is beyond what a flag can fix: callers run under a deadline (the sources' workers,
 the attribution's in `exporter.attribution.resolver`).
+
+`read_config` is the same read for a file the exporter re-reads while it runs (the web
+config, the RDMA pool config, the certificates the web config names): whole, up to a size
+cap, and refused, with a reason a person can act on, when it is not a regular file.
 """
 
 from __future__ import annotations
@@ -25,6 +29,41 @@ import stat
 from pathlib import Path
 
 FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+CONFIG_BYTES = 1 << 20
+"""A configuration file the exporter re-reads is a few kB; one over 1 MiB is not one."""
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+class NotAFile(OSError):
+    """A path that should hold a configuration file and does not: the message says why
+    ("it is a FIFO, not a regular file"), the caller names the path."""
+
+
+def read_config(path: str | Path, limit: int = CONFIG_BYTES) -> bytes:
+    """A configuration file's bytes, whole; NotAFile when it is not a regular file (a FIFO's
+    open would wait for a writer, /dev/zero never ends) or holds more than `limit` bytes;
+    OSError when it cannot be opened. Links are followed (a Secret's `..data` swap)."""
+    fd = os.open(path, FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise NotAFile(f"it is {kind}, not a regular file")
+        data = bytearray()
+        while chunk := os.read(fd, min(65536, limit + 1 - len(data))):
+            data += chunk
+            if len(data) > limit:
+                raise NotAFile(f"it is longer than {limit >> 10} KiB")
+    finally:
+        os.close(fd)
+    return bytes(data)
 
 
 def read_bytes(path: str | Path, limit: int, *, nofollow: bool = False) -> bytes | None:

@@ -46,9 +46,10 @@ class StateLog:
             self.logger.info("%s", message)
         self._states[key] = "ok"
 
-    def failed(self, key: str, message: str) -> None:
+    def failed(self, key: str, message: str, *, trace: BaseException | None = None) -> None:
+        """Warn of `message` when `key` was not failing already; `trace`: with its traceback."""
         if key not in self._states or self._states[key] == "ok":
-            self.logger.warning("%s", message)
+            self.logger.warning("%s", message, exc_info=trace)
         self._states[key] = message
 
     def ok_all(self, prefix: str, message: str) -> None:

@@ -71,6 +71,10 @@ class Config:
     """The kubelet Pods API socket, used for the pod cache when it exists at start; empty: never."""
     pod_label_patterns: tuple[str, ...] = default_of("pod_label_patterns")
     """Regexes; pod label keys matching one in full go onto k8s.pod.workload.info."""
+    kubernetes_max_pods: int = default_of("kubernetes_max_pods")
+    """Pods the pod cache may hold: a bigger answer is refused (kubeapi/answers.py)."""
+    kubernetes_max_resource_slices: int = default_of("kubernetes_max_resource_slices")
+    """ResourceSlices the slice cache may hold, likewise."""
     notices: tuple[str, ...] = ()
     """Warnings found while parsing (an unknown `KDE_*` variable), logged once logging is set."""
 

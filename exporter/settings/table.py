@@ -193,6 +193,26 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "kubeapi",
+        "--kubernetes.max-pods",
+        "kubernetes_max_pods",
+        positive_int,
+        "2500",
+        "with --kubernetes.api, pods of this node the exporter keeps; a list or watch that "
+        "names more is refused (one warning, the last good pods kept). A node runs at most "
+        "its kubelet's maxPods (default 110; AKS allows 250, GKE 256, EKS up to 737 on GPU "
+        "instances and 1,514 on the largest), plus finished pods not yet deleted",
+    ),
+    Flag(
+        "kubeapi",
+        "--kubernetes.max-resource-slices",
+        "kubernetes_max_resource_slices",
+        positive_int,
+        "128",
+        "with --kubernetes.dra, ResourceSlices of this node the exporter keeps (each holds at "
+        "most 128 devices); a list or watch that names more is refused like --kubernetes.max-pods",
+    ),
+    Flag(
+        "kubeapi",
         "--kubernetes.pod-labels",
         "pod_label_patterns",
         regex,

@@ -12,6 +12,9 @@ the poller's worker thread); the processor exports from its own thread, so a slo
 collector never holds up a cycle. Where the records go: the metrics' `--otlp.endpoint` and
 `--otlp.protocol` (OTLP/HTTP appends `/v1/logs`); with only
 OTEL_EXPORTER_OTLP_METRICS_ENDPOINT set, the SDK's own OTEL_EXPORTER_OTLP_LOGS_ENDPOINT.
+Over OTLP/HTTP through the metrics' bounded session (otlp_transport.py: one deadline per
+exchange, the answer's bytes capped); each export counted in
+`kube_device_exporter_export_batches_total{sink="otlp-logs"}`.
 """
 
 from __future__ import annotations
@@ -22,14 +25,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry._logs import SeverityNumber
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
+from opentelemetry.sdk._logs import LoggerProvider, ReadableLogRecord
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    LogRecordExporter,
+    LogRecordExportResult,
+)
 
 from exporter import __version__
 from exporter.derive.events import DeviceEvent
+from exporter.model import Sample
 from exporter.settings.config import Config
 from exporter.sinks.otlp import SCOPE, build_resource
-from exporter.sinks.otlp_transport import export_timeout
+from exporter.sinks.otlp_http import http_session
+from exporter.sinks.otlp_transport import ExportStats, export_timeout
 
 log = logging.getLogger("exporter.otlp")
 
@@ -63,7 +72,32 @@ def attributes(event: DeviceEvent) -> dict[str, Any]:
     return attrs
 
 
-def build_log_exporter(config: Config, env: dict[str, str]) -> LogRecordExporter | None:
+class CountingLogExporter(LogRecordExporter):
+    """Delegates to the SDK's log exporter and counts what each export did."""
+
+    def __init__(self, inner: LogRecordExporter, stats: ExportStats) -> None:
+        self.inner = inner
+        self.stats = stats
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        try:
+            result = self.inner.export(batch)
+        except Exception:
+            self.stats.count_ok(False)
+            raise
+        self.stats.count_ok(result is LogRecordExportResult.SUCCESS)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()  # type: ignore[no-untyped-call]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def build_log_exporter(
+    config: Config, env: dict[str, str], stats: ExportStats | None = None
+) -> LogRecordExporter | None:
     """The SDK's OTLP log exporter for the metrics' endpoint and protocol; None when only a
     metrics-specific endpoint is known and no logs endpoint is set."""
     otlp = config.otlp
@@ -84,7 +118,9 @@ def build_log_exporter(config: Config, env: dict[str, str]) -> LogRecordExporter
     )
 
     url = f"{endpoint.rstrip('/')}/{LOGS_PATH}" if endpoint else None
-    return HttpLogExporter(endpoint=url, timeout=timeout)
+    refused = stats.refuse if stats is not None else lambda reason: None
+    session = http_session(env, url or "OTLP logs", refused)
+    return HttpLogExporter(endpoint=url, timeout=timeout, session=session)
 
 
 class OtlpLogSink:
@@ -95,9 +131,16 @@ class OtlpLogSink:
         self._exporter = exporter
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
+        self.stats = ExportStats()
+
+    def self_samples(self) -> tuple[Sample, ...]:
+        """Its exports, as `kube_device_exporter_export_batches_total{sink="otlp-logs"}`."""
+        return self.stats.samples("otlp-logs", "logs") if self._provider is not None else ()
 
     def start(self) -> None:
-        exporter = self._exporter or build_log_exporter(self.config, dict(os.environ))
+        exporter = self._exporter or build_log_exporter(self.config, dict(os.environ), self.stats)
+        if exporter is not None:
+            exporter = CountingLogExporter(exporter, self.stats)
         if exporter is None:
             log.warning(
                 "device events are not pushed as OTLP logs: only "

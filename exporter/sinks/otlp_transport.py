@@ -13,6 +13,9 @@ decided here instead:
   a `requests` response hook) so rejections show in self-metrics.
 - Two SDK/library quirks: the gRPC exporter raises on the valid compression `none`, and
   `requests` lets REQUESTS_CA_BUNDLE override OTEL_EXPORTER_OTLP_CERTIFICATE.
+- The collector's answer is untrusted input: over OTLP/HTTP the exporter's session
+  (otlp_http.py) gives each exchange one deadline and caps the answer's bytes; over gRPC the
+  SDK's call deadline covers the whole exchange and gRPC refuses an answer over 4 MiB.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
     OTLPMetricExporter as GrpcMetricExporter,
 )
@@ -36,14 +39,16 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from exporter.model import Sample
 from exporter.runtime.log import StateLog
 from exporter.settings.config import OtlpConfig
 from exporter.settings.table import OTLP_PROTOCOLS
+from exporter.sinks.otlp_http import DEFAULT_TIMEOUT_SECONDS, http_session
 
 log = logging.getLogger("exporter.otlp")
 
-DEFAULT_TIMEOUT_SECONDS = 10.0
 METRICS_PATH = "v1/metrics"
+BATCHES = "kube_device_exporter.export.batches"
 
 SDK_EXPORT_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
@@ -51,11 +56,6 @@ SDK_EXPORT_LOGGERS = (
     "opentelemetry.sdk.metrics._internal.export",
 )
 """Where the SDK logs every failed export (and every retry): quieted while failing."""
-
-_HTTP_SESSION_PROVIDERS = (
-    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
-    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_METRICS_CREDENTIAL_PROVIDER",
-)
 
 
 def export_timeout(env: Mapping[str, str]) -> float:
@@ -89,10 +89,19 @@ class ExportStats:
         self.success = 0
         self.failure = 0
         self.rejected_points = 0
+        self.refused: Counter[str] = Counter()
+        """Answers dropped by the session's bounds, by reason (`bytes`, `time`)."""
+
+    def refuse(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] += 1
 
     def count(self, result: MetricExportResult) -> None:
+        self.count_ok(result is MetricExportResult.SUCCESS)
+
+    def count_ok(self, ok: bool) -> None:
         with self._lock:
-            if result is MetricExportResult.SUCCESS:
+            if ok:
                 self.success += 1
             else:
                 self.failure += 1
@@ -104,6 +113,20 @@ class ExportStats:
     def read(self) -> tuple[int, int, int]:
         with self._lock:
             return self.success, self.failure, self.rejected_points
+
+    def samples(self, sink: str, request: str) -> tuple[Sample, ...]:
+        """`export_batches` of `sink`, and the answers refused for `request`."""
+        success, failure, _ = self.read()
+        with self._lock:
+            refused = sorted(self.refused.items())
+        out = [
+            Sample(BATCHES, float(success), (("sink", sink), ("result", "success"))),
+            Sample(BATCHES, float(failure), (("sink", sink), ("result", "failure"))),
+        ]
+        for reason, count in refused:
+            attrs = (("peer", "otlp"), ("request", request), ("reason", reason))
+            out.append(Sample("kube_device_exporter.peer.answers.refused", float(count), attrs))
+        return tuple(out)
 
 
 class QuietWhileFailing(logging.Filter):
@@ -232,37 +255,6 @@ def _grpc_compression(env: Mapping[str, str]) -> grpc.Compression | None:
     return None
 
 
-def _http_session(
-    seen: Callable[[ExportMetricsServiceResponse], None], env: Mapping[str, str]
-) -> Any:
-    if any(env.get(name) for name in _HTTP_SESSION_PROVIDERS):
-        return None  # the user's credential-provider session wins; no partial-success count
-    import requests
-
-    def hook(response: Any, *args: Any, **kwargs: Any) -> None:
-        if 200 <= response.status_code < 300 and response.content:
-            parsed = ExportMetricsServiceResponse()
-            try:
-                parsed.ParseFromString(response.content)
-            except DecodeError:
-                log.debug("OTLP/HTTP answer is not an ExportMetricsServiceResponse")
-                return
-            seen(parsed)
-
-    class Session(requests.Session):
-        def merge_environment_settings(self, *args: Any, **kwargs: Any) -> Any:
-            settings = super().merge_environment_settings(*args, **kwargs)
-            # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override the session's
-            # CA file: OTEL_EXPORTER_OTLP_CERTIFICATE (set as session.verify) must win.
-            if isinstance(self.verify, str):
-                settings["verify"] = self.verify
-            return settings
-
-    session = Session()
-    session.hooks["response"].append(hook)
-    return session
-
-
 def build_exporter(
     otlp: OtlpConfig,
     env: Mapping[str, str],
@@ -283,7 +275,9 @@ def build_exporter(
         target = http_url(otlp)
         seen = on_partial_success(stats, target)
         inner = HttpMetricExporter(
-            endpoint=target, timeout=timeout, session=_http_session(seen, env)
+            endpoint=target,
+            timeout=timeout,
+            session=http_session(env, target, stats.refuse, seen),
         )
     else:
         raise ValueError(

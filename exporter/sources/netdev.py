@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from exporter.ids import interface_key
 from exporter.model import Device, DeviceReading, Sample
 from exporter.runtime import hostfiles
 from exporter.runtime.log import StateLog
@@ -243,7 +244,8 @@ class NetdevSource(SysfsSource):
                 ("hw.network.name", ifname),
                 ("hw.network.stats_source", stats_source),
             ),
-            aliases=frozenset({alias(pci.address)}),
+            # The host-side interface name names it too (DRANET's `dra.net/ifName`).
+            aliases=frozenset({alias(pci.address), *([interface_key(ifname)] if ifname else [])}),
         )
         values = stats or NetStats()
         for field_name, metric, extra in SAMPLES:

@@ -9,6 +9,7 @@ port of a matching HCA joins the pool, shared by all its holders.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 from exporter.model import Device, DeviceReading, Sample
+from exporter.runtime.hostfiles import read_config
 from exporter.runtime.log import StateLog
 from exporter.sources import SourceContext, SourceOption, add, option_values, register
 from exporter.sources.sysfs.reader import Reader
@@ -139,12 +141,19 @@ pool_config_file.__name__ = "file_path"  # FILE in --help (values.METAVARS)
 
 
 class PoolConfig:
-    """The pool file, re-read when it changes (a ConfigMap update); bad files are logged."""
+    """The pool file, re-read when it changes (a ConfigMap update); bad files are logged.
+
+    Read in the source's own thread, as runtime/hostfiles.py reads a configuration file:
+    never blocking (a FIFO or /dev/zero in its place is refused, and so is a file over
+    1 MiB), and parsed only when its bytes differ from the last good ones (a ConfigMap's
+    atomic swap touches the file without changing it). Whatever replaced it, the file is
+    looked at again each cycle: the good one back is used within one."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path) if path else None
         self.pools: list[PoolSelector] = []
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._digest = b""
         self._states = StateLog(log)
 
     def refresh(self) -> bool:
@@ -153,11 +162,16 @@ class PoolConfig:
             return True
         try:
             st = os.stat(self.path)
-            if (st.st_mtime_ns, st.st_size) == self._stamp:
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            if stamp == self._stamp:
                 return True
-            self.pools = parse_pool_config(yaml.safe_load(self.path.read_text()))
-            self._stamp = (st.st_mtime_ns, st.st_size)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
+            data = read_config(self.path)
+            digest = hashlib.sha256(data).digest()
+            if digest != self._digest:
+                self.pools = parse_pool_config(yaml.safe_load(data.decode()))
+                self._digest = digest
+            self._stamp = stamp
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # UnicodeDecodeError: ValueError
             self._states.failed("pools", f"RDMA pool config {self.path} unusable: {_one_line(exc)}")
             return False
         self._states.ok("pools", f"RDMA pool config {self.path} loaded")

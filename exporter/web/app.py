@@ -19,6 +19,7 @@ from exporter.ids import ResourceMatcher
 from exporter.model import JoinedDevice, Snapshot
 from exporter.points import device_attributes
 from exporter.sinks.prometheus import PrometheusSink
+from exporter.web import streaming
 from exporter.web.landing import render_page
 
 PROMETHEUS = web.AppKey("prometheus", PrometheusSink)
@@ -233,7 +234,7 @@ def _wants_openmetrics(accept: str) -> bool:
     return "application/openmetrics-text" in accept
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request) -> web.StreamResponse:
     sink = request.app[PROMETHEUS]
     gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
     om = _wants_openmetrics(request.headers.get("Accept", ""))
@@ -246,10 +247,10 @@ async def metrics(request: web.Request) -> web.Response:
         body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
     else:  # not built ahead (or being built): formatted or waited for off the event loop
         body, content_type = await asyncio.to_thread(rendered.body, openmetrics=om, gzipped=gzipped)
-    response = web.Response(body=body, headers={"Content-Type": content_type})
+    headers = {"Content-Type": content_type}
     if gzipped:
-        response.headers["Content-Encoding"] = "gzip"
-    return response
+        headers["Content-Encoding"] = "gzip"
+    return await streaming.send(request, body, headers)  # no copy per client
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -274,14 +275,14 @@ async def landing(request: web.Request) -> web.Response:
     return web.Response(body=page, content_type="text/html", charset="utf-8")
 
 
-async def devices(request: web.Request) -> web.Response:
+async def devices(request: web.Request) -> web.StreamResponse:
     view = request.app[DEVICES]
     # The first request of a cycle builds the JSON (a big node's takes milliseconds):
     # in a worker thread, so other requests are not held up behind it.
     body = view.body if view.cached else await asyncio.to_thread(lambda: view.body)
     if body is None:
         return web.json_response({"devices": [], "pending": True, "now": time.time()}, status=503)
-    return web.Response(body=body, content_type="application/json")
+    return await streaming.send(request, body, {"Content-Type": "application/json"})
 
 
 def make_app(

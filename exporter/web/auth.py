@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from exporter.web.basicauth import BasicAuth, Verdict
-from exporter.web.config import WebConfigWatcher
+from exporter.web.reload import WebConfigWatcher
 from exporter.web.stats import ServerStats
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})

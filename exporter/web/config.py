@@ -20,24 +20,27 @@ ignored. Settings the toolkit has that OpenSSL through Python cannot honour the 
 (`cipher_suites`, `curve_preferences`, `client_allowed_sans`, `RequestClientCert`,
 `RequireAnyClientCert`, inline `cert`/`key`) are refused with a message saying so, never
 ignored: a security setting that silently does nothing is worse than an error.
+
+The file and the certificates it names are read as runtime/hostfiles.py reads a
+configuration file: never blocking (a FIFO or /dev/zero in its place is refused, as is a
+file over 1 MiB). Re-reading it while the exporter runs is web/reload.py's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import ssl
-import time
-from collections import Counter
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import yaml
 
-from exporter.runtime.log import StateLog
+from exporter.runtime.hostfiles import read_config
 
 log = logging.getLogger("exporter.webconfig")
 
@@ -78,6 +81,12 @@ _REFUSED_TLS_KEYS = {
     "cert": "inline certificates are not supported; use cert_file",
     "key": "inline keys are not supported; use key_file",
 }
+
+
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+"""What bcrypt accepts as a hash (cost 4-31, 22 characters of salt, 31 of hash): checked
+by its shape, not by running bcrypt, which at cost 12 took a quarter of a second per user on
+every reload."""
 
 
 class WebConfigError(ValueError):
@@ -201,10 +210,8 @@ def _users(doc: Mapping[str, Any]) -> dict[str, bytes]:
             raise WebConfigError(f"basic_auth_users: bad user name {name!r}")
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise WebConfigError(f"basic_auth_users.{name}: expected a bcrypt hash ($2y$...)")
-        try:
-            bcrypt.checkpw(b"", hashed.encode())
-        except ValueError as exc:
-            raise WebConfigError(f"basic_auth_users.{name}: not a valid bcrypt hash") from exc
+        if not BCRYPT_HASH.fullmatch(hashed):
+            raise WebConfigError(f"basic_auth_users.{name}: not a valid bcrypt hash")
         users[name] = hashed.encode()
     return users
 
@@ -230,14 +237,14 @@ def _headers(doc: Mapping[str, Any]) -> dict[str, str]:
 
 
 def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    named = (("cert_file", tls.cert_file), ("key_file", tls.key_file),
+             ("client_ca_file", tls.client_ca_file))  # fmt: skip
+    for key, path in named:  # OpenSSL opens them blocking: a FIFO there would hang it
+        if path is not None:
+            _regular(f"tls_server_config.{key}", path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = tls.min_version
     ctx.maximum_version = tls.max_version
-    named = (("cert_file", tls.cert_file), ("key_file", tls.key_file),
-             ("client_ca_file", tls.client_ca_file))  # fmt: skip
-    for key, path in named:
-        if path is not None:
-            _readable(f"tls_server_config.{key}", path)
     try:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
         if tls.client_ca_file is not None:
@@ -251,22 +258,37 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     return ctx
 
 
-def _readable(key: str, path: Path) -> None:
-    """ssl's loaders say `[Errno 2] No such file or directory` without the file: the key
-    and the path, said here first."""
+def _regular(key: str, path: Path) -> None:
+    """ssl's loaders say `[Errno 2] No such file or directory` without the file, and open
+    it blocking: the key and the path, said here first, and only a regular file."""
     try:
-        path.open("rb").close()
+        st = os.stat(path)
     except OSError as exc:
         raise WebConfigError(f"{key} {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise WebConfigError(f"{key} {path} is not a regular file")
+
+
+def read_web_config(path: Path) -> bytes:
+    """The file's bytes, read without blocking (hostfiles.read_config)."""
+    try:
+        return read_config(path)
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def load_web_config(path: Path, *, allow_empty: bool = True) -> WebConfig:
     """The file's config. An empty file (no YAML document) is a valid empty config at start,
     as for the toolkit; `allow_empty=False` (a reload) refuses it."""
+    return parse_bytes(read_web_config(path), path, allow_empty=allow_empty)
+
+
+def parse_bytes(data: bytes, path: Path, *, allow_empty: bool) -> WebConfig:
+    """The config in `data` (the file at `path`'s bytes)."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WebConfigError(f"cannot read {path}: {exc}") from exc
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"cannot read {path}: not UTF-8 ({exc.reason})") from exc
     if not allow_empty and not _has_document(text):
         raise WebConfigError(f"{path} is empty")
     return parse_web_config(text, path.parent)
@@ -277,86 +299,3 @@ def _has_document(text: str) -> bool:
         return yaml.safe_load(text) is not None
     except yaml.YAMLError:
         return True  # not empty: parse_web_config says what is wrong
-
-
-def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
-    """What changes when a file is replaced or rewritten (a Secret's symlink swap too)."""
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((0, 0, 0))
-    return tuple(out)
-
-
-class WebConfigWatcher:
-    """The current WebConfig, re-read when the file or a file it names changes, or on demand
-    (SIGHUP).
-
-    Checked at most once per `check_interval` seconds, on use. What a reload may not do:
-    - replace a good config with an empty, unreadable, missing or invalid file (a writer
-      that truncates before it writes, a Secret caught mid-update): the last good config
-      stays, with a warning and `last_reload_ok` false until a good file is read;
-    - turn TLS or basic auth off once either was on: a file without them is refused the
-      same way (to turn them off, restart the process with such a file)."""
-
-    def __init__(
-        self,
-        path: Path,
-        *,
-        check_interval: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.path = path
-        self.check_interval = check_interval
-        self._clock = clock
-        self.config = load_web_config(path)
-        self._stamp = self._files_stamp(self.config)
-        self._checked = clock()
-        self.reloads: Counter[str] = Counter()
-        self.last_reload_ok = True
-        """False while the file on disk is not the config in use (the last reload failed)."""
-        self._states = StateLog(log)
-
-    def _files_stamp(self, config: WebConfig) -> tuple[tuple[int, int, int], ...]:
-        return _stamp((self.path, *(config.tls.files() if config.tls else ())))
-
-    def current(self) -> WebConfig:
-        now = self._clock()
-        if now - self._checked < self.check_interval:
-            return self.config
-        self._checked = now
-        stamp = self._files_stamp(self.config)
-        if stamp == self._stamp:
-            return self.config
-        self._stamp = stamp
-        self.reload()
-        return self.config
-
-    def reload(self, why: str = "") -> bool:
-        """Read the file again now; False (and the last good config kept) when it is refused."""
-        try:
-            config = self._acceptable(load_web_config(self.path, allow_empty=False))
-        except WebConfigError as exc:
-            self.reloads["failure"] += 1
-            self.last_reload_ok = False
-            self._states.failed(
-                "reload", f"web config {self.path} not reloaded{why}, keeping the last good: {exc}"
-            )
-            return False
-        self.reloads["success"] += 1
-        self.last_reload_ok = True
-        self._states.ok("reload", f"web config {self.path} good again")
-        log.info("web config %s reloaded%s", self.path, why)
-        self.config = config
-        self._stamp = self._files_stamp(config)
-        return True
-
-    def _acceptable(self, config: WebConfig) -> WebConfig:
-        if self.config.tls is not None and config.tls is None:
-            raise WebConfigError("it has no tls_server_config, and TLS was on")
-        if self.config.auth and not config.auth:
-            raise WebConfigError("it has no basic_auth_users, and basic auth was on")
-        return config

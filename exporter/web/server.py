@@ -35,7 +35,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from exporter.settings.config import DEFAULTS
-from exporter.web.config import WebConfigWatcher
+from exporter.web.reload import WebConfigWatcher
 from exporter.web.stats import ServerStats
 
 log = logging.getLogger("exporter.web")
@@ -275,6 +275,8 @@ class GuardedServer:
             )
         self._previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
+        if self.watcher is not None:
+            self.watcher.start()
         server = await loop.create_server(
             lambda: _Connection(self), host or None, port, reuse_address=True, backlog=128
         )
@@ -282,6 +284,8 @@ class GuardedServer:
         return int(server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.close()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from aiohttp.http_exceptions import HttpProcessingError
 
 from exporter.model import Sample
-from exporter.web.config import WebConfigWatcher
+from exporter.web.reload import WebConfigWatcher
 
 log = logging.getLogger("exporter.web")
 

@@ -124,9 +124,16 @@ struct nvmlDevice_st {
     char uuid[96]; /* MIG handles: the device they were issued for */
 };
 
+/* A GPU instance handle names the MIG device it was issued for: when that slot is
+ * reconfigured the handle stops working, as a MIG device handle does. */
+struct nvmlGpuInstance_st {
+    struct nvmlDevice_st *mig;
+};
+
 typedef struct {
     struct nvmlDevice_st gpus[MAX_GPUS];
     struct nvmlDevice_st *migs[MAX_GPUS][MAX_MIGS];
+    struct nvmlGpuInstance_st *instances[MAX_GPUS][MAX_MIGS];
 } handles_t;
 
 struct nvmlEventSet_st {
@@ -843,6 +850,52 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
     if (migDevice->mig < 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
     *device = &handles->gpus[migDevice->gpu];
     return leave(NVML_SUCCESS);
+}
+
+/* GPU instances: the placement the driver gave a MIG device's GPU instance (how NVIDIA's
+ * DRA driver finds the MIG device it created at prepare: dra-driver-nvidia-gpu
+ * cmd/gpu-kubelet-plugin/nvlib.go FindMigDevBySpec, GetGpuInstanceById then GetInfo).
+ * nvml.h: "Requires privileged user." for GetGpuInstanceById; GetInfo says NO_PERMISSION
+ * may be answered. State keys of a MIG block: profile_id, placement_start, placement_size. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
+    unsigned mode = 0, gi = 0;
+    DEVICE_CALL(device);
+    CHECK_PTR(gpuInstance);
+    if (device->mig >= 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (get_uint(o, "mig_mode", &mode) != NVML_SUCCESS || mode == 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!cur->privileged) return leave(NVML_ERROR_NO_PERMISSION);
+    for (int slot = 0; slot < MAX_MIGS; slot++) {
+        if (!g->migs[slot].present || get_uint(&g->migs[slot].o, "gi", &gi) != NVML_SUCCESS || gi != id)
+            continue;
+        nvmlDevice_t mig = mig_handle(device->gpu, slot);
+        if (mig == NULL) return leave(NVML_ERROR_MEMORY);
+        struct nvmlGpuInstance_st *h = handles->instances[device->gpu][slot];
+        if (h == NULL || h->mig != mig) {
+            h = calloc(1, sizeof *h);
+            if (h == NULL) return leave(NVML_ERROR_MEMORY);
+            h->mig = mig;
+            handles->instances[device->gpu][slot] = h;
+        }
+        *gpuInstance = h;
+        return leave(NVML_SUCCESS);
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    if (gpuInstance == NULL) {
+        ENTER();
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    DEVICE_CALL(gpuInstance->mig);
+    CHECK_PTR(info);
+    if (!cur->privileged) return leave(NVML_ERROR_NO_PERMISSION);
+    memset(info, 0, sizeof *info);
+    info->device = &handles->gpus[gpuInstance->mig->gpu];
+    if ((r = get_uint(o, "gi", &info->id)) != NVML_SUCCESS) return leave(r);
+    if ((r = get_uint(o, "profile_id", &info->profileId)) != NVML_SUCCESS) return leave(r);
+    if ((r = get_uint(o, "placement_start", &info->placement.start)) != NVML_SUCCESS) return leave(r);
+    return leave(get_uint(o, "placement_size", &info->placement.size));
 }
 
 /* ---------------------------------------------------------------- memory, activity, power */

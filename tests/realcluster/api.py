@@ -33,6 +33,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "DeviceClass": ("resource.k8s.io/v1", "deviceclasses", False),
     "ResourceClaim": ("resource.k8s.io/v1", "resourceclaims", True),
     "ResourceClaimTemplate": ("resource.k8s.io/v1", "resourceclaimtemplates", True),
+    "DeviceTaintRule": ("resource.k8s.io/v1beta2", "devicetaintrules", False),
 }
 """kind -> (apiVersion, resource, namespaced)."""
 

@@ -26,6 +26,15 @@ from tests.realcluster.api import Api
 from tests.realcluster.daemons import Daemon, wait_for
 from tests.realcluster.pki import Pair, Pki
 
+FEATURE_GATES = "--feature-gates=DRADeviceTaintRules=true"
+"""DeviceTaintRule (beta and off in 1.36, GA and on in 1.37) on the API server, with
+`resource.k8s.io/v1beta2` served (control-plane.md DRA item 8): the session's plane serves
+the kind, so rule taints reach the exporter on every run (test_real_cluster_dra_sharing.py).
+Not on the scheduler and controller manager: with the gate on there, the 1.36.2 scheduler
+panicked once a rule existed ("interface conversion: interface {} is *v1beta2.DeviceTaintRule,
+not *v1alpha3.DeviceTaintRule") and scheduled nothing more (docs/dra.md); off there, rules
+are stored and served and act on nothing, which no other test here depends on."""
+RUNTIME_CONFIG = "--runtime-config=resource.k8s.io/v1beta2=true"
 NODE = "kde-rc-node"
 """The node name the tier's pods are bound to (and its kubelet registers as)."""
 SERVICE_RANGE = "10.96.0.0/24"
@@ -196,6 +205,8 @@ class ControlPlane:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             f"--cert-dir={self.dir / 'apiserver-certs'}",
+            FEATURE_GATES,
+            RUNTIME_CONFIG,
         ]
 
     def _controller_flags(self, name: str, admin_kc: Path) -> list[str]:

@@ -16,7 +16,15 @@ v0.36.2):
   the device's `health_check_timeout_seconds`, 30 s by default).
 
 `publish()` writes one `resource.k8s.io/v1` ResourceSlice (node, pool, devices) by server-side
-apply; the kubelet deletes every slice of its node when it starts, so a driver publishes again.
+apply, and a second one of `sharedCounters` for a partitionable pool (the API server refuses
+both in one slice; both say `resourceSliceCount: 2`, control-plane.md fact 13); the kubelet
+deletes every slice of its node when it starts, so a driver publishes again.
+
+What a real driver does on top, a test hands in: `on_prepare(claim, devices)` after a claim's
+devices are known (NVIDIA's makes the MIG device of a partition then, dra-driver-nvidia-gpu
+nvlib.go `createMigDevice`; DRANET writes the claim's device status, pkg/driver/
+nri_hooks.go) and `on_unprepare(uid)`; `write_status()` is that status write, a server-side
+apply of `status.devices` on the claim's status subresource with the driver's field manager.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -92,12 +100,17 @@ class DraDriver(dra_grpc.DRAPluginServicer):
     node, `devices` as the slice lists them (name, attributes, capacity, ...)."""
 
     def __init__(self, name: str, node: str, kubelet_root: Path, api: Api,
-                 devices: list[dict[str, Any]]) -> None:  # fmt: skip
+                 devices: list[dict[str, Any]], *,
+                 counters: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
         self.name = name
         self.node = node
         self.pool = node
         self.api = api
         self.devices = devices
+        self.counters = counters or []
+        """`sharedCounters` of the pool (KEP-4815), published in a slice of their own."""
+        self.on_prepare: Callable[[dict[str, Any], list[dra.Device]], None] | None = None
+        self.on_unprepare: Callable[[str], None] | None = None
         self.registry_socket = kubelet_root / "plugins_registry" / f"{name}-reg.sock"
         self.dra_socket = kubelet_root / "plugins" / name / "dra.sock"
         self.registered: list[tuple[bool, str]] = []
@@ -146,6 +159,11 @@ class DraDriver(dra_grpc.DRAPluginServicer):
             if result.get("shareID"):
                 device.share_id = result["shareID"]
             devices.append(device)
+        if self.on_prepare is not None:
+            try:
+                self.on_prepare(obj, devices)
+            except Exception as exc:  # noqa: BLE001 - the kubelet retries a failed prepare
+                return dra.NodePrepareResourceResponse(error=f"preparing: {exc!r}")
         self.prepared.append({"namespace": claim.namespace, "name": claim.name,
                               "uid": claim.uid, "devices": [
                                   (d.pool_name, d.device_name, d.share_id) for d in devices]})  # fmt: skip
@@ -155,20 +173,49 @@ class DraDriver(dra_grpc.DRAPluginServicer):
         self, request: dra.NodeUnprepareResourcesRequest, context: object
     ) -> dra.NodeUnprepareResourcesResponse:
         self.unprepared += [c.uid for c in request.claims]
+        for c in request.claims:
+            if self.on_unprepare is not None:
+                self.on_unprepare(c.uid)
         return dra.NodeUnprepareResourcesResponse(
             claims={c.uid: dra.NodeUnprepareResourceResponse() for c in request.claims}
         )
 
     # --- what tests do
     def slice(self) -> dict[str, Any]:
+        return self._slice(self.slice_name, {"devices": self.devices})
+
+    def counter_slice(self) -> dict[str, Any] | None:
+        if not self.counters:
+            return None
+        return self._slice(f"{self.slice_name}-counters", {"sharedCounters": self.counters})
+
+    def _slice(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
+        pool = {"name": self.pool, "generation": 1, "resourceSliceCount": 2 if self.counters else 1}
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": self.slice_name},
-                "spec": {"driver": self.name, "nodeName": self.node,
-                         "pool": {"name": self.pool, "generation": 1, "resourceSliceCount": 1},
-                         "devices": self.devices}}  # fmt: skip
+                "metadata": {"name": name},
+                "spec": {"driver": self.name, "nodeName": self.node, "pool": pool, **content}}  # fmt: skip
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in (self.counter_slice(), self.slice()) if s is not None]
 
     def publish(self) -> dict[str, Any]:
+        counters = self.counter_slice()
+        if counters is not None:
+            self.api.apply(counters, manager=self.name)
         return self.api.apply(self.slice(), manager=self.name)
+
+    def write_status(self, claim: dict[str, Any], devices: list[dict[str, Any]]) -> None:
+        """`status.devices` of a claim by server-side apply on its status subresource, as
+        DRANET does (`ApplyStatus`, field manager the driver's name; control-plane.md fact 15:
+        an entry must name an allocated device of the claim)."""
+        meta = claim["metadata"]
+        path = (f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims/"
+                f"{meta['name']}/status")  # fmt: skip
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": {"devices": devices}}  # fmt: skip
+        self.api.request("PATCH", path, body, params={"fieldManager": self.name, "force": "true"},
+                         content_type="application/apply-patch+yaml")  # fmt: skip
 
     def start(self) -> DraDriver:
         """Serve the DRA endpoint, then the registration socket the kubelet watches."""

@@ -91,12 +91,15 @@ kubelet and the API server answer, not when the exporter asks (test_kubelet_sche
 
 @contextlib.contextmanager
 def on_node(workdir: Path, socket: Path, node: str, kubeconfig: Path,
-            *flags: str, env: dict[str, str] | None = None) -> Iterator[Metrics]:  # fmt: skip
+            *flags: str, env: dict[str, str] | None = None,
+            sysfs: Path | None = None) -> Iterator[Metrics]:  # fmt: skip
     """The exporter as the DaemonSet runs it, on the real kubelet's PodResources socket, with
-    an empty sysfs (this machine's devices are not the test's) and no NVML (absent here)
-    unless `env` loads the NVML stand-in (tests/realnode/nvml.py)."""
-    sysfs = workdir / "sysfs-empty"
-    (sysfs / "class").mkdir(parents=True, exist_ok=True)
+    an empty sysfs (this machine's devices are not the test's) unless `sysfs` names a fixture
+    tree (tests/sysfs_support.py), and no NVML (absent here) unless `env` loads the NVML
+    stand-in (tests/realnode/nvml.py)."""
+    if sysfs is None:
+        sysfs = workdir / "sysfs-empty"
+        (sysfs / "class").mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "exporter", "--kubelet-socket", str(socket),
             "--node-name", node, "--path.sysfs", str(sysfs),
             "--collector.netdev.vf-netlink", "false", "--collect-interval", "1s",

@@ -23,12 +23,13 @@ GIB = 1 << 30
 def nvidia_section(
     gpus: Sequence[str],
     mig_parent: str,
-    migs: Sequence[str],
+    migs: Sequence[str | Mapping[str, Any]],
     processes: Mapping[str, Sequence[int]],
 ) -> dict[str, Any]:
     """A scenario `nvidia:` section: `gpus` whole GPUs, `mig_parent` split into `migs`
-    (1g.10gb slices), and on each device ID of `processes` those PIDs, each using 1 GiB
-    and keeping the device half busy."""
+    (a UUID: a 1g.10gb slice; a mapping: a scenario `mig:` entry, e.g. one a DRA driver made
+    at prepare with its profile, GPU instance and placement), and on each device ID of
+    `processes` those PIDs, each using 1 GiB and keeping the device half busy."""
 
     def procs(device: str) -> list[dict[str, Any]]:
         return [
@@ -43,8 +44,11 @@ def nvidia_section(
         {
             "uuid": mig_parent,
             "pci_bus_id": f"0000:{0x10 + len(gpus):02x}:00.0",
+            "mig_mode": True,
             "mig": [
-                {"uuid": m, "profile": "1g.10gb", "gi": 7 + i, "processes": procs(m)}
+                {**m, "processes": procs(str(m["uuid"]))}
+                if isinstance(m, Mapping)
+                else {"uuid": m, "profile": "1g.10gb", "gi": 7 + i, "processes": procs(m)}
                 for i, m in enumerate(migs)
             ],
         }
@@ -54,10 +58,16 @@ def nvidia_section(
 
 class StandInNvml:
     def __init__(
-        self, workdir: Path, gpus: Sequence[str], mig_parent: str, migs: Sequence[str]
+        self,
+        workdir: Path,
+        gpus: Sequence[str],
+        mig_parent: str,
+        migs: Sequence[str | Mapping[str, Any]],
     ) -> None:
         library_path()  # FakeNvmlNotBuilt says how to build it
         self.devices = (tuple(gpus), mig_parent, tuple(migs))
+        self.processes: Mapping[str, Sequence[int]] = {}
+        self.t = 0.0
         self.part = NvmlPart(parse_nvidia(nvidia_section(*self.devices, {})), workdir)
         self.part.advance(0.0)
 
@@ -66,8 +76,15 @@ class StandInNvml:
 
     def show(self, processes: Mapping[str, Sequence[int]], t: float = 1.0) -> None:
         """Report `processes` (device ID -> host PIDs) from now on."""
+        self.processes = processes
+        self.t = t
         self.part.spec = parse_nvidia(nvidia_section(*self.devices, processes))
         self.part.advance(t)
+
+    def set_migs(self, migs: Sequence[str | Mapping[str, Any]]) -> None:
+        """The MIG parent's slices from now on (a DRA driver made or destroyed one)."""
+        self.devices = (self.devices[0], self.devices[1], tuple(migs))
+        self.show(self.processes, self.t + 1.0)
 
     def close(self) -> None:
         self.part.close()

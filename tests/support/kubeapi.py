@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from exporter.kubeapi.client import KubeApi, PodStatusReader, http_client, load_config
+from exporter.kubeapi.answers import Limits
+from exporter.kubeapi.client import KubeApi, http_client, load_config
 from exporter.kubeapi.listwatch import Timing
+from exporter.kubeapi.pods import PodStatusReader
 from exporter.kubeapi.watcher import PodWatcher
 from exporter.kubeapi.workloads import LabelFilter
 from simulator.apiserver import ApiServer
@@ -85,14 +87,16 @@ def fast(**changes: Any) -> Timing:
 
 
 def connector(
-    kubeconfig: Path, *, pod_status: PodStatusReader | None = None
+    kubeconfig: Path, *, pod_status: PodStatusReader | None = None, limits: Limits | None = None
 ) -> Callable[[], KubeApi]:
-    """What the exporter hands its watchers: one client, made at the first call."""
+    """What the exporter hands its watchers: one client, made at the first call; `limits`
+    its bounds (the exporter's defaults unless given)."""
     made: list[KubeApi] = []
 
     def connect() -> KubeApi:
         if not made:
-            made.append(KubeApi(http_client(load_config(kubeconfig), 5.0), pod_status=pod_status))
+            http = http_client(load_config(kubeconfig), 5.0)
+            made.append(KubeApi(http, pod_status=pod_status, limits=limits))
         return made[0]
 
     return connect
@@ -103,12 +107,13 @@ def pod_watcher(
     labels: Sequence[str] = (),
     *,
     pod_status: PodStatusReader | None = None,
+    limits: Limits | None = None,
     **options: Any,
 ) -> PodWatcher:
     """A PodWatcher of NODE's pods through `kubeconfig`, waiting as `fast()` unless `timing`
-    is given; `options` as PodWatcher's (feed, owner_ttl...)."""
+    is given; `options` as PodWatcher's (feed, owner_ttl, max_pods...)."""
     options.setdefault("timing", fast())
-    connect = connector(kubeconfig, pod_status=pod_status)
+    connect = connector(kubeconfig, pod_status=pod_status, limits=limits)
     return PodWatcher(connect, NODE, LabelFilter(labels), **options)
 
 

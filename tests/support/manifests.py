@@ -33,13 +33,29 @@ def one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+DRA_V1 = "1.34.0"
+"""The first Kubernetes serving `resource.k8s.io/v1` and today's `PodResourceClaim`
+(components/dra-admin-access needs it, and says so)."""
+
+
+def _oldest(resource: dict[str, Any]) -> str:
+    """The oldest Kubernetes an object can exist in: 1.30 but for DRA v1 objects and pods
+    that hold claims (their `resourceClaims` took today's shape later)."""
+    spec = resource.get("spec") or {}
+    pod = ((spec.get("template") or {}).get("spec") or {}) if "template" in spec else spec
+    needs_dra = resource.get("apiVersion") == "resource.k8s.io/v1" or "resourceClaims" in pod
+    return DRA_V1 if needs_dra else KUBERNETES_VERSIONS[0]
+
+
 def validate(resource: dict[str, Any]) -> None:
     schema = SCHEMAS.get(resource["kind"])
     if schema is not None:
         jsonschema.validate(resource, schema)
         return
-    for version in KUBERNETES_VERSIONS:
-        kubernetes_validate.validate(resource, version, strict=True)
+    oldest = tuple(int(x) for x in _oldest(resource).split("."))
+    for version in (_oldest(resource), *KUBERNETES_VERSIONS[1:]):
+        if tuple(int(x) for x in version.split(".")) >= oldest:
+            kubernetes_validate.validate(resource, version, strict=True)
 
 
 def validate_all(resources: list[dict[str, Any]], where: object) -> None:

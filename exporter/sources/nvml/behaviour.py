@@ -78,8 +78,9 @@ TABLE: tuple[Behaviour, ...] = (
         ("nvmlDeviceGetCount_v2", "nvmlInit_v2"),
         "This will initialize the NVML Library state without enumerating any discovered devices.",
         "Rediscovery never waits for the count to change: it runs on a timer, after "
-        "GPU_IS_LOST, NOT_FOUND or INVALID_ARGUMENT on a known handle, and when a GPU's MIG "
-        "mode reads differently. A new GPU is found by the next rediscovery.",
+        "GPU_IS_LOST, NOT_FOUND or INVALID_ARGUMENT on a known handle, when a GPU's MIG "
+        "mode reads differently, and when a MIG slot empty at discovery holds a device (a "
+        "DRA driver makes one at prepare). A new GPU is found by the next rediscovery.",
     ),
     Behaviour(
         "gpu-is-lost",
@@ -111,6 +112,16 @@ TABLE: tuple[Behaviour, ...] = (
         "devices. Supported on Linux only. Requires privileged user.",
         "Never called: the DaemonSet drops capabilities. MIG slices are found through MIG "
         "device handles, which need no privilege.",
+    ),
+    Behaviour(
+        "gpu-instance-by-id-privileged",
+        ("nvmlDeviceGetGpuInstanceById", "nvmlGpuInstanceGetInfo"),
+        "Get GPU instances for given instance ID.  For Ampere &tm; or newer fully supported "
+        "devices. Supported on Linux only. Requires privileged user.",
+        "Called for each MIG device at discovery, for its GPU instance's profile ID and "
+        "placement: what a DRA driver's partition names (docs/dra.md). NO_PERMISSION: said "
+        "once, not an error; partitions made at prepare then stay unidentified (counted in "
+        "`kube_device_exporter_dra_unidentified`).",
     ),
     Behaviour(
         "mig-aggregate-processes",

@@ -1,6 +1,8 @@
 """Discovery: GPU handles, identities and the MIG layout, cached between rediscoveries.
 
-Read through handles only (no privileged call: behaviour.py `gpu-instances-privileged`).
+Read through handles only, but for one privileged call per MIG device: its GPU instance's
+placement (behaviour.py `gpu-instance-by-id-privileged`), which is how a partition a DRA
+driver created at prepare is told from its siblings.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.ids import normalize_device_id, pci_address
+from exporter.ids import mig_placement_key, normalize_device_id, pci_address
 from exporter.model import Device
 from exporter.sources.nvml.calls import Calls, text
 from exporter.sources.nvml.gpm import Gpm, allocate
@@ -36,6 +38,9 @@ class Gpu:
     device: Device
     mig_mode: bool
     migs: list[Mig] = field(default_factory=list)
+    empty_slots: tuple[int, ...] = ()
+    """MIG slots that held no device at discovery: one that answers a handle later is a
+    slice made since (a DRA driver makes one at prepare, the MIG mode unchanged)."""
     gpm: Gpm | None = None
     process_seen_us: int = 0
     slow_read_at: float = -math.inf
@@ -118,13 +123,17 @@ class Discovery:
         if gpm_supported:
             gpu.gpm = self.take_gpm(uuid)
         if mig:
-            gpu.migs = self.migs(gpu, common, gke, gpm_supported)
+            gpu.migs, gpu.empty_slots = self.migs(gpu, common, gke, gpm_supported)
         return gpu
 
-    def migs(self, gpu: Gpu, common: tuple[tuple[str, str], ...], gke: str, gpm: bool) -> list[Mig]:
+    def migs(
+        self, gpu: Gpu, common: tuple[tuple[str, str], ...], gke: str, gpm: bool
+    ) -> tuple[list[Mig], tuple[int, ...]]:
+        """The MIG devices of a GPU in MIG mode, and the slots that hold none."""
         get = self.calls.get
         slots = get(pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0
         found = []
+        empty = []
         for slot in range(slots):
             handle = get(
                 pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
@@ -133,6 +142,7 @@ class Discovery:
                 quiet=(pynvml.NVML_ERROR_NOT_FOUND,),
             )
             if handle is None:
+                empty.append(slot)
                 continue
             uuid = text(get(pynvml.nvmlDeviceGetUUID, handle) or "")
             name = text(get(pynvml.nvmlDeviceGetName, handle) or "")
@@ -141,6 +151,8 @@ class Discovery:
             if not uuid or gi is None or ci is None:
                 continue
             profile = name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""
+            placement = self.placement(gpu.handle, gi)
+            where = mig_placement_key(gpu.device.id, *placement) if placement else ""
             device = Device(
                 id=uuid,
                 type="gpu",
@@ -155,11 +167,38 @@ class Discovery:
                     ("hw.gpu.mig.compute_instance_id", str(ci)),
                 ),
                 aliases=_aliases(
-                    uuid, f"MIG-{gpu.device.id}/{gi}/{ci}", f"{gke}/gi{gi}" if gke else ""
+                    uuid, f"MIG-{gpu.device.id}/{gi}/{ci}", f"{gke}/gi{gi}" if gke else "", where
                 ),
             )
             found.append(Mig(handle, device, gi, ci, self.take_gpm(uuid) if gpm else None))
-        return found
+        return found, tuple(empty)
+
+    def placement(self, parent: Any, gi: int) -> tuple[int, int] | None:
+        """(GPU instance profile ID, placement start) of GPU instance `gi`, as NVIDIA's DRA
+        driver reads it to find the MIG device it made (dra-driver-nvidia-gpu
+        cmd/gpu-kubelet-plugin/nvlib.go `FindMigDevBySpec`); None where this pod may not ask
+        (NO_PERMISSION, said once by Calls) or the driver cannot say."""
+        instance = self.calls.get(pynvml.nvmlDeviceGetGpuInstanceById, parent, gi)
+        if instance is None:
+            return None
+        info = self.calls.get(pynvml.nvmlGpuInstanceGetInfo, instance)
+        if info is None:
+            return None
+        return int(info.profileId), int(info.placement.start)
+
+    def new_slice(self, gpu: Gpu) -> bool:
+        """Whether a slot empty at discovery holds a MIG device now (one call per empty
+        slot; NOT_FOUND is the usual answer)."""
+        return any(
+            self.calls.get(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                gpu.handle,
+                slot,
+                quiet=(pynvml.NVML_ERROR_NOT_FOUND,),
+            )
+            is not None
+            for slot in gpu.empty_slots
+        )
 
     def gpm_supported(self, gpu: Gpu) -> bool:
         """Whether GPM (Hopper and later) works on this GPU; a GPU or driver without it has

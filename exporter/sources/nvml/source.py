@@ -206,12 +206,14 @@ class NvmlSource:
     def _rediscovery_due(self, gpus: list[Gpu]) -> bool:
         if self.clock() - self._discovered_at >= self.rediscover_interval:
             return True
-        # The MIG mode (a costly call per GPU) is checked with the slow values; a slice
-        # made or destroyed without a mode change shows as a stale handle or waits for
-        # the timer.
+        # The MIG mode (a costly call per GPU) is checked with the slow values, and so are
+        # the slots that were empty: a DRA driver makes a slice when it prepares a claim
+        # (dra-driver-nvidia-gpu nvlib.go createMigDevice), with no mode change. A slice
+        # destroyed shows as a stale handle.
         try:
             return any(
                 mig_mode(self.calls, g.handle) != g.mig_mode
+                or (g.mig_mode and self.discovery.new_slice(g))
                 for g in gpus
                 if self.reader.slow_due(g)
             )
