@@ -53,7 +53,7 @@ ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Ro
          "RoleBinding", "Service", "DaemonSet")  # fmt: skip
 READY_WITHIN = 90.0
 GAP_WITHIN = 8.0
-"""Seconds a rollout may leave the node's port unanswered: measured 2.4-3.2 s here (the old
+"""Seconds a rollout may leave the node's port unanswered: measured 2.4-3.4 s here (the old
 pod's stop, the scheduler placing the new one, its start; docs/deploy.md, section 5)."""
 SETTLE = 40.0
 """Seconds after the apply at which the RSS is read: a few 10 s cycles past Ready."""
