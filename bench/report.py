@@ -10,7 +10,7 @@ from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
 from bench.cost import BREAKDOWN, Cost, FloorRatio, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
 from bench.labels import Placement
-from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, Latency, table
+from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, WARMUP_ROUNDS, Latency, table
 from bench.startup import IMPORT, Startup
 from bench.threads import Threads
 from bench.threads import table as threads_table
@@ -262,7 +262,8 @@ def _latency(r: Results) -> list[str]:
         "scrape on a fresh connection, OpenMetrics preferred, gzip, at a moment unrelated to\n"
         "the exporter's cycle; once per cycle (one exporter, a random moment of each second),\n"
         f"and every 15 s ({SLOW_EXPORTERS} exporters side by side at offsets spread over the 15 s, "
-        "±0.5 s jitter,\nafter one warm-up round). The static handler (a bare aiohttp app "
+        f"±0.5 s jitter,\nafter {WARMUP_ROUNDS} warm-up rounds: the exporter learns a "
+        "scraper's period from its first two\nscrapes). The static handler (a bare aiohttp app "
         "serving the very\nbytes we served) is scraped the same way in the same run: the "
         "floor of the HTTP stack\nand the client. Scrapes of ours: "
         f"{counts}; with so few, p99 is about the\nlargest. CPU per cycle: the exporter's "
