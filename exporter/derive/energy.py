@@ -32,13 +32,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from operator import attrgetter, indexOf
+from operator import attrgetter
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
-_metric_of = attrgetter("metric")
 _holder_order = attrgetter("namespace", "pod", "container")
 """`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
 LINGER_SECONDS = 600.0
@@ -78,13 +77,12 @@ class EnergyLedger:
         metered: dict[str, JoinedDevice] = {}
         readings: dict[str, float] = {}
         for joined in snapshot.devices:
-            samples = joined.reading.samples
-            try:  # the first energy sample, looked for in C: most devices (slices) have none
-                at = indexOf(map(_metric_of, samples), ENERGY)
-            except ValueError:
+            reading = joined.reading
+            at = reading.layout.first.get(ENERGY)  # most devices (slices) have none
+            if at is None:
                 continue
-            metered[joined.reading.device.id] = joined
-            readings[joined.reading.device.id] = samples[at].value
+            metered[reading.device.id] = joined
+            readings[reading.device.id] = reading.values[at]
         holders = self._family_holders(snapshot, metered)
         sizes = _SliceSizes(snapshot)
         for device_id, joined in metered.items():
@@ -232,7 +230,8 @@ class _SliceSizes:
                 if not device.parent:
                     continue
                 sizes = self._by_parent.setdefault(device.parent, {})
-                for sample in joined.reading.samples:
-                    if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
-                        sizes[device.id] = sample.value
+                values = joined.reading.values
+                for at in joined.reading.layout.positions("hw.gpu.memory.limit"):
+                    if values[at] > 0:
+                        sizes[device.id] = values[at]
         return self._by_parent.get(parent, {})
