@@ -133,8 +133,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Two workers (pytest-xdist; CI has two cores): the tiers that start a kubelet, a cluster or
+# a Docker engine run in one of them, one after the other (tests/conftest.py). `-n 0` in
+# PYTEST_ARGS runs everything in this process.
+XDIST := -n 2
+
 pytest: install
-	$(E2E_ENV) $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(E2E_ENV) $(VENV)/bin/pytest -q $(XDIST) $(PYTEST_ARGS)
 
 realnode: install
 	$(E2E_ENV) $(VENV)/bin/pytest -q tests/test_real_kubelet*.py $(PYTEST_ARGS)

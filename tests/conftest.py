@@ -4,7 +4,8 @@ The `peer` and `slow` markers and what holds them to their word: tests/support/t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -61,3 +62,24 @@ def cluster_node(control_plane: ControlPlane) -> Iterator[ClusterNode]:
     finally:
         left = node.close()
         assert not left, f"the cluster node left behind: {left}"
+
+
+SERIAL_MODULES = ("test_real_", "test_image.py", "test_podsapi_proto.py")
+"""Modules whose tests start a kubelet, a Kubernetes control plane or a Docker engine."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`make test`: two workers), the tiers that start a kubelet, a
+    cluster or a Docker engine are one unit of work, run in one worker in their order (they
+    share the session's control plane and the machine's containerd, mounts and iptables),
+    handed out first as the largest; every other test is a unit of its own. (xdist's
+    `loadgroup` does not group on pytest 9: it renames the item's `_nodeid`, which pytest 9
+    no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialPeers(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.split("::", 1)[0]).name
+            return "serial-peers" if module.startswith(SERIAL_MODULES) else nodeid
+
+    return SerialPeers(config, log)

@@ -156,12 +156,19 @@ def test_process_cpu_counts_a_thread_that_has_ended() -> None:
         while time.thread_time() < end:
             pass
 
+    def live() -> set[int]:
+        return {tid for tid, _ in thread_cpu(os.getpid())}
+
     before = cpu_seconds(os.getpid())
     worker = threading.Thread(target=burn)
     worker.start()
     worker.join()
+    # join() returns when the Python thread is done; the kernel reaps its task a moment later.
+    reaped = time.monotonic() + 2.0
+    while worker.native_id in live() and time.monotonic() < reaped:
+        time.sleep(0.01)
+    assert worker.native_id not in live()
     assert cpu_seconds(os.getpid()) - before >= 0.25
-    assert worker.native_id not in {tid for tid, _ in thread_cpu(os.getpid())}
 
 
 def test_the_exporters_threads_carry_their_names_into_the_kernel() -> None:
