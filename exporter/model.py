@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from exporter.reading import Attributes, Device, DeviceReading, Key, Layout, Sample
 
@@ -221,10 +222,11 @@ class PairPlacement:
     level_name: str
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerEnergy:
+class ContainerEnergy(NamedTuple):
     """Joules of one device credited to one holder since the exporter started
-    (exporter/derive/energy.py); `holder` None: the device's energy while nobody held it."""
+    (exporter/derive/energy.py); `holder` None: the device's energy while nobody held it.
+    A named tuple, as `Sample` is: a node of many holders makes one per holder and metered
+    device every cycle."""
 
     device_id: str
     holder: Holder | None

@@ -71,6 +71,7 @@ class Budget:
         }
         """metric -> every series kept (True), none (False), or decided by a label (None)."""
         self._states = StateLog(log)
+        self._numa = NumaSeries()
         self.last: Snapshot | None = None
         """What the last `apply` returned."""
         self._masks: dict[Layout, tuple[tuple[bool, ...], Layout] | None] = {}
@@ -85,7 +86,7 @@ class Budget:
         energy = snapshot.container_energy if "energy" in self.groups else ()
         if energy is not snapshot.container_energy or any(map(is_not, devices, snapshot.devices)):
             snapshot = replace(snapshot, devices=devices, container_energy=energy)
-        trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)))
+        trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)), self._numa)
         if dropped:
             self._states.failed(
                 "series",
@@ -153,6 +154,20 @@ def _numa_series(numa: ContainerNuma) -> int:
     return placed + 1 + (numa.aligned is not None)
 
 
+class NumaSeries:
+    """What `points._numa_points` makes of some containers, remembered for the last ones:
+    the join hands the same tuple on while the pods do not change (a thousand containers
+    cost a millisecond a cycle to count)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[ContainerNuma, ...], int] | None = None
+
+    def __call__(self, containers: tuple[ContainerNuma, ...]) -> int:
+        if self._last is None or self._last[0] is not containers:
+            self._last = (containers, sum(_numa_series(n) for n in containers))
+        return self._last[1]
+
+
 def _usage_series(usage: ContainerUsage) -> int:
     return 1 + (usage.memory_bytes is not None) + (usage.utilization is not None)
 
@@ -161,11 +176,11 @@ def _key(holder: Holder) -> _HolderKey:
     return (holder.namespace, holder.pod, holder.container)
 
 
-def _estimate(snapshot: Snapshot) -> int:
+def _estimate(snapshot: Snapshot, numa: NumaSeries) -> int:
     """An upper bound of the snapshot's series, cheap enough for every cycle."""
     devices = sum(2 + len(d.reading.values) for d in snapshot.devices)
     holders = len(snapshot.allocations) + len(snapshot.pods)
-    holders += sum(_numa_series(n) for n in snapshot.containers)
+    holders += numa(snapshot.containers)
     holders += 3 * len(snapshot.container_usage) + 2 * len(snapshot.processes)
     holders += (
         len(snapshot.container_energy)
@@ -176,9 +191,11 @@ def _estimate(snapshot: Snapshot) -> int:
     return devices + holders + resources + 64 + 3 * len(snapshot.sources)
 
 
-def trim(snapshot: Snapshot, budget: int) -> tuple[Snapshot, int, int]:
+def trim(
+    snapshot: Snapshot, budget: int, numa: NumaSeries | None = None
+) -> tuple[Snapshot, int, int]:
     """(`snapshot` cut to at most `budget` series, series left out, containers left out)."""
-    if _estimate(snapshot) <= budget:
+    if _estimate(snapshot, numa or NumaSeries()) <= budget:
         return snapshot, 0, 0
     left_out: Counter[str] = Counter(
         a.resource_name for a in snapshot.allocations if a.kind is AllocationKind.DEVICE_PLUGIN
