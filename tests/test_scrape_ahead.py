@@ -154,12 +154,19 @@ def test_a_format_nobody_asks_for_any_more_is_no_longer_built() -> None:
     assert cadence.cycle_done() == []  # asked once since: its next scrape builds it
 
 
-def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
+def _scraped_every_second() -> tuple[PrometheusSink, Clock]:
+    """A sink whose scraper (OpenMetrics, gzip) has come twice, a second apart, and its
+    clock."""
     clock = Clock()
     sink = PrometheusSink(process_metrics=False, cadence=ScrapeCadence(clock))
-    for _ in range(2):  # scraped every second
+    for _ in range(2):
         sink.asked(openmetrics=True, gzipped=True)
         clock.now += 1
+    return sink, clock
+
+
+def test_the_sink_builds_the_asked_format_at_the_end_of_the_cycle() -> None:
+    sink, _ = _scraped_every_second()
     sink.update(snapshot(util=0.25))
     assert sink._rendered is None  # update only takes the snapshot: the cycle's time
     sink.build_due()
@@ -175,11 +182,7 @@ def test_a_scrape_during_the_cycles_build_takes_the_last_cycles_body_at_once() -
     """From `update` to the end of `build_due` (the cycle's publish and after stages), a
     scrape of a format due is served the body built a cycle ago instead of waiting for the
     build; a format not due, or a body two cycles old (the last build failed), is not."""
-    clock = Clock()
-    sink = PrometheusSink(process_metrics=False, cadence=ScrapeCadence(clock))
-    for _ in range(2):  # scraped every second
-        sink.asked(openmetrics=True, gzipped=True)
-        clock.now += 1
+    sink, clock = _scraped_every_second()
     sink.update(snapshot(util=0.25))
     assert sink.ready_body(openmetrics=True, gzipped=True) is None  # nothing built yet
     sink.build_due()
