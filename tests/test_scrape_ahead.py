@@ -128,6 +128,24 @@ def test_an_odd_curl_in_the_same_format_costs_the_prometheus_scrapes_at_most_one
     assert ready >= asked - 2 - len(curls) - 2  # the first two, the curls, two after them
 
 
+def test_an_odd_short_gap_does_not_build_every_cycle_of_the_long_gap_after_it() -> None:
+    """After an odd short gap the gap before last predicts a scrape at once; it does not
+    come, and the body is not built every cycle until it does: a few builds a curl more,
+    not a period's worth (a 1,000-pod node pays each build)."""
+    scrapes = [0.4 + 15 * k for k in range(40)]
+    curls = [31.0, 200.0, 401.5]
+    plain, _, _ = simulate(1.0, scrapes, until=600.0)
+    builds, ready, asked = simulate(1.0, sorted(scrapes + curls), until=600.0)
+    assert builds <= plain + 5 * len(curls)  # waiting on each predicted scrape: 115
+    assert ready >= asked - 2 - len(curls) - 2
+    # the bench's rounds (bench/ab.py): a scrape at a window's start, 15 s in and its end,
+    # windows of 30 s back to back: gaps of 15, 15 and almost nothing
+    rounds = sorted(t + 30 * k for k in range(10) for t in (10.0, 25.0, 39.99))
+    builds, ready, asked = simulate(1.0, rounds, until=310.0)
+    assert builds < 310 / 4  # waiting built every cycle of each round's second half: 145
+    assert ready >= 19
+
+
 def test_a_format_nobody_asks_for_any_more_is_no_longer_built() -> None:
     """A scraper gone for three periods: its format is forgotten, not built every cycle."""
     clock = Clock()

@@ -9,12 +9,17 @@ target at a fixed period and offset, so the next scrape is predictable from the 
 gaps: the shorter of them for one scraper (its jitter errs early), the one before the last
 when they alternate (two Prometheus replicas at different offsets: short, long, short...;
 the shorter would build every cycle of the long gap); an odd short gap (two curls in a row)
-ages out after two more scrapes. A scraper at about the cycle's pace gets its body every
-cycle. A scrape that comes sooner than predicted is served by building the body then, as
-before (never wrong, only slower). A format is forgotten after three of its *longest*
-recent gaps without a scrape, and never within a minute of its last: forgetting after
-three of the shortest dropped a pair of replicas with gaps of 3 s and 12 s before their
-long gap was ever seen, and none of their scrapes found a body ready.
+ages out after two more scrapes. A predicted scrape that has not come a cycle and a half
+after its time is not waited for cycle after cycle: the next is then expected after the
+longer of the last two gaps (one scraper whose last gap was cut by an odd one), then after
+their sum (a pair of replicas, or one scraper's period cut in two by a curl). Waiting
+built every cycle of the long gap after an odd short one: the bench's back-to-back rounds
+did that, at a 1,000-pod node's price. A scraper at about the cycle's pace gets its body
+every cycle. A scrape that comes sooner than predicted, or later, is served by building
+the body then, as before (never wrong, only slower). A format is forgotten after three of
+its *longest* recent gaps without a scrape, and never within a minute of its last:
+forgetting after three of the shortest dropped a pair of replicas with gaps of 3 s and
+12 s before their long gap was ever seen, and none of their scrapes found a body ready.
 """
 
 from __future__ import annotations
@@ -90,9 +95,23 @@ class ScrapeCadence:
                 forget_after = max(FORGET_AFTER * max(longest, self._cycle), FORGET_NOT_BEFORE)
                 if now - seen.last > forget_after:
                     del self._asked[fmt]
-                elif longest <= FAST * self._cycle or seen.last + _next_gap(seen.gaps) <= horizon:
+                elif longest <= FAST * self._cycle or self._expected(seen, now, horizon):
                     due.append(fmt)
             return due
+
+    def _expected(self, seen: _Asked, now: float, horizon: float) -> bool:
+        """Whether `seen`'s next scrape is expected by `horizon`: after the predicted gap;
+        once that time is more than a cycle and a half (SLACK) past, after the longer of
+        the last two gaps, then after their sum. With one gap known (a scraper's third
+        scrape) it is waited for."""
+        gaps = seen.gaps
+        late = now - self._cycle * (1 + SLACK)
+        if len(gaps) < GAPS_KEPT:
+            return seen.last + gaps[-1] <= horizon
+        for gap in (_next_gap(gaps), max(gaps), sum(gaps)):
+            if seen.last + gap >= late:
+                return seen.last + gap <= horizon
+        return False
 
 
 def _next_gap(gaps: deque[float]) -> float:
