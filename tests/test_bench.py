@@ -33,6 +33,7 @@ def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> Non
     assert held <= advertised
 
 
+@pytest.mark.slow
 def test_a_held_node_is_dense_and_pods_each_holding_an_advertised_replica(tmp_path: Path) -> None:
     """The many-pods row's node (1,000 in `make bench`; 101 here, an odd count, to be quick):
     dense's 200 pods and the rest, each container holding one time-sliced replica its
