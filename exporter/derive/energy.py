@@ -52,9 +52,11 @@ class _Account:
     totals: dict[Holder | None, float] = field(default_factory=dict)
     seen: dict[Holder | None, float] = field(default_factory=dict)
     """When each holder last held the device (snapshot time)."""
-    order: tuple[frozenset[Holder | None], list[Holder]] | None = None
-    """(the holders of `totals`, those but None in series order) when last sorted: sorted
-    again only when the holders change (a thousand holders sort in a millisecond)."""
+    order: tuple[tuple[Holder | None, ...], list[int]] | None = None
+    """(the holders of `totals` in its own order, the places of those but None in series
+    order) when last sorted: sorted again only when the holders change (a thousand holders
+    sort in a millisecond). Compared as a tuple, the same holders are the same objects:
+    `Holder`'s hash and equality are Python code, never called while nothing changed."""
 
 
 class EnergyLedger:
@@ -175,12 +177,16 @@ class EnergyLedger:
                 del self._accounts[device_id]
                 continue
             totals = account.totals
-            if account.order is None or totals.keys() != account.order[0]:
-                keys = sorted((h for h in totals if h is not None), key=_holder_order)
-                account.order = (frozenset(totals), keys)
+            holders, joules = tuple(totals), tuple(totals.values())
+            if account.order is None or account.order[0] != holders:
+                placed = [i for i, h in enumerate(holders) if h is not None]
+                placed.sort(key=lambda i: _holder_order(holders[i]))
+                account.order = (holders, placed)
             if None in totals:
                 out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
-            out += [_new(ContainerEnergy, (device_id, h, totals[h])) for h in account.order[1]]
+            out += [
+                _new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]
+            ]
         return tuple(out)
 
 
