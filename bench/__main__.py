@@ -94,6 +94,7 @@ def run_all(args: argparse.Namespace) -> Results:
     with tempfile.TemporaryDirectory(prefix="kde-bench-") as tmp:
         work = Path(tmp)
         names = [*SCENARIOS, *(str(generate.write(g, work)) for g in GENERATED)]
+        names.append(str(generate.write_held(generate.HELD_PODS, work)))
         if args.scenarios:
             wanted = args.scenarios.split(",")
             names = [n for n in names if Path(n).stem in wanted or n in wanted]

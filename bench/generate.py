@@ -1,6 +1,11 @@
-"""Generated big nodes: the bundled `dense` node (8 GPUs, 42 MIG slices, 200 pods) copied
-side by side, with new UUIDs, PCI domains and pod names per copy, so a 64-GPU node has
-1,600 pods and eight times the series. Written as scenario YAML for `simulate`."""
+"""Generated big nodes, written as scenario YAML for `simulate`:
+
+- the bundled `dense` node (8 GPUs, 42 MIG slices, 200 pods) copied side by side, with new
+  UUIDs, PCI domains and pod names per copy, so a 64-GPU node has 1,600 pods and eight times
+  the series (`scenario`);
+- `dense` with N more pods each holding a replica of one of its two time-sliced GPUs, their
+  device plugin advertising enough replicas (`held`): a node of many small pods sharing
+  GPUs, as time-slicing makes them, under the default series budget for N = 1,000."""
 
 from __future__ import annotations
 
@@ -74,4 +79,47 @@ def scenario(gpus: int) -> dict[str, Any]:
 def write(gpus: int, folder: Path) -> Path:
     path = folder / f"generated-{gpus}gpu.yaml"
     path.write_text(yaml.safe_dump(scenario(gpus), sort_keys=False))
+    return path
+
+
+SHARED = "nvidia.com/gpu.shared"
+SHARED_GPUS = (
+    "GPU-3f0c9a52-81d4-4b7e-b0c6-5e1a2d7c0006",
+    "GPU-3f0c9a52-81d4-4b7e-b0c6-5e1a2d7c0007",
+)
+"""dense's two time-sliced GPUs (4 replicas each, 3 of them held by dense's own pods)."""
+
+
+HELD_PODS = 1_000
+"""`make bench`'s many-pods row: `dense` and this many pods more, set against `dense`."""
+
+
+def held_name(pods: int = HELD_PODS) -> str:
+    """The node's name, its scenario file's stem and its row's label in the report."""
+    return f"dense-{pods}pods"
+
+
+def held(pods: int) -> dict[str, Any]:
+    """`dense` and `pods` pods more, each holding one replica of a time-sliced GPU."""
+    doc = _dense()
+    replicas = 4 + -(-pods // len(SHARED_GPUS))
+    doc["node"] = held_name(pods)
+    doc["description"] = f"dense and {pods} pods more, each holding a time-sliced GPU replica"
+    for entry in doc["allocatable"]:
+        if entry["resource"] == SHARED:
+            gpu = str(entry["ids"][0]).split("::")[0]
+            entry["ids"] = [f"{gpu}::{r}" for r in range(replicas)]
+    for k in range(pods):
+        gpu = SHARED_GPUS[k % len(SHARED_GPUS)]
+        device = {"resource": SHARED, "ids": [f"{gpu}::{4 + k // len(SHARED_GPUS)}"], "numa": [1]}
+        container = {"name": "main", "devices": [device]}
+        doc["pods"].append(
+            {"name": f"held-{k:04d}", "namespace": "shared", "containers": [container]}
+        )
+    return doc
+
+
+def write_held(pods: int, folder: Path) -> Path:
+    path = folder / f"{held_name(pods)}.yaml"
+    path.write_text(yaml.safe_dump(held(pods), sort_keys=False))
     return path

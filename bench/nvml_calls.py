@@ -7,7 +7,9 @@ library's own time per call; the last rows show the whole `collect()` (binding a
 Python included) for comparison, and its floor: the very C calls of one cycle, with the
 very arguments, replayed back to back through ctypes with no Python around them (what a
 source that did nothing but call NVML would cost; the binding's own work, building
-arguments and results, is above it and in `collect()`).
+arguments and results, is above it and in `collect()`). collect() is timed on a source
+with no timer in its calls (made before they are put in), in rounds alternating with the
+floor's.
 """
 
 from __future__ import annotations
@@ -59,23 +61,42 @@ class _Timed:
         setattr(self._fn, name, value)  # restype/argtypes set by the binding
 
 
-def _floor(source: NvmlSource, cycles: int) -> float:
-    """Seconds per cycle of one cycle's C calls replayed bare (see the module's docstring);
-    the replay's arguments keep the structures they point into alive."""
+def _record(source: NvmlSource) -> list[tuple[Any, tuple[Any, ...]]]:
+    """One collect()'s C calls (function, arguments), from a source made under the timers;
+    the arguments keep the structures they point into alive."""
     calls: list[tuple[Any, tuple[Any, ...]]] = []
     RECORDING.append(calls)
     try:
         source.collect()
     finally:
         RECORDING.clear()
-    started = time.perf_counter()
-    for _ in range(cycles):
-        for fn, args in calls:
-            fn(*args)
-    return (time.perf_counter() - started) / cycles
+    return calls
+
+
+def _side_by_side(
+    bare: NvmlSource, calls: list[tuple[Any, tuple[Any, ...]]], cycles: int, rounds: int = 10
+) -> tuple[float, float]:
+    """Seconds per cycle of `bare.collect()` and of the same C calls replayed bare (see the
+    module's docstring), in alternating rounds, so that a busy machine slows both alike."""
+    spent = [0.0, 0.0]
+    per_round = max(1, cycles // rounds)
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(per_round):
+            bare.collect()
+        spent[0] += time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(per_round):
+            for fn, args in calls:
+                fn(*args)
+        spent[1] += time.perf_counter() - started
+    return spent[0] / (per_round * rounds), spent[1] / (per_round * rounds)
 
 
 def measure(cycles: int) -> tuple[dict[str, list[float]], float, int, float]:
+    """(per-call totals, collect() seconds per cycle, devices, the floor's seconds per
+    cycle). collect() is timed on a source made before the timers are put in (nothing of
+    the bench in its calls); the per-call table comes from a second one made under them."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     resolve = pynvml._nvmlGetFunctionPointer
     wrapped: dict[str, _Timed] = {}
@@ -85,23 +106,30 @@ def measure(cycles: int) -> tuple[dict[str, list[float]], float, int, float]:
             wrapped[name] = _Timed(name, resolve(name), totals)
         return wrapped[name]
 
-    pynvml._nvmlGetFunctionPointer = timed_pointer
-    source = NvmlSource(SourceContext(logger=logging.getLogger("bench.nvml")))
+    bare = NvmlSource(SourceContext(logger=logging.getLogger("bench.nvml")))
+    source: NvmlSource | None = None
     try:
         for _ in range(3):  # warm-up: handles, GPM baselines, field ids
+            result = bare.collect()
+        pynvml._nvmlGetFunctionPointer = timed_pointer
+        source = NvmlSource(SourceContext(logger=logging.getLogger("bench.nvml")))
+        for _ in range(3):
             source.collect()
         totals.clear()
         COUNTING[0] = threading.get_ident()
-        started = time.perf_counter()
         for _ in range(cycles):
-            result = source.collect()
-        elapsed = time.perf_counter() - started
-        floor = _floor(source, cycles)
+            source.collect()
+        calls = _record(source)
+        COUNTING[0] = 0
+        pynvml._nvmlGetFunctionPointer = resolve
+        per_cycle, floor = _side_by_side(bare, calls, cycles)
     finally:
         COUNTING[0] = 0
-        source.close()
         pynvml._nvmlGetFunctionPointer = resolve
-    return totals, elapsed / cycles, len(result.readings), floor
+        bare.close()
+        if source is not None:
+            source.close()
+    return totals, per_cycle, len(result.readings), floor
 
 
 def main(argv: list[str]) -> int:

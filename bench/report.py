@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 
 from bench import measured
 from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
 from bench.cost import BREAKDOWN, Cost, FloorRatio, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
+from bench.generate import HELD_PODS, held_name
 from bench.labels import Placement
-from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, Latency, table
+from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, WARMUP_ROUNDS, Latency, table
 from bench.startup import IMPORT, Startup
 from bench.threads import Threads
 from bench.threads import table as threads_table
@@ -20,6 +22,12 @@ BUDGET_SHARE = 0.01
 BUDGET_RSS = 70 * MIB
 BUDGET_P50 = 1.5
 BUDGET_SCALE = 8.0
+BUDGET_FLOOR = 1.2
+"""Exporter CPU / the floor of the same work (bench/floor.py), at 1 s and at 30 s (issue 43)."""
+BUDGET_NVML = 3.0
+"""NVML collect() / the same cycle's C calls replayed bare (bench/nvml_calls.py)."""
+BUDGET_HELD = 2.0
+"""CPU per cycle of `dense` and 1,000 pods more holding devices / `dense`'s (issue 43)."""
 FLEET_NODES = (1_000, 10_000)
 FLEET_INTERVALS = (15, 60)
 
@@ -78,7 +86,51 @@ def _budget(r: Results) -> list[str]:
         f"| `/metrics` p50 / static handler's, scraped every cycle and every 15 s | < 1.5x | "
         f"{ratios[0]:.2f}x, {ratios[1]:.2f}x | {_verdict(max(ratios) < BUDGET_P50)} |\n",
         f"| 64 GPUs (1,600 pods) / 8 GPUs, CPU per cycle | < 8x | {scale:.1f}x | "
-        f"{_verdict(scale < BUDGET_SCALE)} |\n\n",
+        f"{_verdict(scale < BUDGET_SCALE)} |\n",
+        *_held_row(r, eight),
+        *_floor_row(r),
+        *_nvml_row(r),
+        "\n",
+    ]
+
+
+def _held_row(r: Results, dense: Cost) -> list[str]:
+    name = held_name()
+    if name not in r.costs:
+        return []
+    held = _cost(r, name, "1s")
+    ratio = held.cpu_per_cycle_s / dense.cpu_per_cycle_s
+    return [
+        f"| {HELD_PODS:,} pods more holding time-sliced GPUs ({held.series:,} series) / "
+        f"`dense`, CPU per cycle | < {BUDGET_HELD:g}x | {ratio:.2f}x | "
+        f"{_verdict(ratio < BUDGET_HELD)} |\n"
+    ]
+
+
+def _floor_row(r: Results) -> list[str]:
+    if not r.floor:
+        return []
+    ratios = ", ".join(f"{f.ratio:.2f}x ({f.interval})" for f in r.floor)
+    ok = all(f.ratio <= BUDGET_FLOOR for f in r.floor)
+    return [
+        f"| exporter CPU / the floor of the same work (below), at 1 s and 30 s | "
+        f"≤ {BUDGET_FLOOR:g}x | {ratios} | {_verdict(ok)} |\n"
+    ]
+
+
+def nvml_ratio(table: str) -> float | None:
+    """`collect() / floor` from `python -m bench nvml-calls`'s output, None if absent."""
+    found = re.search(r"^collect\(\) / floor: ([0-9.]+)x$", table, re.MULTILINE)
+    return float(found[1]) if found else None
+
+
+def _nvml_row(r: Results) -> list[str]:
+    ratio = nvml_ratio(r.nvml_calls)
+    if ratio is None:
+        return []
+    return [
+        f"| NVML `collect()` / its C calls replayed bare (NVML call costs, below) | "
+        f"≤ {BUDGET_NVML:g}x | {ratio:.1f}x | {_verdict(ratio <= BUDGET_NVML)} |\n"
     ]
 
 
@@ -262,7 +314,8 @@ def _latency(r: Results) -> list[str]:
         "scrape on a fresh connection, OpenMetrics preferred, gzip, at a moment unrelated to\n"
         "the exporter's cycle; once per cycle (one exporter, a random moment of each second),\n"
         f"and every 15 s ({SLOW_EXPORTERS} exporters side by side at offsets spread over the 15 s, "
-        "±0.5 s jitter,\nafter one warm-up round). The static handler (a bare aiohttp app "
+        f"±0.5 s jitter,\nafter {WARMUP_ROUNDS} warm-up rounds: the exporter learns a "
+        "scraper's period from its first two\nscrapes). The static handler (a bare aiohttp app "
         "serving the very\nbytes we served) is scraped the same way in the same run: the "
         "floor of the HTTP stack\nand the client. Scrapes of ours: "
         f"{counts}; with so few, p99 is about the\nlargest. CPU per cycle: the exporter's "

@@ -9,8 +9,12 @@ random moment, for two cadences of an exporter collecting every 1 s:
 - **every cycle**: one scrape per second, at a random point of the second;
 - **every 15 s** (Prometheus's default): several exporters side by side, each scraped every
   15 s (+-0.5 s of jitter, which only makes the next scrape harder to foresee), at offsets
-  spread over the 15 s, so a few minutes give a few dozen scrapes (after one warm-up round:
-  the steady state of a Prometheus that has scraped the target before).
+  spread over the 15 s, so a few minutes give a few dozen scrapes (after two warm-up rounds:
+  the steady state of a Prometheus that has scraped the target before; the exporter learns
+  a scraper's period from its first two scrapes, exporter/sinks/cadence.py).
+
+The exporters' cycle counts are read in the text format, not the one measured, so that
+reading them is not one more scrape of it.
 
 The static handler (`python -m bench static`: a bare aiohttp app returning the very bytes
 our exporter served) is scraped the same way at the same moments (just before or just
@@ -51,6 +55,8 @@ STATIC = "static handler, same bytes"
 OURS = "kube-device-exporter"
 SLOW_PERIOD = 15.0
 SLOW_EXPORTERS = 4
+WARMUP_ROUNDS = 2
+"""15 s rounds scraped but not counted: a Prometheus's first two scrapes of a target."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ async def _cpu_window(targets: list[_Target], http: aiohttp.ClientSession) -> li
     """Per target: the cycles each of its exporters ran so far, then their CPU seconds."""
     out = []
     for t in targets:
-        cycles = [(await e.counters(http))[0] for e in t.exporters]
+        cycles = [(await e.counters(http, aside=True))[0] for e in t.exporters]
         out.append(cycles + [cpu_seconds(e.pid) for e in t.exporters])
     return out
 
@@ -147,19 +153,20 @@ async def _per_cycle(ours: list[_Target], static_url: str, seconds: float) -> li
 
 async def _every_15s(ours: list[_Target], static_url: str, rounds: int) -> list[float]:
     """Each exporter of each target scraped every SLOW_PERIOD s (offsets spread over the
-    period, +-0.5 s jitter); the static handler at the same moments, just before or just
-    after ours (in random order: the client's first scrape after a quiet spell is slower)."""
+    period, +-0.5 s jitter), the first WARMUP_ROUNDS not counted; the static handler at the
+    same moments, just before or just after ours (in random order: the client's first
+    scrape after a quiet spell is slower)."""
     static: list[float] = []
     start = time.monotonic()
 
     async def one(target: _Target, exporter: ExporterProcess, offset: float) -> None:
-        for k in range(rounds + 1):  # the first round is the warm-up: Prometheus's first
+        for k in range(WARMUP_ROUNDS + rounds):
             at = start + offset + k * SLOW_PERIOD + random.uniform(-0.5, 0.5)
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             pair = [(target.samples, f"{exporter.url}metrics"), (static, static_url)]
             for out, url in random.sample(pair, 2):  # the first after a quiet spell pays more
                 seconds = await _scrape(url)
-                if k:
+                if k >= WARMUP_ROUNDS:
                     out.append(seconds)
 
     jobs = []

@@ -13,49 +13,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-Attributes = tuple[tuple[str, str], ...]
-"""Ordered (key, value) pairs; keys are OpenTelemetry attribute names."""
+from exporter.reading import Attributes, Device, DeviceReading, Key, Layout, Sample
 
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One physical or logical device a source can see (a GPU, a MIG slice, an IB port...).
-
-    `id` is the stable `hw.id` (an NVIDIA UUID, an AMD unique id or PCI address...).
-    `aliases` are every device-plugin ID form that names this device, already in the
-    normalized form of `join.normalize_device_id` (PCI addresses lower-case, no replica
-    suffixes). `pools` are resource names whose every device ID means "this device,
-    shared" (RDMA shared-device pools hand opaque "0","1"... IDs).
-    """
-
-    id: str
-    type: str
-    vendor: str
-    model: str
-    source: str
-    parent: str = ""
-    attributes: Attributes = ()
-    aliases: frozenset[str] = frozenset()
-    pools: frozenset[str] = frozenset()
-
-
-class Sample(NamedTuple):
-    """One value of one metric (a key of `metrics.SPECS`) for one device, in base units.
-
-    A named tuple, not a frozen dataclass: a dense node builds hundreds a cycle, and a frozen
-    dataclass's `__init__` sets each field through `object.__setattr__`, several times the
-    cost of a tuple (docs/design-figures.md; the NVML source builds them with
-    `tuple.__new__`, cheaper still). Equal and hashed by (metric, value, attributes)."""
-
-    metric: str
-    value: float
-    attributes: Attributes = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceReading:
-    device: Device
-    samples: tuple[Sample, ...] = ()
+__all__ = ["Attributes", "Device", "DeviceReading", "Key", "Layout", "Sample"]
+"""The names of exporter/reading.py, re-exported: every part of the contract is here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +222,11 @@ class PairPlacement:
     level_name: str
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerEnergy:
+class ContainerEnergy(NamedTuple):
     """Joules of one device credited to one holder since the exporter started
-    (exporter/derive/energy.py); `holder` None: the device's energy while nobody held it."""
+    (exporter/derive/energy.py); `holder` None: the device's energy while nobody held it.
+    A named tuple, as `Sample` is: a node of many holders makes one per holder and metered
+    device every cycle."""
 
     device_id: str
     holder: Holder | None

@@ -84,11 +84,12 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     for joined in snapshot.devices:
         info.append(Point(info_spec, device_attributes(joined) + node, 1.0))
         base = series_attributes(joined)
-        for sample in joined.reading.samples:
-            metric = sample.metric
-            by_metric[metric].append(
-                Point(SPECS[metric], base + sample.attributes + node, sample.value)
-            )
+        reading = joined.reading
+        layout = reading.layout
+        for metric, attributes, value in zip(
+            layout.metrics, layout.attributes, reading.values, strict=True
+        ):
+            by_metric[metric].append(Point(SPECS[metric], base + attributes + node, value))
     for point in _allocation_points(snapshot, node):
         by_metric[point.spec.name].append(point)
     for point in _pod_points(snapshot, node):

@@ -33,6 +33,61 @@ def test_a_generated_node_is_dense_copied_with_unique_ids(tmp_path: Path) -> Non
     assert held <= advertised
 
 
+@pytest.mark.slow
+def test_a_held_node_is_dense_and_pods_each_holding_an_advertised_replica(tmp_path: Path) -> None:
+    """The many-pods row's node (1,000 in `make bench`; 101 here, an odd count, to be quick):
+    dense's 200 pods and the rest, each container holding one time-sliced replica its
+    device plugin advertises, none held twice (the kubelet hands a replica to one
+    container), on dense's very GPUs."""
+    from bench.generate import held, held_name, write_held
+
+    path = write_held(101, tmp_path)
+    assert path.stem == held_name(101)
+    node = load_scenario(path)
+    pods = [timed.pod for timed in node.pods]
+    assert len(pods) == 200 + 101
+    assert len({(p.namespace, p.name) for p in pods}) == len(pods)
+    ids = [i for p in pods for c in p.containers for d in c.devices for i in d.device_ids]
+    assert len(ids) == len(set(ids))
+    assert set(ids) <= {i for d in node.allocatable for i in d.device_ids}
+    assert held(101)["nvidia"] == load_scenario("dense").sections["nvidia"]
+
+
+def test_the_budget_table_has_every_row_of_issue_43() -> None:
+    """`make bench`'s budget table puts each acceptance row of issue 43 beside its limit:
+    the scrape over the static floor, 64 GPUs and 1,000 pods more against dense, the
+    exporter over the floor of the same work, NVML collect() over its C calls."""
+    from bench.cost import Cost, FloorRatio
+    from bench.report import Results, _budget, nvml_ratio
+    from bench.scrape import OURS, STATIC, Latency
+
+    def cost(series: int, per_cycle: float) -> list[Cost]:
+        return [Cost("1s", series, 30, per_cycle, per_cycle, 60 * 2**20, 0.5)]
+
+    r = Results(machine="test")
+    r.costs = {
+        "dense": cost(780, 0.010),
+        "generated-64gpu": cost(5855, 0.030),
+        "dense-1000pods": cost(4200, 0.021),
+    }
+    r.latency = [
+        Latency(OURS, "every cycle (1 s)", 90, 1.4, 6.0, 780),
+        Latency(STATIC, "every cycle (1 s)", 90, 1.0, 4.0, 0),
+        Latency(OURS, "every 15 s, 1 s cycles", 32, 1.2, 3.0, 780),
+        Latency(STATIC, "every 15 s, 1 s cycles", 32, 1.0, 6.0, 0),
+    ]
+    r.floor = [FloorRatio("1s", 0.0060, 0.0050), FloorRatio("30s", 0.0030, 0.0020)]
+    r.nvml_calls = "NVML calls per cycle\n\n| call | ... |\n\ncollect() / floor: 2.6x\n"
+    assert nvml_ratio(r.nvml_calls) == 2.6
+    table = "".join(_budget(r))
+    assert "| < 1.5x | 1.40x, 1.20x | met |" in table
+    assert "| < 8x | 3.0x | met |" in table
+    assert "1,000 pods more holding time-sliced GPUs (4,200 series)" in table
+    assert "| < 2x | 2.10x | **not met** |" in table
+    assert "| ≤ 1.2x | 1.20x (1s), 1.50x (30s) | **not met** |" in table
+    assert "| ≤ 3x | 2.6x | met |" in table
+
+
 def test_generated_sizes_are_multiples_of_the_dense_node() -> None:
     with pytest.raises(ValueError):
         scenario(12)

@@ -142,3 +142,25 @@ def test_series_sum_to_the_counter_and_never_go_down_through_random_churn() -> N
             assert holder in series, "a holder has its series from its first cycle"
         last = series
     assert sum(1 for v in last.values() if v > 0) > 6
+
+
+def test_series_stay_in_holder_order_as_holders_come_and_linger_out() -> None:
+    """The series come in the holders' order (namespace, pod, container), nobody's first,
+    cycle after cycle while the holders the ledger sorted once come, go and linger out."""
+    rng = random.Random(11)
+    ledger = EnergyLedger(linger=5.0)
+    pool = [Holder("ns", f"pod-{i:02d}", "c") for i in range(30)]
+    rng.shuffle(pool)
+    energy = 100.0
+    changed = 0
+    for cycle in range(1, 120):
+        holders = tuple(h for h in pool[cycle % 20 : cycle % 20 + 8] if rng.random() < 0.8)
+        energy += 10.0
+        series = ledger.account(_snap(energy, holders, t=float(cycle)))
+        named = [e.holder for e in series if e.holder is not None]
+        assert named == sorted(named, key=lambda h: (h.namespace, h.pod, h.container))
+        assert len(set(named)) == len(named)
+        assert series[0].holder is None
+        assert set(holders) <= set(named)
+        changed += len(named) != len(holders)
+    assert changed  # some lingered past their last cycle

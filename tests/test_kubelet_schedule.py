@@ -187,7 +187,7 @@ stays, so the answer is not the empty one of a restarting kubelet)."""
 def _with_xids(count: int) -> SourceResult:
     xid = Sample("hw.gpu.xid.errors", float(count), (("hw.gpu.xid", "48"),))
     (reading,) = READINGS.readings
-    return replace(READINGS, readings=(replace(reading, samples=(*reading.samples, xid)),))
+    return replace(READINGS, readings=(DeviceReading(reading.device, (*reading.samples, xid)),))
 
 
 async def test_an_xid_on_a_device_asks_the_kubelet_for_its_plugins_verdict(

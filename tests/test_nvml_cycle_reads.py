@@ -1,9 +1,11 @@
-"""What a cycle reads of NVML, and what it leaves to the slow interval (readings.Reader).
+"""What a cycle reads of NVML, and what it leaves to the slow interval (readings.Reader and
+its processes.ProcessLists).
 
 Process lists: the compute list every cycle; the graphics and MPS lists every cycle only
 while they list a process, otherwise on the slow interval. GPM: a read without a rate is
-retried a few cycles, then left to the slow interval. The NVML functions are stand-ins
-with the binding's names and shapes, so each cycle's calls are counted exactly."""
+retried a few cycles, then left to the slow interval. The NVML process lists are stand-in C
+functions with the library's names and arguments (as `exporter/sources/nvml/direct.py`
+calls them), so each cycle's calls are counted exactly."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import pynvml
 import pytest
 
-from exporter.sources.nvml import readings
+from exporter.sources.nvml import processes
 from exporter.sources.nvml.calls import Calls
+from exporter.sources.nvml.direct import NOT_AVAILABLE, PROCESSES_KEPT
 from exporter.sources.nvml.readings import Reader
 
 GIB = float(2**30)
@@ -28,30 +32,41 @@ class _Proc:
 
 
 class _Lists:
+    """The three `_v3` process lists as C functions (nvml.h: `infoCount` in, the count out;
+    INSUFFICIENT_SIZE with the count needed when the array is too small)."""
+
     def __init__(self) -> None:
         self.procs: dict[str, list[_Proc]] = {"compute": [], "graphics": [], "mps": []}
         self.calls: Counter[str] = Counter()
 
-    def fns(self) -> tuple[Any, ...]:
-        def make(kind: str, name: str) -> Any:
-            def fn(handle: object) -> list[_Proc]:
-                self.calls[kind] += 1
-                return list(self.procs[kind])
+    def function(self, name: str) -> Any:
+        kind = next(k for k, n in KINDS.items() if n == name)
 
-            fn.__name__ = name
-            return fn
+        def fn(handle: object, count_ref: Any, infos: Any) -> int:
+            self.calls[kind] += 1
+            listed, count = self.procs[kind], count_ref._obj
+            if count.value < len(listed):
+                count.value = len(listed)
+                return INSUFFICIENT_SIZE
+            for info, proc in zip(infos, listed, strict=False):
+                info.pid = proc.pid
+                used = proc.usedGpuMemory
+                info.usedGpuMemory = NOT_AVAILABLE if used is None else used
+            count.value = len(listed)
+            return SUCCESS
 
-        return (
-            make("compute", "nvmlDeviceGetComputeRunningProcesses"),
-            make("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-            make("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
-        )
+        return fn
+
+
+SUCCESS: int = pynvml.NVML_SUCCESS
+INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+KINDS = dict(zip(("compute", "graphics", "mps"), processes.PROCESS_LISTS, strict=True))
 
 
 @pytest.fixture
 def lists(monkeypatch: pytest.MonkeyPatch) -> _Lists:
     fake = _Lists()
-    monkeypatch.setattr(readings, "PROCESS_LISTS", fake.fns())
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", fake.function)
     return fake
 
 
@@ -59,7 +74,7 @@ def _cycle(
     reader: Reader, lists: _Lists, *, slow: bool
 ) -> tuple[dict[int, float | None], set[str]]:
     lists.calls.clear()
-    found = reader.processes("MIG-1", object(), None, slow=slow)
+    found = reader.procs.read("MIG-1", object(), None, slow=slow)
     return {pid: memory for pid, memory, _ in found}, set(lists.calls)
 
 
@@ -104,6 +119,20 @@ def test_a_process_in_two_lists_counts_its_memory_once(lists: _Lists) -> None:
     lists.procs["compute"] = [_Proc(7, 2**30)]
     lists.procs["mps"] = [_Proc(7, 2**30)]
     assert _cycle(reader, lists, slow=True)[0] == {7: GIB}
+
+
+def test_a_list_longer_than_the_buffer_grows_it_and_loses_no_process(lists: _Lists) -> None:
+    reader = Reader(
+        Calls(logging.getLogger("test")), clock=lambda: 0.0, slow_interval=10.0, gpm_interval=10.0
+    )
+    many = PROCESSES_KEPT + 10
+    lists.procs["compute"] = [_Proc(100 + i, None if i % 2 else 2**20) for i in range(many)]
+    found, _ = _cycle(reader, lists, slow=True)
+    assert len(found) == many
+    assert found[100] == 2**20 and found[101] is None  # NOT_AVAILABLE: unknown, not 0
+    assert lists.calls["compute"] == 2  # INSUFFICIENT_SIZE once, then the bigger buffer
+    _cycle(reader, lists, slow=False)
+    assert lists.calls["compute"] == 1  # the buffer kept its size
 
 
 def test_a_gpm_that_gives_no_rate_is_retried_a_few_cycles_then_left_to_the_gpm_interval() -> None:

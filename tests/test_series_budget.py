@@ -155,3 +155,22 @@ async def test_a_list_over_the_cap_is_refused_with_one_line(tmp_path: Path) -> N
     assert len(refused) == 1, r.log_lines
     assert "raise both together" in refused[0]
     assert r.other_sources_failed == 0, r
+
+
+def test_numa_series_are_counted_again_when_the_containers_change() -> None:
+    """The budget counts NUMA series once while the join hands on the same containers: a
+    new tuple, even of the same length, is counted afresh (a stale count would let a node
+    past its budget)."""
+    from exporter.derive.budget import NumaSeries
+    from exporter.model import ContainerNuma, Holder
+
+    def numa(pod: str, devices: int) -> ContainerNuma:
+        placed = tuple(("nvidia.com/gpu", n) for n in range(devices))
+        return ContainerNuma(Holder("ns", pod, "main"), devices=placed)
+
+    count = NumaSeries()
+    one = (numa("a", 1),)
+    assert count(one) == 2  # a device's NUMA node and the container's own series
+    assert count(one) == 2
+    assert count((numa("a", 3),)) == 4
+    assert count(()) == 0

@@ -15,12 +15,12 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from exporter.cycle.pipeline import Cycle
 from exporter.derive.numa import CpuNodeMap
-from exporter.model import Sample, SourceHealth, SourceResult
+from exporter.model import DeviceReading, SourceHealth, SourceResult
 from exporter.podresources.client import PodResourcesClient
 from exporter.podresources.schedule import KubeletSchedule, PodChanges
 from exporter.runtime.log import StateLog
@@ -181,19 +181,16 @@ def _seen(results: list[tuple[SourceResult | None, SourceHealth]]) -> Hashable:
     processes (a source that failed this cycle adds nothing)."""
     done = [r for r, _ in results if r is not None]
     return (
-        tuple((d.device.id, *_health(d.samples)) for r in done for d in r.readings),
+        tuple((d.device.id, *_health(d)) for r in done for d in r.readings),
         tuple((p.device_id, p.pid) for r in done for p in r.processes),
     )
 
 
-def _health(samples: Sequence[Sample]) -> tuple[str, float]:
-    """A device's `hw.status` state and its XIDs so far, from its samples."""
-    state, xids = "", 0.0
-    for sample in samples:
-        metric = sample.metric
-        if metric == "hw.status":
-            if sample.value:
-                state = sample.attributes[0][1]
-        elif metric == "hw.gpu.xid.errors":
-            xids += sample.value
-    return state, xids
+def _health(reading: DeviceReading) -> tuple[str, float]:
+    """A device's `hw.status` state and its XIDs so far, from its values."""
+    layout, values = reading.layout, reading.values
+    state = ""
+    for at in layout.positions("hw.status"):
+        if values[at]:
+            state = layout.attributes[at][0][1]
+    return state, sum((values[at] for at in layout.positions("hw.gpu.xid.errors")), 0.0)

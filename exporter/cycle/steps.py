@@ -128,7 +128,10 @@ class SnapshotBuilder:
             health = replace(health, connected=False)
         processes = tuple(p for r in cycle.collected for p in r.processes)
         assert cycle.previous_duration is not None  # the pipeline's
-        holders = [(a.holder.namespace, a.holder.pod) for a in joined.allocations]
+        pods = self.pods
+        holders = (  # only with the API server's pods: a pass over every allocation
+            [(a.holder.namespace, a.holder.pod) for a in joined.allocations] if pods else ()
+        )
         cycle.snapshot = Snapshot(
             timestamp=now,
             node=self.node,
@@ -144,8 +147,8 @@ class SnapshotBuilder:
             unseen=joined.unseen,
             registered=joined.registered,
             containers=joined.containers,
-            pods=self.pods.pod_infos(holders) if self.pods else (),
-            kubeapi=self.pods.health() if self.pods else None,
+            pods=pods.pod_infos(holders) if pods else (),
+            kubeapi=pods.health() if pods else None,
         )
 
 

@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 from itertools import compress
-from operator import attrgetter, is_not
+from operator import is_not
 
 from exporter.metrics import SPECS, MetricSpec
 from exporter.model import (
     Allocation,
     AllocationKind,
-    Attributes,
     ContainerNuma,
     ContainerUsage,
     DeviceReading,
     Holder,
     JoinedDevice,
+    Layout,
     Sample,
     Snapshot,
 )
@@ -50,11 +50,8 @@ log = logging.getLogger("exporter.budget")
 _HolderKey = tuple[str, str, str]
 _NO_POD: _HolderKey = ("\uffff", "", "")
 """The processes of no pod (host processes): after every container."""
-_Shape = tuple[tuple[str, ...], tuple[Attributes, ...]]
-_metric_of = attrgetter("metric")
-_attributes_of = attrgetter("attributes")
-_MAX_SHAPES = 1024
-"""Distinct sample layouts remembered (one per device model and configuration: a handful;
+_MAX_LAYOUTS = 1024
+"""Distinct reading layouts remembered (one per device model and configuration: a handful;
 the memo starts over past this many, so it never grows with the node's history)."""
 
 
@@ -74,11 +71,12 @@ class Budget:
         }
         """metric -> every series kept (True), none (False), or decided by a label (None)."""
         self._states = StateLog(log)
+        self._numa = NumaSeries()
         self.last: Snapshot | None = None
         """What the last `apply` returned."""
-        self._masks: dict[_Shape, tuple[bool, ...] | None] = {}
-        """Sample layout (each sample's metric and attributes) -> which samples the groups
-        keep, None for all: the decision reads nothing else, and a device's layout is the
+        self._masks: dict[Layout, tuple[tuple[bool, ...], Layout] | None] = {}
+        """A reading's layout -> which of its values the groups keep and the layout of
+        those, None for all: the decision reads nothing else, and a device's layout is the
         same cycle after cycle, only the values change."""
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
@@ -88,7 +86,7 @@ class Budget:
         energy = snapshot.container_energy if "energy" in self.groups else ()
         if energy is not snapshot.container_energy or any(map(is_not, devices, snapshot.devices)):
             snapshot = replace(snapshot, devices=devices, container_energy=energy)
-        trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)))
+        trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)), self._numa)
         if dropped:
             self._states.failed(
                 "series",
@@ -113,37 +111,35 @@ class Budget:
         )
 
     def _grouped(self, joined: JoinedDevice) -> JoinedDevice:
-        """The device with the samples of groups that are off left out (built directly, as
+        """The device with the values of groups that are off left out (built directly, as
         the poller does: `dataclasses.replace` was most of this step's cost)."""
-        samples = joined.reading.samples
-        # Two tuples of what the samples already hold: no object made per sample (with
-        # glibc's malloc, as the image runs, each one costs).
-        shape = (tuple(map(_metric_of, samples)), tuple(map(_attributes_of, samples)))
+        reading = joined.reading
+        layout = reading.layout
         try:
-            mask = self._masks[shape]
+            masked = self._masks[layout]
         except KeyError:
-            mask = self._mask(samples)
-            if len(self._masks) >= _MAX_SHAPES:
+            masked = self._mask(layout)
+            if len(self._masks) >= _MAX_LAYOUTS:
                 self._masks.clear()
-            self._masks[shape] = mask
-        if mask is None:
+            self._masks[layout] = masked
+        if masked is None:
             return joined
+        mask, kept = masked
         j = joined
-        reading = DeviceReading(j.reading.device, tuple(compress(samples, mask)))
+        reading = DeviceReading.of(reading.device, kept, tuple(compress(reading.values, mask)))
         return JoinedDevice(reading, j.holder, j.holders, j.allocatable, j.resource)
 
-    def _mask(self, samples: Sequence[Sample]) -> tuple[bool, ...] | None:
-        """Which of `samples` the groups keep; None when every one is kept."""
+    def _mask(self, layout: Layout) -> tuple[tuple[bool, ...], Layout] | None:
+        """Which values of `layout` the groups keep, and their layout; None for all."""
         whole, groups = self._whole, self.groups
         mask = tuple(
-            bool(keep := whole[s.metric]) or (keep is None and _label_keeps(s, groups))
-            for s in samples
+            bool(keep := whole[metric])
+            or (keep is None and SPECS[metric].group_of(attributes) in groups)
+            for metric, attributes in layout.keys
         )
-        return None if all(mask) else mask
-
-
-def _label_keeps(sample: Sample, groups: frozenset[str]) -> bool:
-    return SPECS[sample.metric].group_of(sample.attributes) in groups
+        if all(mask):
+            return None
+        return mask, Layout.of(tuple(compress(layout.keys, mask)))
 
 
 def _whole_metric(spec: MetricSpec, groups: frozenset[str]) -> bool | None:
@@ -158,6 +154,20 @@ def _numa_series(numa: ContainerNuma) -> int:
     return placed + 1 + (numa.aligned is not None)
 
 
+class NumaSeries:
+    """What `points._numa_points` makes of some containers, remembered for the last ones:
+    the join hands the same tuple on while the pods do not change (a thousand containers
+    cost a millisecond a cycle to count)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[ContainerNuma, ...], int] | None = None
+
+    def __call__(self, containers: tuple[ContainerNuma, ...]) -> int:
+        if self._last is None or self._last[0] is not containers:
+            self._last = (containers, sum(_numa_series(n) for n in containers))
+        return self._last[1]
+
+
 def _usage_series(usage: ContainerUsage) -> int:
     return 1 + (usage.memory_bytes is not None) + (usage.utilization is not None)
 
@@ -166,11 +176,11 @@ def _key(holder: Holder) -> _HolderKey:
     return (holder.namespace, holder.pod, holder.container)
 
 
-def _estimate(snapshot: Snapshot) -> int:
+def _estimate(snapshot: Snapshot, numa: NumaSeries) -> int:
     """An upper bound of the snapshot's series, cheap enough for every cycle."""
-    devices = sum(2 + len(d.reading.samples) for d in snapshot.devices)
+    devices = sum(2 + len(d.reading.values) for d in snapshot.devices)
     holders = len(snapshot.allocations) + len(snapshot.pods)
-    holders += sum(_numa_series(n) for n in snapshot.containers)
+    holders += numa(snapshot.containers)
     holders += 3 * len(snapshot.container_usage) + 2 * len(snapshot.processes)
     holders += (
         len(snapshot.container_energy)
@@ -181,9 +191,11 @@ def _estimate(snapshot: Snapshot) -> int:
     return devices + holders + resources + 64 + 3 * len(snapshot.sources)
 
 
-def trim(snapshot: Snapshot, budget: int) -> tuple[Snapshot, int, int]:
+def trim(
+    snapshot: Snapshot, budget: int, numa: NumaSeries | None = None
+) -> tuple[Snapshot, int, int]:
     """(`snapshot` cut to at most `budget` series, series left out, containers left out)."""
-    if _estimate(snapshot) <= budget:
+    if _estimate(snapshot, numa or NumaSeries()) <= budget:
         return snapshot, 0, 0
     left_out: Counter[str] = Counter(
         a.resource_name for a in snapshot.allocations if a.kind is AllocationKind.DEVICE_PLUGIN

@@ -32,13 +32,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from operator import attrgetter, indexOf
+from operator import attrgetter
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
-_metric_of = attrgetter("metric")
+_new = tuple.__new__
 _holder_order = attrgetter("namespace", "pod", "container")
 """`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
 LINGER_SECONDS = 600.0
@@ -52,6 +52,11 @@ class _Account:
     totals: dict[Holder | None, float] = field(default_factory=dict)
     seen: dict[Holder | None, float] = field(default_factory=dict)
     """When each holder last held the device (snapshot time)."""
+    order: tuple[tuple[Holder | None, ...], list[int]] | None = None
+    """(the holders of `totals` in its own order, the places of those but None in series
+    order) when last sorted: sorted again only when the holders change (a thousand holders
+    sort in a millisecond). Compared as a tuple, the same holders are the same objects:
+    `Holder`'s hash and equality are Python code, never called while nothing changed."""
 
 
 class EnergyLedger:
@@ -78,13 +83,12 @@ class EnergyLedger:
         metered: dict[str, JoinedDevice] = {}
         readings: dict[str, float] = {}
         for joined in snapshot.devices:
-            samples = joined.reading.samples
-            try:  # the first energy sample, looked for in C: most devices (slices) have none
-                at = indexOf(map(_metric_of, samples), ENERGY)
-            except ValueError:
+            reading = joined.reading
+            at = reading.layout.first.get(ENERGY)  # most devices (slices) have none
+            if at is None:
                 continue
-            metered[joined.reading.device.id] = joined
-            readings[joined.reading.device.id] = samples[at].value
+            metered[reading.device.id] = joined
+            readings[reading.device.id] = reading.values[at]
         holders = self._family_holders(snapshot, metered)
         sizes = _SliceSizes(snapshot)
         for device_id, joined in metered.items():
@@ -173,10 +177,16 @@ class EnergyLedger:
                 del self._accounts[device_id]
                 continue
             totals = account.totals
-            keys = sorted((h for h in totals if h is not None), key=_holder_order)
+            holders, joules = tuple(totals), tuple(totals.values())
+            if account.order is None or account.order[0] != holders:
+                placed = [i for i, h in enumerate(holders) if h is not None]
+                placed.sort(key=lambda i: _holder_order(holders[i]))
+                account.order = (holders, placed)
             if None in totals:
-                out.append(ContainerEnergy(device_id, None, totals[None]))
-            out += [ContainerEnergy(device_id, h, totals[h]) for h in keys]
+                out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
+            out += [
+                _new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]
+            ]
         return tuple(out)
 
 
@@ -232,7 +242,8 @@ class _SliceSizes:
                 if not device.parent:
                     continue
                 sizes = self._by_parent.setdefault(device.parent, {})
-                for sample in joined.reading.samples:
-                    if sample.metric == "hw.gpu.memory.limit" and sample.value > 0:
-                        sizes[device.id] = sample.value
+                values = joined.reading.values
+                for at in joined.reading.layout.positions("hw.gpu.memory.limit"):
+                    if values[at] > 0:
+                        sizes[device.id] = values[at]
         return self._by_parent.get(parent, {})

@@ -84,10 +84,13 @@ class EventDetector:
     def detect(self, snapshot: Snapshot) -> list[DeviceEvent]:
         values: dict[_Key, float] = {}
         for joined in snapshot.devices:
-            device_id = joined.reading.device.id
-            for sample in joined.reading.samples:
-                if sample.metric in _WATCHED:
-                    values[(device_id, sample.metric, sample.attributes)] = sample.value
+            reading = joined.reading
+            device_id, layout = reading.device.id, reading.layout
+            for metric, attributes, value in zip(
+                layout.metrics, layout.attributes, reading.values, strict=True
+            ):
+                if metric in _WATCHED:
+                    values[(device_id, metric, attributes)] = value
         previous, seen_before = self._values, self._devices
         self._values = values
         self._devices = {d.reading.device.id for d in snapshot.devices}

@@ -308,7 +308,14 @@ class PrometheusSink:
 
     `update` and `build_due` run in the poller's worker thread, one after the other;
     `rendered` runs in whatever thread asks (the HTTP handler asks from a worker thread
-    when `cached` is false), waiting for a build of the same snapshot in progress."""
+    when `cached` is false), waiting for a build of the same snapshot in progress.
+
+    `ready_body` is what a scrape takes without waiting for anything: the latest snapshot's
+    body of a format built ahead, or, from `update` until `build_due` has built this cycle's,
+    the last cycle's body of a format due now (its values one cycle older, as a scrape a few
+    milliseconds earlier would have had them). A scrape that came while the cycle built its
+    body used to wait for that build; only the cycle right after the one a body was built
+    for may stand in, so a build that fails shows at the next scrape but one."""
 
     def __init__(
         self,
@@ -324,11 +331,19 @@ class PrometheusSink:
         self._snapshot: Snapshot | None = None
         self._rendered: Rendered | None = None
         self._due: list[Format] = []
+        self._ready: dict[Format, tuple[bytes, str]] = {}
+        """Bodies a scrape takes as they are (`ready_body`); replaced whole, never changed."""
+        self._ready_for: Snapshot | None = None
+        """The snapshot `_ready` was built for; None while it stands in for the latest."""
 
     def update(self, snapshot: Snapshot) -> None:
         with self._lock:
+            due = self.cadence.cycle_done()
+            built = self._ready if self._ready_for is self._snapshot else {}
+            self._ready = {fmt: body for fmt, body in built.items() if fmt in due}
+            self._ready_for = None
             self._snapshot, self._rendered = snapshot, None
-            self._due = self.cadence.cycle_done()
+            self._due = due
 
     def asked(self, *, openmetrics: bool, gzipped: bool) -> None:
         """A scrape asked for this format now (the HTTP handler says so)."""
@@ -341,13 +356,20 @@ class PrometheusSink:
         malloc giving that thread an arena of its own; docs/design-figures.md)."""
         with self._lock:
             due, self._due = self._due, []
-            if not due or self._snapshot is None:
+            snapshot = self._snapshot
+            if not due or snapshot is None:
                 return
             if self._rendered is None:
-                self._rendered = self.renderer.render(self._snapshot)
+                self._rendered = self.renderer.render(snapshot)
             rendered = self._rendered
-        for om, gzipped in due:
-            rendered.body(openmetrics=om, gzipped=gzipped)
+        ready = {(om, gz): rendered.body(openmetrics=om, gzipped=gz) for om, gz in due}
+        with self._lock:
+            if self._snapshot is snapshot:  # (no newer snapshot came in the meantime)
+                self._ready, self._ready_for = ready, snapshot
+
+    def ready_body(self, *, openmetrics: bool, gzipped: bool) -> tuple[bytes, str] | None:
+        """(body, content type) a scrape may send at once, or None (see the class)."""
+        return self._ready.get((openmetrics, gzipped))
 
     @property
     def ready(self) -> bool:

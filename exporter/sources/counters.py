@@ -56,6 +56,21 @@ class MonotonicCounters:
 
     def update(self, key: Hashable, raw: float) -> float | None:
         """The total after this read; None while nothing has been trusted for `key`."""
+        s = self._series.get(key)
+        if (
+            s is not None
+            and s.held is None
+            and s.raw is not None
+            and s.total is not None
+            and s.raw <= raw <= s.raw + self.jump_limit
+            and raw <= COUNTER_MAX
+        ):  # continues the last trusted read, nothing held: most reads of most cycles
+            s.total += raw - s.raw
+            s.raw = raw
+            return s.total
+        return self._update(key, raw)
+
+    def _update(self, key: Hashable, raw: float) -> float | None:
         if not (math.isfinite(raw) and 0.0 <= raw <= COUNTER_MAX):
             self.rejected += 1
             return self.last(key)

@@ -239,14 +239,20 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
     om = _wants_openmetrics(request.headers.get("Accept", ""))
     sink.asked(openmetrics=om, gzipped=gzipped)  # so the next cycles build this one ahead
-    # Normally built at the end of the cycle; when not (yet), built here, off the event loop.
-    rendered = sink.rendered if sink.cached else await asyncio.to_thread(lambda: sink.rendered)
-    if rendered is None:
-        return web.Response(status=503, text="first collection cycle not finished yet\n")
-    if rendered.cached(openmetrics=om, gzipped=gzipped):
-        body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
-    else:  # not built ahead (or being built): formatted or waited for off the event loop
-        body, content_type = await asyncio.to_thread(rendered.body, openmetrics=om, gzipped=gzipped)
+    ready = sink.ready_body(openmetrics=om, gzipped=gzipped)  # built at the end of a cycle
+    if ready is not None:
+        body, content_type = ready
+    else:
+        # Not built ahead: built here, off the event loop.
+        rendered = sink.rendered if sink.cached else await asyncio.to_thread(lambda: sink.rendered)
+        if rendered is None:
+            return web.Response(status=503, text="first collection cycle not finished yet\n")
+        if rendered.cached(openmetrics=om, gzipped=gzipped):
+            body, content_type = rendered.body(openmetrics=om, gzipped=gzipped)
+        else:  # formatted, or the build in progress waited for, off the event loop
+            body, content_type = await asyncio.to_thread(
+                rendered.body, openmetrics=om, gzipped=gzipped
+            )
     headers = {"Content-Type": content_type}
     if gzipped:
         headers["Content-Encoding"] = "gzip"

@@ -6,6 +6,7 @@ Counters are batched into one `nvmlDeviceGetFieldValues` call per GPU (never
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,54 +34,46 @@ from pynvml import (
 )
 
 from exporter.metrics import THROTTLE_REASONS
-from exporter.model import Sample
-from exporter.sources import add
+from exporter.model import Key, Sample
 from exporter.sources.counters import MonotonicCounters
 from exporter.sources.nvml.behaviour import NOT_HERE
 from exporter.sources.nvml.calls import Calls, GpuLost
+from exporter.sources.nvml.direct import Direct
 from exporter.sources.nvml.discovery import Gpu, Mig
 from exporter.sources.nvml.gpm import Gpm
 from exporter.sources.nvml.gpm import read as gpm_read
-from exporter.sources.nvml.structs import FieldBatch, MemoryRead
-
-STATES = ("ok", "degraded", "failed")
+from exporter.sources.nvml.processes import ProcessLists
+from exporter.sources.nvml.structs import FieldBatch, number
 
 GPM_RETRIES = 3
 """GPM reads in a row, one per cycle, that may give no rate before the slow interval rules."""
 
-PROCESS_LISTS = (
-    pynvml.nvmlDeviceGetComputeRunningProcesses,
-    pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-    pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
-)
-"""Compute first: it is read every cycle, the other two while they list anyone."""
-
 CLOCKS = (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM))
 GPU_SENSOR = pynvml.NVML_TEMPERATURE_GPU
 
-# What a cycle builds for every GPU, built once: metric names and attribute tuples do not
-# change between cycles, only the values do (a dense node makes ~450 samples a cycle).
-_new = tuple.__new__
-"""`_new(Sample, (metric, value, attributes))`: a Sample without a Python-level call."""
+# What a cycle reads of every GPU, as (metric, attributes) keys made once: only the values
+# change between cycles, and each device's layout is kept (`Layouts`).
 _SUCCESS, _GPU_IS_LOST = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_GPU_IS_LOST
-_UTILIZATION, _BANDWIDTH = "hw.gpu.utilization", "hw.gpu.memory.bandwidth.utilization"
-_GENERAL = (("hw.gpu.task", "general"),)
-_CODECS = (
-    (pynvml.nvmlDeviceGetEncoderUtilization, (("hw.gpu.task", "encoder"),)),
-    (pynvml.nvmlDeviceGetDecoderUtilization, (("hw.gpu.task", "decoder"),)),
+_GENERAL: Key = ("hw.gpu.utilization", (("hw.gpu.task", "general"),))
+_BANDWIDTH: Key = ("hw.gpu.memory.bandwidth.utilization", ())
+_CODECS: tuple[tuple[str, Key], ...] = (
+    ("nvmlDeviceGetEncoderUtilization", ("hw.gpu.utilization", (("hw.gpu.task", "encoder"),))),
+    ("nvmlDeviceGetDecoderUtilization", ("hw.gpu.utilization", (("hw.gpu.task", "decoder"),))),
 )
-_CLOCKS = tuple((clock, (("hw.gpu.clock.type", kind),)) for kind, clock in CLOCKS)
-_GPU_SENSOR = (("hw.sensor_location", "gpu"),)
-_THROTTLE = "hw.gpu.clock.throttled"
-_THROTTLED = tuple((bit, (("hw.gpu.clock.throttle_reason", r),)) for r, bit in THROTTLE_REASONS)
-_TEMPERATURE = (
-    # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); before R550 it is all there is.
-    ("nvmlDeviceGetTemperatureV", pynvml.nvmlDeviceGetTemperatureV),
-    ("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature),
+_MEMORY: tuple[Key, Key, Key, Key] = tuple(  # type: ignore[assignment]  # four, as written
+    (f"hw.gpu.memory.{what}", ()) for what in ("usage", "limit", "free", "reserved")
 )
-_THROTTLE_REASONS = (  # renamed in R535
-    ("nvmlDeviceGetCurrentClocksEventReasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons),
-    ("nvmlDeviceGetCurrentClocksThrottleReasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons),
+_POWER: Key = ("hw.power", ())
+_POWER_LIMIT: Key = ("hw.power.limit", ())
+_TEMPERATURE: Key = ("hw.temperature", (("hw.sensor_location", "gpu"),))
+_SENSOR = ctypes.c_uint(GPU_SENSOR)
+_CLOCKS: tuple[tuple[ctypes.c_uint, Key], ...] = tuple(
+    (ctypes.c_uint(clock), ("hw.gpu.clock", (("hw.gpu.clock.type", kind),)))
+    for kind, clock in CLOCKS
+)
+_THROTTLED: tuple[tuple[int, Key], ...] = tuple(
+    (bit, ("hw.gpu.clock.throttled", (("hw.gpu.clock.throttle_reason", r),)))
+    for r, bit in THROTTLE_REASONS
 )
 
 
@@ -137,14 +130,24 @@ FIELDS = (
 """Everything read through the one batched field-value call per GPU."""
 _FAST = tuple(f for f in FIELDS if not f.slow)
 _SLOW = tuple(f for f in FIELDS if f.slow)
-_REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
-_REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
-"""The field-value requests of a cycle with the slow fields and of one without."""
-_UNREAD = (pynvml.NVML_ERROR_UNKNOWN, 0.0)
-"""A field of a batch whose call failed (counted once, as the call)."""
 _REMAP_FLAGS = frozenset(
     f.field_id for f in FIELDS if f.metric.startswith("hw.gpu.memory.row_remap")
 )
+_ALL_KEYED, _FAST_KEYED, _SLOW_KEYED = (
+    tuple((f, (f.metric, f.attributes), f.field_id in _REMAP_FLAGS) for f in fields)
+    for fields in (FIELDS, _FAST, _SLOW)
+)
+"""Each field with its key (made once) and whether it says the GPU is degraded."""
+_REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
+_REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
+"""The field-value requests of a cycle with the slow fields and of one without."""
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+
+def _unread(fields: int) -> tuple[int, ...]:
+    """`FieldBatch.answers` of a call that failed: every field UNKNOWN (counted once, as
+    the call)."""
+    return (_ULL, pynvml.NVML_ERROR_UNKNOWN, 0) * fields
 
 
 class Reader:
@@ -165,116 +168,125 @@ class Reader:
         self.gpm_interval = gpm_interval
         self._gpm_read_at: dict[str, float] = {}
         """Per device: when its GPM sample was last taken on the GPM interval."""
-        memory = MemoryRead()
-        self._memory_calls = (  # drivers before R510 have only v1 (reserved counted as used)
-            ("nvmlDeviceGetMemoryInfo_v2", memory.v2),
-            ("nvmlDeviceGetMemoryInfo", memory.v1),
-        )
+        self.direct = Direct(calls)
+        self.procs = ProcessLists(calls, self.direct)
         self._all, self._fast = FieldBatch(_REQUEST_ALL), FieldBatch(_REQUEST_FAST)
         """Reused on every call: a Reader is used by one thread at a time (collect())."""
-        self._busy: dict[str, dict[int, float] | None] = {}
         self._gpm_last: dict[str, list[Sample]] = {}
+        """The last GPM activity per device (between GPM reads)."""
+        self._gpm_quiet: dict[str, float] = {}
+        """Per device: until when its last GPM activity stands without a call."""
+        self.now = -math.inf
+        """The cycle's start (the source sets it): no GPM call is due before the quiet time."""
         self._gpm_empty: dict[str, int] = {}
         """Per device: how many GPM reads in a row gave no rate."""
-        self._lists_used: dict[str, set[str]] = {}
-        """Per device, the process lists that listed a process at their last read."""
-        """The last GPM activity per device (between slow reads)."""
-        """The last per-process utilization read per GPU (between slow reads)."""
 
     def slow_due(self, gpu: Gpu) -> bool:
         """Whether this cycle reads the slow values of `gpu` (decided once per cycle)."""
         return self.clock() - gpu.slow_read_at >= self.slow_interval
 
-    def gpu_samples(self, gpu: Gpu) -> tuple[list[Sample], bool]:
-        get, h = self.calls.get, gpu.handle
-        samples: list[Sample] = []
-        put = samples.append
+    def gpu_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
+        """A whole GPU's values, appended; True when a row remap is pending or has failed."""
+        direct, h = self.direct, gpu.handle
+        kput, vput = keys.append, values.append
         if not gpu.mig_mode:
-            util = get(pynvml.nvmlDeviceGetUtilizationRates, h, handle=True)
+            util = direct.utilization(h)
             if util is not None:
-                put(_new(Sample, (_UTILIZATION, float(util.gpu / 100), _GENERAL)))
-                put(_new(Sample, (_BANDWIDTH, float(util.memory / 100), ())))
+                kput(_GENERAL)
+                vput(util[0] / 100)
+                kput(_BANDWIDTH)
+                vput(util[1] / 100)
         if gpu.gpm is not None:
-            samples += self._gpm(
+            found = self._gpm_values(
                 gpu.device.id, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm, mig=gpu.mig_mode
             )
-        for fn, task in _CODECS:
-            value = get(fn, h)
-            if value is not None:
-                put(_new(Sample, (_UTILIZATION, float(value and value[0] / 100), task)))
-        self.memory_samples(h, samples)
-        power = get(pynvml.nvmlDeviceGetPowerUsage, h)
-        add(samples, "hw.power", power and power / 1000)
-        limit = get(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-        add(samples, "hw.power.limit", limit and limit / 1000)
-        temp = self.calls.newest(_TEMPERATURE, h, GPU_SENSOR)
+            if found:
+                put_samples(found, keys, values)
+        for name, key in _CODECS:
+            percent = direct.codec(name, h)
+            if percent is not None:
+                kput(key)
+                vput(percent / 100)
+        self.memory_values(h, keys, values)
+        power = direct.uint("nvmlDeviceGetPowerUsage", h)
+        if power is not None:
+            kput(_POWER)
+            vput(power / 1000)
+        limit = direct.uint("nvmlDeviceGetEnforcedPowerLimit", h)
+        if limit is not None:
+            kput(_POWER_LIMIT)
+            vput(limit / 1000)
+        temp = direct.temperature(h, _SENSOR)
         if temp is not None:
-            put(_new(Sample, ("hw.temperature", float(temp), _GPU_SENSOR)))
-        for clock, kind in _CLOCKS:
-            mhz = get(pynvml.nvmlDeviceGetClockInfo, h, clock)
+            kput(_TEMPERATURE)
+            vput(float(temp))
+        for clock, key in _CLOCKS:
+            mhz = direct.uint("nvmlDeviceGetClockInfo", h, clock)
             if mhz is not None:
-                put(_new(Sample, ("hw.gpu.clock", float(mhz and mhz * 1e6), kind)))
-        reasons = self.calls.newest(_THROTTLE_REASONS, h)
+                kput(key)
+                vput(mhz * 1e6)
+        reasons = direct.clock_reasons(h)
         if reasons is not None:
-            for bit, reason in _THROTTLED:
-                put(_new(Sample, (_THROTTLE, 1.0 if reasons & bit else 0.0, reason)))
-        degraded = self.field_samples(gpu, samples)
-        return samples, degraded
+            for bit, key in _THROTTLED:
+                kput(key)
+                vput(1.0 if reasons & bit else 0.0)
+        return self.field_values(gpu, keys, values)
 
-    def memory_samples(self, handle: Any, samples: list[Sample]) -> None:
-        mem = self.calls.newest(self._memory_calls, handle)
-        if mem is None:
-            return
-        total, free, used, reserved = mem
-        put = samples.append
-        put(_new(Sample, ("hw.gpu.memory.usage", float(used), ())))
-        put(_new(Sample, ("hw.gpu.memory.limit", float(total), ())))
-        put(_new(Sample, ("hw.gpu.memory.free", float(free), ())))
-        if reserved is not None:
-            put(_new(Sample, ("hw.gpu.memory.reserved", float(reserved), ())))
+    def memory_values(self, handle: Any, keys: list[Key], values: list[float]) -> None:
+        mem = self.direct.memory(handle)
+        if mem is not None:
+            keys += memory_keys(mem)
+            values += mem
 
-    def field_samples(self, gpu: Gpu, samples: list[Sample]) -> bool:
-        """The batched counters; True when a row remap is pending or has failed."""
-        fields, batch = (FIELDS, self._all) if gpu.slow_now else (_FAST, self._fast)
-        device_id, put, counters = gpu.device.id, samples.append, self.counters
-        for spec in () if gpu.slow_now else _SLOW:  # between slow reads: the last value
+    def field_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
+        """The batched counters, appended; True when a row remap is pending or has failed."""
+        fields, batch = (_ALL_KEYED, self._all) if gpu.slow_now else (_FAST_KEYED, self._fast)
+        device_id, counters = gpu.device.id, self.counters
+        kput, vput = keys.append, values.append
+        for spec, key, _ in () if gpu.slow_now else _SLOW_KEYED:  # between slow reads: the last
             last = counters.last((device_id, spec.field_id))
             if last is not None:
-                put(_new(Sample, (spec.metric, float(last), spec.attributes)))
-        values = self.calls.get(batch.read, gpu.handle, name="nvmlDeviceGetFieldValues")
+                kput(key)
+                vput(float(last))
+        flat = self.calls.get(batch.answers, gpu.handle, name="nvmlDeviceGetFieldValues")
+        read = flat is not None
+        if flat is None:
+            flat = _unread(len(fields))
         degraded = False
-        for spec, (ret, number) in zip(
-            fields, (_UNREAD,) * len(fields) if values is None else values, strict=True
+        for (spec, key, remap), value_type, ret, raw in zip(
+            fields, flat[0::3], flat[1::3], flat[2::3], strict=True
         ):
             if ret == _SUCCESS:
-                raw = number * spec.scale
-                total = counters.update((device_id, spec.field_id), raw) if spec.counter else raw
+                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * spec.scale
+                total = (
+                    counters.update((device_id, spec.field_id), value) if spec.counter else value
+                )
                 if total is not None:
-                    put(_new(Sample, (spec.metric, float(total), spec.attributes)))
-                degraded |= spec.field_id in _REMAP_FLAGS and (total or 0.0) > 0
+                    kput(key)
+                    vput(float(total))
+                    degraded |= remap and total > 0
             elif ret == _GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:
-                if values is not None:  # (a failed call was counted once, not per field)
+                if read:  # (a failed call was counted once, not per field)
                     self.calls.errors += 1
-                if spec.counter:
-                    # A counter that failed to read keeps its last value; it does not vanish.
-                    add(
-                        samples,
-                        spec.metric,
-                        counters.last((device_id, spec.field_id)),
-                        *spec.attributes,
-                    )
+                # A counter that failed to read keeps its last value; it does not vanish.
+                last = counters.last((device_id, spec.field_id)) if spec.counter else None
+                if last is not None:
+                    kput(key)
+                    vput(float(last))
         return degraded
 
-    def mig_samples(self, gpu: Gpu, mig: Mig) -> list[Sample]:
-        samples: list[Sample] = []
-        self.memory_samples(mig.handle, samples)
-        if mig.gpm is not None:
-            samples += self._gpm(
-                mig.device.id, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm, mig=True
-            )
-        return samples
+    def mig_gpm(self, gpu: Gpu, mig: Mig) -> list[Sample] | None:
+        """A MIG slice's GPM activity (`_gpm`), without a call in the cycles where it would
+        only hand the last back."""
+        assert mig.gpm is not None
+        device_id = mig.device.id
+        if self.now < self._gpm_quiet.get(device_id, -math.inf):
+            return self._gpm_last.get(device_id)
+        return self._gpm(
+            device_id, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm, mig=True
+        )
 
     def _gpm(
         self, device_id: str, sample: Callable[..., Any], *args: Any, gpm: Gpm, mig: bool
@@ -296,86 +308,26 @@ class Reader:
             # device whose GPM keeps failing waits for the GPM interval like any other
             # (never a costly call per device per cycle).
             self._gpm_empty[device_id] = 0 if found else empty + 1
+        retrying = 0 < self._gpm_empty[device_id] < GPM_RETRIES
+        quiet = self._gpm_read_at.get(device_id, -math.inf) + self.gpm_interval
+        self._gpm_quiet[device_id] = -math.inf if retrying else quiet
         return list(self._gpm_last.get(device_id, ()))
 
-    def processes(
-        self, device_id: str, handle: Any, gpu: Gpu | None, *, slow: bool
-    ) -> list[tuple[int, float | None, float | None]]:
-        """(host PID, memory bytes, SM utilization) of the processes on a GPU or MIG handle.
-
-        Memory from the compute, graphics and MPS-client lists (nvml.h: "processes with a
-        Multi-Process Service (MPS) compute context"), which show only processes of the
-        caller's PID namespace (docs/nvml.md, measured: a pod without hostPID sees none);
-        utilization, for a whole GPU (`gpu`) and never under MIG, from the driver's
-        samples, which carry host PIDs whatever the caller's namespace. A PID only sampled
-        has no memory reading (None, not 0).
-
-        The compute list is read every cycle. The graphics and MPS lists, empty on most
-        nodes (no graphics under MIG; MPS only where a plugin shares a GPU through it),
-        are read every cycle only while they list a process, and otherwise on the slow
-        interval: on a dense MIG node that is two calls in three saved, and a graphics or MPS
-        process on a device whose list was empty shows within `slow-interval`."""
-        memory: dict[int, float | None] = {}
-        # Before a device's first read, every list is read.
-        used = self._lists_used.get(device_id)
-        listed: set[str] = set()
-        for fn in PROCESS_LISTS:
-            skip = not slow and used is not None and fn.__name__ not in used
-            if skip and fn is not PROCESS_LISTS[0]:
-                continue
-            for proc in self.calls.get(fn, handle, handle=True) or []:
-                pid = int(proc.pid)
-                used_memory = None if proc.usedGpuMemory is None else float(proc.usedGpuMemory)
-                # A process in several lists has one allocation, not two.
-                memory[pid] = _largest(memory.get(pid), used_memory)
-                listed.add(fn.__name__)
-        self._lists_used[device_id] = listed
-        busy: dict[int, float] | None = None
-        if gpu is not None:
-            if gpu.slow_now or gpu.device.id not in self._busy:
-                self._busy[gpu.device.id] = self.process_utilization(gpu)
-            busy = self._busy[gpu.device.id]
-        if not memory and not busy:
-            return []
-        found = []
-        for pid in sorted(memory.keys() | (busy or {}).keys()):
-            # When the driver returned samples, a listed process without one was idle in
-            # those periods (behaviour `process-utilization-samples`): 0, not unknown.
-            utilization = None if busy is None else busy.get(pid, 0.0)
-            found.append((pid, memory.get(pid), utilization))
-        return found
-
-    def process_utilization(self, gpu: Gpu) -> dict[int, float] | None:
-        """Mean SM utilization per PID over the driver's samples since the last cycle;
-        None when the driver cannot say."""
-        try:
-            found = pynvml.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.process_seen_us)
-        except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
-                # No sample since the last read: no period ended, or every process was
-                # idle. The driver does not say which, so nothing is reported.
-                return None
-            self.calls.interpret(exc, "nvmlDeviceGetProcessUtilization")
-            return None
-        per_pid: dict[int, list[int]] = {}
-        for s in found:
-            per_pid.setdefault(int(s.pid), []).append(int(s.smUtil))
-            gpu.process_seen_us = max(gpu.process_seen_us, int(s.timeStamp))
-        return {pid: sum(pcts) / len(pcts) / 100 for pid, pcts in per_pid.items()}
+    def _gpm_values(
+        self, device_id: str, sample: Callable[..., Any], *args: Any, gpm: Gpm, mig: bool
+    ) -> list[Sample]:
+        """`_gpm`, without a call in the cycles where it would only hand the last back."""
+        if self.now < self._gpm_quiet.get(device_id, -math.inf):
+            return self._gpm_last.get(device_id) or []
+        return self._gpm(device_id, sample, *args, gpm=gpm, mig=mig)
 
 
-def _largest(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return max(a, b)
+def memory_keys(memory: tuple[float, ...]) -> tuple[Key, ...]:
+    """The keys of `Direct.memory`'s values (no reserved memory before R510)."""
+    return _MEMORY if len(memory) == 4 else _MEMORY[:3]
 
 
-_STATUS = {
-    state: tuple(Sample("hw.status", float(s == state), (("hw.state", s),)) for s in STATES)
-    for state in STATES
-}
-
-
-def status(state: str) -> tuple[Sample, ...]:
-    """The status samples of a device in `state` (built once: samples are immutable)."""
-    return _STATUS[state]
+def put_samples(samples: list[Sample], keys: list[Key], values: list[float]) -> None:
+    for metric, value, attributes in samples:
+        keys.append((metric, attributes))
+        values.append(value)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pynvml
 
-from exporter.model import Device, DeviceReading, ProcessUsage, Sample, SourceResult
+from exporter.model import Device, DeviceReading, ProcessUsage, SourceResult
 from exporter.settings.values import boolean, duration
 from exporter.sources import (
     RestartRequired,
@@ -27,13 +27,14 @@ from exporter.sources import (
     option_values,
     register,
 )
+from exporter.sources.nvml.assemble import CycleReadings, status
 from exporter.sources.nvml.behaviour import ABSENT_AT_INIT
 from exporter.sources.nvml.calls import Calls, DriverGone, GpuLost, NvmlUnavailable, text
 from exporter.sources.nvml.discovery import SOURCE, Discovery, Gpu, devices, mig_mode
 from exporter.sources.nvml.gpm import interval as gpm_interval
 from exporter.sources.nvml.gpm import release as release_gpm
-from exporter.sources.nvml.readings import Reader, status
-from exporter.sources.nvml.xid import XidCounts, XidEvents, handle_key, last_xid
+from exporter.sources.nvml.readings import Reader
+from exporter.sources.nvml.xid import XidCounts, XidEvents, handle_key
 
 
 @dataclass(slots=True)
@@ -115,9 +116,7 @@ class NvmlSource:
         self._known: list[Gpu] = []
         """The GPUs of the last discovery, kept across driver reloads (lost detection)."""
         self._events: XidEvents | None = None
-        self._xids_now: dict[tuple[str, int], int] = {}
-        self._xid_latest: dict[str, tuple[int, int]] = {}
-        self._xids_by_device: dict[str, list[Sample]] = {}
+        self.cycle = CycleReadings(self.reader, self.calls, self.clock, processes=self.processes)
         self._lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------
@@ -131,12 +130,13 @@ class NvmlSource:
                     return SourceResult(SOURCE, absent=self._absent_said)
                 if self._events is not None:
                     self._events.drain()
-                self._xids_now, self._xid_latest = self.xids.snapshot_with_latest()
-                self._xids_by_device = self._group_xids()
+                self.reader.now = self.clock()
+                counts, latest = self.xids.snapshot_with_latest()
+                self.cycle.begin(counts, latest, events=self._events is not None)
                 readings: list[DeviceReading] = []
                 processes: list[ProcessUsage] = []
                 for gpu in gpus:
-                    self._read_gpu(gpu, readings, processes)
+                    self.cycle.read_gpu(gpu, readings, processes)
                 readings += self._lost_readings(gpus)
             except DriverGone as exc:
                 self._shutdown()
@@ -256,6 +256,7 @@ class NvmlSource:
         self.discovery.say_no_gpm()
         self._remember(self._known, gpus)
         self._known = gpus
+        self.cycle.discovered(gpus)
         self._discovered_at = self.clock()
         if self.xid_events:
             self._watch_xids(gpus)
@@ -309,61 +310,3 @@ class NvmlSource:
         if self._events is not None:
             self._events.close()
             self._events = None
-
-    # --- one cycle ------------------------------------------------------------------
-
-    def _read_gpu(
-        self, gpu: Gpu, readings: list[DeviceReading], processes: list[ProcessUsage]
-    ) -> None:
-        reader = self.reader
-        gpu.slow_now = reader.slow_due(gpu)
-        if gpu.slow_now:
-            gpu.slow_read_at = self.clock()
-        try:
-            samples, degraded = reader.gpu_samples(gpu)
-            migs = []
-            last_xid = self._last_xid(gpu)
-            for mig in gpu.migs:
-                mig_samples = reader.mig_samples(gpu, mig)
-                if self.processes:
-                    for pid, memory, util in reader.processes(
-                        mig.device.id, mig.handle, None, slow=gpu.slow_now
-                    ):
-                        processes.append(ProcessUsage(mig.device.id, pid, memory, util))
-                mig_samples += status("ok")
-                mig_samples += self._xid_samples(mig.device.id) + last_xid
-                migs.append(DeviceReading(mig.device, tuple(mig_samples)))
-            if self.processes and not gpu.mig_mode:
-                for pid, memory, util in reader.processes(
-                    gpu.device.id, gpu.handle, gpu, slow=gpu.slow_now
-                ):
-                    processes.append(ProcessUsage(gpu.device.id, pid, memory, util))
-        except GpuLost:
-            self.calls.stale = True  # rediscover: the GPU may be back, or gone for good
-            readings.append(DeviceReading(gpu.device, status("failed")))
-            readings += [DeviceReading(m.device, status("failed")) for m in gpu.migs]
-            return
-        samples += status("degraded" if degraded else "ok")
-        samples += self._xid_samples(gpu.device.id) + last_xid
-        readings.append(DeviceReading(gpu.device, tuple(samples)))
-        readings += migs
-
-    def _xid_samples(self, device_id: str) -> list[Sample]:
-        return self._xids_by_device.get(device_id, [])
-
-    def _group_xids(self) -> dict[str, list[Sample]]:
-        """This cycle's XID counts as samples, per device (once, not once per device)."""
-        found: dict[str, list[Sample]] = {}
-        for (dev, xid), n in sorted(self._xids_now.items()):
-            found.setdefault(dev, []).append(
-                Sample("hw.gpu.xid.errors", float(n), (("hw.gpu.xid", str(xid)),))
-            )
-        return found
-
-    def _last_xid(self, gpu: Gpu) -> list[Sample]:
-        """The last XID of the GPU or any of its slices, on the GPU and on each slice (DCGM's
-        XID field is the GPU's), while the event set is registered: without it, nothing."""
-        if self._events is None:
-            return []
-        ids = (gpu.device.id, *(m.device.id for m in gpu.migs))
-        return [Sample("hw.gpu.xid.last", float(last_xid(self._xid_latest, ids)))]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 from typing import Any
 
 import pynvml
@@ -79,15 +80,21 @@ _VALUE_FORMAT = {
 }
 """nvmlValueType_t -> the C type (native `struct` code) of the member of nvmlValue_t that
 holds it; an unknown type reads as unsigned long long."""
-_VALUE_AT = FieldValue.value.offset
 _UNPACK_VALUE = {
     kind: struct.Struct("@" + code).unpack_from for kind, code in _VALUE_FORMAT.items()
 }
-_UNPACK_ULL = _UNPACK_VALUE[pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG]
-_UNPACK_TYPE_AND_RETURN = struct.Struct("@II").unpack_from
-"""valueType and nvmlReturn, adjacent in nvmlFieldValue_t."""
-_TYPE_AT = FieldValue.valueType.offset
-assert FieldValue.nvmlReturn.offset == _TYPE_AT + ctypes.sizeof(ctypes.c_uint)
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_UNPACK_ULL = _UNPACK_VALUE[_ULL]
+_PACK_ULL = struct.Struct("@Q").pack
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_UINT_SHIFT = 0 if sys.byteorder == "little" else 32
+"""Where an unsigned int member sits in the union's bytes read as unsigned 64-bit."""
+_SUCCESS = pynvml.NVML_SUCCESS
+_VALUE_TYPE_RETURN_AND_VALUE = f"{FieldValue.valueType.offset}xIIQ"
+"""One nvmlFieldValue_t: the ids, timestamp and latency skipped, then valueType,
+nvmlReturn (adjacent) and the value union's 8 bytes."""
+assert struct.calcsize("@" + _VALUE_TYPE_RETURN_AND_VALUE) == ctypes.sizeof(FieldValue)
+assert FieldValue.value.offset == FieldValue.valueType.offset + 8
 
 
 def _check(ret: int) -> None:
@@ -108,31 +115,46 @@ class FieldBatch:
         for value, (field_id, scope) in zip(self._requests, request, strict=True):
             value.fieldId = field_id
             value.scopeId = scope
-        self._size = ctypes.sizeof(self._array)
-        self._offsets = range(0, self._size, ctypes.sizeof(FieldValue))
+        self._bytes = memoryview(self._array).cast("B")
+        self._request_bytes = memoryview(self._requests).cast("B")
+        """Both as bytes: copied with a slice assignment (ctypes.memmove is a foreign call)."""
+        self._unpack = struct.Struct("@" + _VALUE_TYPE_RETURN_AND_VALUE * len(request)).unpack_from
+        """Every field's valueType, nvmlReturn and value (as unsigned 64-bit), in one call."""
         self._count = ctypes.c_int32(len(request))
         self._ref = ctypes.byref(self._array)
 
     def read(self, handle: Any) -> list[tuple[int, float]]:
         """(nvmlReturn, number) per requested field, in request order; the call's own
-        failure raises NVMLError. The requests are written again on every call: nvml.h
-        says the driver fills the outputs, not that it leaves the inputs alone."""
-        ctypes.memmove(self._array, self._requests, self._size)
+        failure raises NVMLError."""
+        flat = self.answers(handle)
+        return [
+            (ret, number(value_type, raw) if ret == _SUCCESS else 0.0)
+            for value_type, ret, raw in zip(flat[0::3], flat[1::3], flat[2::3], strict=True)
+        ]
+
+    def answers(self, handle: Any) -> tuple[int, ...]:
+        """valueType, nvmlReturn and the value's bytes as unsigned 64-bit (`number` reads
+        them), per requested field, in one flat tuple; the call's own failure raises
+        NVMLError. The requests are written again on every call: nvml.h says the driver
+        fills the outputs, not that it leaves the inputs alone."""
+        self._bytes[:] = self._request_bytes
         _check(
             pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")(
                 handle, self._count, self._ref
             )
         )
-        raw = bytes(self._array)
-        found: list[tuple[int, float]] = []
-        for at in self._offsets:
-            value_type, ret = _UNPACK_TYPE_AND_RETURN(raw, at + _TYPE_AT)
-            if ret == pynvml.NVML_SUCCESS:
-                unpack = _UNPACK_VALUE.get(value_type, _UNPACK_ULL)
-                found.append((ret, float(unpack(raw, at + _VALUE_AT)[0])))
-            else:
-                found.append((ret, 0.0))
-        return found
+        answers: tuple[int, ...] = self._unpack(self._bytes)
+        return answers
+
+
+def number(value_type: int, raw: int) -> float:
+    """A field's value from its nvmlValueType_t and the union's bytes as unsigned 64-bit."""
+    if value_type == _ULL:
+        return float(raw)
+    if value_type == _UINT:  # the union's first four bytes
+        return float((raw >> _UINT_SHIFT) & 0xFFFFFFFF)
+    # the union's bytes again, read as the member the type names
+    return float(_UNPACK_VALUE.get(value_type, _UNPACK_ULL)(_PACK_ULL(raw))[0])
 
 
 class MemoryRead:

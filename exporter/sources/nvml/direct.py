@@ -1,0 +1,248 @@
+"""The NVML calls of every cycle, made straight to the C functions.
+
+Through nvidia-ml-py, each call builds its output objects, looks the C function up (a Python
+call), checks the return code by raising, and hands structs back whose every member read
+runs Python: on a dense node, several times what the C calls themselves cost (`python -m
+bench nvml-calls`: collect() against the same C calls replayed bare). Here each function is
+looked up once through the binding (so the library the binding loaded is the one called,
+and a timer the bench puts there sees every call), writes into outputs made once and
+reused, and its return code is compared, not raised: one that is not SUCCESS goes to
+`Calls.interpret`, as every other call's error does (behaviour.py), so what a code means is
+decided in one place. A function missing from this driver, or denied to this pod, is not
+called again (`Calls.missing`, `Calls.forbidden`); where an older function does the same
+(temperature, clock event reasons, memory) it is called instead.
+
+One `Direct` per source, used by one thread at a time (collect()).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+import pynvml
+
+from exporter.sources.nvml.behaviour import STALE_HANDLE
+from exporter.sources.nvml.calls import Calls
+from exporter.sources.nvml.structs import MemoryV1, MemoryV2
+
+_SUCCESS = pynvml.NVML_SUCCESS
+_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+_GONE = object()
+"""In place of a function this driver lacks or this pod may not call."""
+NOT_AVAILABLE = 2**64 - 1
+"""nvml.h NVML_VALUE_NOT_AVAILABLE in an unsigned long long: a process's memory unknown."""
+
+
+class Utilization(ctypes.Structure):
+    """nvmlUtilization_t."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class TemperatureV1(ctypes.Structure):
+    """nvmlTemperature_v1_t (R550 and later: nvmlDeviceGetTemperatureV)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("sensorType", ctypes.c_uint),
+        ("temperature", ctypes.c_int),
+    ]
+
+
+class ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t, as the `_v3` process lists fill it."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+_UNPACK_MEMORY_V2 = struct.Struct("@IQQQQ").unpack_from
+assert struct.calcsize("@IQQQQ") == ctypes.sizeof(MemoryV2)
+_UNPACK_PROCESS = struct.Struct("@IQII").unpack_from
+_PROCESS_SIZE = ctypes.sizeof(ProcessInfo)
+assert struct.calcsize("@IQII") == _PROCESS_SIZE
+PROCESSES_KEPT = 64
+"""Room for this many processes per list before the buffer grows (nvml.h: a list that
+does not fit answers INSUFFICIENT_SIZE with the count it needs)."""
+
+
+class Direct:
+    """Each per-cycle call: its value, or None where NVML has none (see the module)."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self._fns: dict[str, Any] = {}
+        self._uint, self._period, self._ull = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        self._uint_ref, self._period_ref = ctypes.byref(self._uint), ctypes.byref(self._period)
+        self._ull_ref = ctypes.byref(self._ull)
+        self._util = Utilization()
+        self._util_ref = ctypes.byref(self._util)
+        self._temp = TemperatureV1()
+        self._temp_ref = ctypes.byref(self._temp)
+        self._mem2, self._mem1 = MemoryV2(), MemoryV1()
+        self._mem2_ref, self._mem1_ref = ctypes.byref(self._mem2), ctypes.byref(self._mem1)
+        self._count = ctypes.c_uint()
+        self._count_ref = ctypes.byref(self._count)
+        self._procs = (ProcessInfo * PROCESSES_KEPT)()
+
+    # --- one output -----------------------------------------------------------------
+
+    def uint(self, name: str, handle: Any, *args: Any) -> int | None:
+        """`name(handle, *args, &unsigned int)`."""
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        ret = fn(handle, *args, self._uint_ref)
+        if ret == _SUCCESS:
+            return self._uint.value
+        self._failed(name, ret)
+        return None
+
+    def codec(self, name: str, handle: Any) -> int | None:
+        """nvmlDeviceGetEncoderUtilization / Decoder: the utilization (percent), not the
+        sampling period."""
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        ret = fn(handle, self._uint_ref, self._period_ref)
+        if ret == _SUCCESS:
+            return self._uint.value
+        self._failed(name, ret)
+        return None
+
+    def utilization(self, handle: Any) -> tuple[int, int] | None:
+        """nvmlDeviceGetUtilizationRates: (gpu, memory) percent; a handle call."""
+        name = "nvmlDeviceGetUtilizationRates"
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        ret = fn(handle, self._util_ref)
+        if ret == _SUCCESS:
+            return self._util.gpu, self._util.memory
+        self._failed(name, ret, handle=True)
+        return None
+
+    # --- newer functions first, older drivers fall through ----------------------------
+
+    def temperature(self, handle: Any, sensor: ctypes.c_uint) -> int | None:
+        """nvmlDeviceGetTemperatureV, before R550 nvmlDeviceGetTemperature (deprecated,
+        gone in CUDA 14)."""
+        name = "nvmlDeviceGetTemperatureV"
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is not _GONE:
+            temp = self._temp
+            temp.version, temp.sensorType = pynvml.nvmlTemperature_v1, sensor.value
+            ret = fn(handle, self._temp_ref)
+            if ret == _SUCCESS:
+                return int(temp.temperature)
+            self._failed(name, ret)
+        if not self._lacks(name):
+            return None
+        return self.uint("nvmlDeviceGetTemperature", handle, sensor)
+
+    def clock_reasons(self, handle: Any) -> int | None:
+        """nvmlDeviceGetCurrentClocksEventReasons, before R535 ...ThrottleReasons."""
+        for name in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
+            fn = self._fns.get(name) or self._resolve(name)
+            if fn is not _GONE:
+                ret = fn(handle, self._ull_ref)
+                if ret == _SUCCESS:
+                    return self._ull.value
+                self._failed(name, ret)
+            if not self._lacks(name):
+                return None
+        return None
+
+    def memory(self, handle: Any) -> tuple[float, ...] | None:
+        """(used, total, free, reserved) bytes: nvmlDeviceGetMemoryInfo_v2 (R510 and
+        later), else nvmlDeviceGetMemoryInfo: (used, total, free), reserved counted as
+        used."""
+        name = "nvmlDeviceGetMemoryInfo_v2"
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is not _GONE:
+            self._mem2.version = pynvml.nvmlMemory_v2
+            ret = fn(handle, self._mem2_ref)
+            if ret == _SUCCESS:
+                _, total, reserved, free, used = _UNPACK_MEMORY_V2(self._mem2)
+                return (float(used), float(total), float(free), float(reserved))
+            self._failed(name, ret)
+        if not self._lacks(name):
+            return None
+        name = "nvmlDeviceGetMemoryInfo"
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        mem1 = self._mem1
+        ret = fn(handle, self._mem1_ref)
+        if ret == _SUCCESS:
+            return (float(mem1.used), float(mem1.total), float(mem1.free))
+        self._failed(name, ret)
+        return None
+
+    # --- a list ---------------------------------------------------------------------
+
+    def processes(self, name: str, handle: Any) -> list[tuple[int, float | None]] | None:
+        """(pid, used memory bytes or None) of a `_v3` process list; a handle call. One call
+        into a buffer kept from cycle to cycle; a list that does not fit grows it."""
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        for _ in range(3):  # the list may grow between the calls
+            self._count.value = len(self._procs)
+            ret = fn(handle, self._count_ref, self._procs)
+            if ret == _SUCCESS:
+                return self._listed() if self._count.value else []
+            if ret != _INSUFFICIENT_SIZE:
+                break
+            self._procs = (ProcessInfo * (self._count.value * 2 + 5))()
+        self._failed(name, ret, handle=True)
+        return None
+
+    def _listed(self) -> list[tuple[int, float | None]]:
+        count = min(self._count.value, len(self._procs))
+        raw = ctypes.string_at(self._procs, count * _PROCESS_SIZE)
+        found = []
+        for at in range(0, len(raw), _PROCESS_SIZE):
+            pid, memory, _, _ = _UNPACK_PROCESS(raw, at)
+            found.append((pid, None if memory == NOT_AVAILABLE else float(memory)))
+        return found
+
+    # --- failures -------------------------------------------------------------------
+
+    def _resolve(self, name: str) -> Any:
+        """The C function (through the binding: its library, and its errors), or _GONE."""
+        calls = self.calls
+        fn: Any = _GONE
+        if name not in calls.missing and name not in calls.forbidden:
+            try:
+                fn = pynvml._nvmlGetFunctionPointer(name)
+            except pynvml.NVMLError as exc:
+                calls.interpret(exc, name)  # FUNCTION_NOT_FOUND: said once, never called
+        self._fns[name] = fn
+        return fn
+
+    def _failed(self, name: str, ret: int, *, handle: bool = False) -> None:
+        """What `Calls.get` does with the binding's error for this code."""
+        if ret == _NOT_SUPPORTED:  # no series, not an error (behaviour.py `not-supported`)
+            return
+        if handle and ret in STALE_HANDLE:
+            self.calls.stale = True
+        try:
+            self.calls.interpret(pynvml.NVMLError(ret), name)
+        finally:
+            if name in self.calls.missing or name in self.calls.forbidden:
+                self._fns[name] = _GONE
+
+    def _lacks(self, name: str) -> bool:
+        """This driver has no such function (an older one may do)."""
+        return name in self.calls.missing
