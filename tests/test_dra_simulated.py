@@ -153,6 +153,14 @@ def test_the_dashboards_dra_panels_show_the_node(prom: PrometheusServer) -> None
         ("gpu.amd.com", "amdgpu"): 0.0,
         ("gpu.intel.com", "device"): 0.0,
     }
+    by_id = {q.id: q.expr.replace('cluster=~"$cluster"', 'cluster=~".*"').replace(
+        "$node", "dra-node-1") for q in kit.panel_queries()}  # fmt: skip
+    shares = prom.query(by_id["devices:Shares of shared DRA devices:A"])
+    assert sorted(float(r["value"][1]) for r in shares) == [20 * GIB, 30 * GIB]
+    left = prom.query(by_id["devices:Shares of shared DRA devices:B"])
+    assert [float(r["value"][1]) for r in left] == [30 * GIB]  # of GPU 2's 80Gi
+    counters = by_id["devices:DRA pool counters left and stranded:A"]
+    assert prom.query(counters), counters  # the pool's counter set, what is left of it
     tainted = queries["Tainted DRA devices"].replace("$node", "dra-node-1")
     assert _by(prom.query(tainted), "hw_allocation_device_id", "hw_dra_taint_source") == {
         ("gpu-1-128", "maintenance-amd"): 1.0,

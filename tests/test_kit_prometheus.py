@@ -90,7 +90,9 @@ def awaiting() -> dict[str, str]:
             spec = SPECS[f"kube_device_exporter.source.{name}"]
             out[spec.prom_name] = "no source is merged yet"
     if "dra" not in SCENARIOS:
-        for name in ("hw.dra.free", "hw.dra.device.taint"):
+        for name in ("hw.dra.free", "hw.dra.device.taint", "hw.dra.counter.free",
+                     "hw.dra.counter.stranded", "hw.dra.allocation.capacity",
+                     "hw.dra.device.capacity.free"):  # fmt: skip
             out.setdefault(SPECS[name].prom_name, "only the `dra` scenario (its own loopback API "
                            "server) has DRA slices: tests/test_dra_simulated.py runs these panels")  # fmt: skip
     if "mixed" not in SCENARIOS:
