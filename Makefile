@@ -169,7 +169,7 @@ test: install lint typecheck pytest
 # No lint, no type check, no peer: the loop to run after each edit. pytest's exit status 5
 # (nothing selected) fails it like any other.
 test-fast: $(STAMP) fakenvml
-	$(VENV)/bin/pytest -q -m "not peer and not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(XDIST) -m "not peer and not slow" $(PYTEST_ARGS)
 
 monitoring: $(STAMP)
 	$(PY) -m monitoring
