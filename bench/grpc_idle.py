@@ -14,22 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.procs import NodeProcess
+from bench.procs import NodeProcess, threads_and_switches
 
 
 def _switches() -> int:
-    total = 0
-    for task in Path("/proc/self/task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if "ctxt_switches:" in line:
-                total += int(line.split()[1])
-    return total
+    """This process's context switches so far (a thread that ends meanwhile is skipped)."""
+    return threads_and_switches(os.getpid())[1]
 
 
 async def _calls(socket: str, spacing: float, reopen: bool, window: float) -> dict[str, float]:
