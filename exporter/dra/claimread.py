@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from exporter.dra.claims import Claim, parse_claim
+from exporter.dra.claims import Claim, ClaimKey, parse_claim
 from exporter.kubeapi.answers import SHAPE_ERRORS, Unusable
 from exporter.kubeapi.client import UNAVAILABLE, ApiError, KubeApi, describe
 from exporter.kubeapi.listwatch import Timing, pause
@@ -43,8 +43,6 @@ from exporter.runtime.log import StateLog
 
 log = logging.getLogger("exporter.kubeapi.claims")
 
-ClaimKey = tuple[str, str]
-"""(namespace, name) as PodResources names a claim."""
 
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 SETTLE_SECONDS = (2.0, 10.0, 30.0)

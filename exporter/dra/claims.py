@@ -27,6 +27,9 @@ from typing import Any
 
 from exporter.dra.slices import quantity
 
+ClaimKey = tuple[str, str]
+"""(namespace, name) as PodResources names a ResourceClaim."""
+
 MAX_RESULTS = 128
 MAX_DEVICE_STATUSES = 128
 MAX_CONDITIONS = 8

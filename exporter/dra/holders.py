@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from exporter.dra.claims import Claim
+from exporter.dra.claims import Claim, ClaimKey
 from exporter.model import (
     ClaimResource,
     Container,
@@ -34,8 +34,6 @@ from exporter.model import (
     Pod,
     PodResourcesState,
 )
-
-ClaimKey = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)

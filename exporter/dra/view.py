@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from exporter.dra.holders import AdminHold, ClaimKey, Narrowed, narrow, serves
+from exporter.dra.claims import ClaimKey
+from exporter.dra.holders import AdminHold, Narrowed, narrow, serves
 from exporter.dra.identity import (
     DeviceKey,
     Identity,
