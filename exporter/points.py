@@ -8,6 +8,7 @@ are (with `k8s.node.name` moved to the resource). Neither sink knows a metric na
 from __future__ import annotations
 
 import functools
+import itertools
 import platform
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,6 +21,7 @@ from exporter.model import (
     Device,
     Holder,
     JoinedDevice,
+    Layout,
     Owner,
     PairPlacement,
     Snapshot,
@@ -76,6 +78,24 @@ def _cached_attributes(device: Device, holder: Holder | None, extra: Attributes)
     return tuple((k, v) for k, v in pairs if v)
 
 
+_new = tuple.__new__
+"""`_new(Point, (spec, attributes, value))`: a Point without its Python-level `__new__`."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_series(
+    base: Attributes, layout: Layout, node: Attributes
+) -> tuple[tuple[MetricSpec, Attributes], ...]:
+    """The spec and the whole attributes of each value of a device's reading: built once per
+    (device and holder, layout, node), as a reading's layout and a device's attributes are
+    the same objects cycle after cycle. The same attribute tuples each cycle also make the
+    Prometheus sink's comparison of this cycle's series with the last a matter of identity."""
+    return tuple(
+        (SPECS[metric], base + attributes + node)
+        for metric, attributes in zip(layout.metrics, layout.attributes, strict=True)
+    )
+
+
 def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     """Every point of the snapshot, grouped by metric in spec-table order."""
     node: Attributes = ((NODE_ATTRIBUTE, snapshot.node),) if with_node and snapshot.node else ()
@@ -83,13 +103,10 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     info_spec, info = SPECS["hw.info"], by_metric["hw.info"]
     for joined in snapshot.devices:
         info.append(Point(info_spec, device_attributes(joined) + node, 1.0))
-        base = series_attributes(joined)
         reading = joined.reading
-        layout = reading.layout
-        for metric, attributes, value in zip(
-            layout.metrics, layout.attributes, reading.values, strict=True
-        ):
-            by_metric[metric].append(Point(SPECS[metric], base + attributes + node, value))
+        series = _value_series(series_attributes(joined), reading.layout, node)
+        for (spec, attributes), value in zip(series, reading.values, strict=True):
+            by_metric[spec.name].append(_new(Point, (spec, attributes, value)))
     for point in _allocation_points(snapshot, node):
         by_metric[point.spec.name].append(point)
     for point in _pod_points(snapshot, node):
@@ -101,8 +118,7 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     series = SPECS["kube_device_exporter.series"]
     total = sum(len(p) for p in by_metric.values()) + 1
     by_metric[series.name] = [Point(series, node, float(total))]
-    for name in SPECS:
-        yield from by_metric[name]
+    return itertools.chain.from_iterable(by_metric.values())  # in SPECS order, as made
 
 
 def _allocation_points(snapshot: Snapshot, node: Attributes) -> Iterator[Point]:
