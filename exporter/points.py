@@ -104,8 +104,8 @@ def points(snapshot: Snapshot, *, with_node: bool = True) -> Iterator[Point]:
     for joined in snapshot.devices:
         info.append(Point(info_spec, device_attributes(joined) + node, 1.0))
         reading = joined.reading
-        series = _value_series(series_attributes(joined), reading.layout, node)
-        for (spec, attributes), value in zip(series, reading.values, strict=True):
+        values = _value_series(series_attributes(joined), reading.layout, node)
+        for (spec, attributes), value in zip(values, reading.values, strict=True):
             by_metric[spec.name].append(_new(Point, (spec, attributes, value)))
     for point in _allocation_points(snapshot, node):
         by_metric[point.spec.name].append(point)
