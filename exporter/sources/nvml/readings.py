@@ -144,6 +144,22 @@ _REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
+_PlannedField = tuple[Key, tuple[str, int] | None, float, bool]
+"""A field of one device: its key, its counter's key (None for a gauge), its scale, and
+whether it says the GPU is degraded."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldPlan:
+    """One device's fields, as the cycle reads them (with or without the slow ones) and the
+    slow ones alone (their last totals stand between slow reads): each key and counter key
+    made once, not per field per cycle."""
+
+    all: tuple[_PlannedField, ...]
+    fast: tuple[_PlannedField, ...]
+    slow: tuple[_PlannedField, ...]
+
+
 def _unread(fields: int) -> tuple[int, ...]:
     """`FieldBatch.answers` of a call that failed: every field UNKNOWN (counted once, as
     the call)."""
@@ -180,6 +196,8 @@ class Reader:
         """The cycle's start (the source sets it): no GPM call is due before the quiet time."""
         self._gpm_empty: dict[str, int] = {}
         """Per device: how many GPM reads in a row gave no rate."""
+        self._plans: dict[str, _FieldPlan] = {}
+        """Per device: its fields with their counter keys (`_plan`)."""
 
     def slow_due(self, gpu: Gpu) -> bool:
         """Whether this cycle reads the slow values of `gpu` (decided once per cycle)."""
@@ -240,42 +258,61 @@ class Reader:
 
     def field_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
         """The batched counters, appended; True when a row remap is pending or has failed."""
-        fields, batch = (_ALL_KEYED, self._all) if gpu.slow_now else (_FAST_KEYED, self._fast)
-        device_id, counters = gpu.device.id, self.counters
+        plan = self._plans.get(gpu.device.id) or self._plan(gpu.device.id)
+        counters = self.counters
+        update = counters.update
         kput, vput = keys.append, values.append
-        for spec, key, _ in () if gpu.slow_now else _SLOW_KEYED:  # between slow reads: the last
-            last = counters.last((device_id, spec.field_id))
-            if last is not None:
-                kput(key)
-                vput(float(last))
+        if gpu.slow_now:
+            fields, batch = plan.all, self._all
+        else:
+            fields, batch = plan.fast, self._fast
+            last_of = counters.last
+            for key, counter, _, _ in plan.slow:  # between slow reads: the last
+                last = last_of(counter)
+                if last is not None:
+                    kput(key)
+                    vput(last)
         flat = self.calls.get(batch.answers, gpu.handle, name="nvmlDeviceGetFieldValues")
         read = flat is not None
         if flat is None:
             flat = _unread(len(fields))
         degraded = False
-        for (spec, key, remap), value_type, ret, raw in zip(
+        for (key, counter, scale, remap), value_type, ret, raw in zip(
             fields, flat[0::3], flat[1::3], flat[2::3], strict=True
         ):
             if ret == _SUCCESS:
-                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * spec.scale
-                total = (
-                    counters.update((device_id, spec.field_id), value) if spec.counter else value
-                )
+                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * scale
+                total = value if counter is None else update(counter, value)
                 if total is not None:
                     kput(key)
-                    vput(float(total))
-                    degraded |= remap and total > 0
+                    vput(total)
+                    if remap and total > 0:
+                        degraded = True
             elif ret == _GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:
                 if read:  # (a failed call was counted once, not per field)
                     self.calls.errors += 1
                 # A counter that failed to read keeps its last value; it does not vanish.
-                last = counters.last((device_id, spec.field_id)) if spec.counter else None
+                last = None if counter is None else counters.last(counter)
                 if last is not None:
                     kput(key)
-                    vput(float(last))
+                    vput(last)
         return degraded
+
+    def _plan(self, device_id: str) -> _FieldPlan:
+        """The device's field plan (`_FieldPlan`), made on its first read and kept: what it
+        holds depends on the device id alone."""
+        plan = self._plans[device_id] = _FieldPlan(
+            *(
+                tuple(
+                    (key, (device_id, f.field_id) if f.counter else None, f.scale, remap)
+                    for f, key, remap in keyed
+                )
+                for keyed in (_ALL_KEYED, _FAST_KEYED, _SLOW_KEYED)
+            )
+        )
+        return plan
 
     def mig_gpm(self, gpu: Gpu, mig: Mig) -> list[Sample] | None:
         """A MIG slice's GPM activity (`_gpm`), without a call in the cycles where it would
