@@ -75,6 +75,18 @@ _THROTTLED: tuple[tuple[int, Key], ...] = tuple(
     (bit, ("hw.gpu.clock.throttled", (("hw.gpu.clock.throttle_reason", r),)))
     for r, bit in THROTTLE_REASONS
 )
+_THROTTLED_KEYS = tuple(key for _, key in _THROTTLED)
+_THROTTLE_MASK = sum(bit for bit, _ in _THROTTLED)
+_THROTTLED_VALUES: dict[int, tuple[float, ...]] = {}
+"""The values of `_THROTTLED_KEYS` per mask of the reasons they say (at most 2^9), each
+made once: a GPU's reasons change seldom, and are read on every cycle."""
+
+
+def _throttled(reasons: int) -> tuple[float, ...]:
+    """The values of `_THROTTLED_KEYS` for these clock event reasons (kept)."""
+    mask = reasons & _THROTTLE_MASK
+    found = _THROTTLED_VALUES[mask] = tuple(1.0 if mask & bit else 0.0 for bit, _ in _THROTTLED)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +154,7 @@ _REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
 _REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
 """The field-value requests of a cycle with the slow fields and of one without."""
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_NEVER = -math.inf
 
 
 _PlannedField = tuple[Key, tuple[str, int] | None, float, bool]
@@ -245,9 +258,8 @@ class Reader:
                 vput(mhz * 1e6)
         reasons = direct.clock_reasons(h)
         if reasons is not None:
-            for bit, key in _THROTTLED:
-                kput(key)
-                vput(1.0 if reasons & bit else 0.0)
+            keys += _THROTTLED_KEYS
+            values += _THROTTLED_VALUES.get(reasons & _THROTTLE_MASK) or _throttled(reasons)
         return self.field_values(gpu, keys, values)
 
     def memory_values(self, handle: Any, keys: list[Key], values: list[float]) -> None:
@@ -319,7 +331,7 @@ class Reader:
         only hand the last back."""
         assert mig.gpm is not None
         device_id = mig.device.id
-        if self.now < self._gpm_quiet.get(device_id, -math.inf):
+        if self.now < self._gpm_quiet.get(device_id, _NEVER):
             return self._gpm_last.get(device_id)
         return self._gpm(
             device_id, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm, mig=True
