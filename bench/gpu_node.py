@@ -29,7 +29,7 @@ def _table_from(text: str) -> str:
 
 def _field_names() -> dict[str, str]:
     """Field id -> what the NVML source reads it as (metric and attributes)."""
-    from exporter.sources.nvml.readings import FIELDS
+    from exporter.sources.nvml.fields import FIELDS
 
     return {
         str(f.field_id): " ".join([f.metric, *(v for _, v in f.attributes)])

@@ -158,7 +158,7 @@ def _gpm(handle: Any, spacing: float = 1.0) -> dict[str, Any]:
 
 
 def _field_request() -> list[tuple[int, int]]:
-    from exporter.sources.nvml.readings import FIELDS
+    from exporter.sources.nvml.fields import FIELDS
 
     return [(f.field_id, f.scope) for f in FIELDS]
 

@@ -665,3 +665,28 @@ def test_gpm_activity_is_measured_every_gpm_interval(
     assert node.calls("nvmlGpmMetricsGet") == measured
     node.collect_at(source, 12.0)
     assert node.calls("nvmlGpmMetricsGet") == 2 * measured
+
+
+def test_a_field_that_fails_after_answering_alike_for_cycles_is_still_an_error(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """A field-value answer shaped like the last cycle's skips the checks of its return
+    codes (readings.Reader.field_values); one that differs takes them again."""
+    node = nvidia_node("""
+nvidia:
+  gpus:
+    - uuid: GPU-00000000-0000-4000-8000-000000000000
+  faults:
+    - {kind: error, gpus: [0], features: [memory_temperature], start: 3.5, end: 4.5}
+""")
+    source = node.source()
+    for at in (1.0, 2.0, 3.0):
+        (before,) = node.collect_at(source, at).readings
+        assert value(before, "hw.temperature", hw__sensor_location="memory") is not None
+    result = node.collect_at(source, 4.0)
+    (during,) = result.readings
+    assert result.field_errors == 1
+    assert value(during, "hw.temperature", hw__sensor_location="memory") is None
+    assert value(during, "hw.energy") == value(before, "hw.energy")
+    (after,) = node.collect_at(source, 5.0).readings
+    assert value(after, "hw.temperature", hw__sensor_location="memory") is not None

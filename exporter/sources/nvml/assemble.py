@@ -131,15 +131,16 @@ class CycleReadings:
         """The GPU's MIG slices. Most have nothing to say beyond their memory, status and
         last XID: they take that one layout, made once, without a list of keys."""
         reader, layouts, memory = self.reader, self.layouts, self.reader.direct.memory
-        xids = self._xids_by_device
+        mig_gpm, xids = reader.mig_gpm, self._xids_by_device
         tail = None if last_xid is None else (*STATUS_VALUES["ok"], last_xid)
         out: list[DeviceReading] = []
+        put = out.append
         for mig in gpu.migs:
             device = mig.device
             mem = memory(mig.handle)
-            gpm = reader.mig_gpm(gpu, mig) if mig.gpm is not None else None
-            if tail and mem and len(mem) == 4 and not gpm and device.id not in xids:
-                out.append(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
+            gpm = None if mig.gpm is None else mig_gpm(gpu, mig)
+            if tail and not gpm and mem and len(mem) == 4 and device.id not in xids:
+                put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
                 continue
             keys: list[Key] = []
             values: list[float] = []
@@ -149,7 +150,7 @@ class CycleReadings:
             if gpm:
                 put_samples(gpm, keys, values)
             self._tail(device.id, "ok", last_xid, keys, values)
-            out.append(layouts.reading(device, keys, values))
+            put(layouts.reading(device, keys, values))
         if self.processes:
             reader.procs.slices(gpu, processes)
         return out

@@ -68,6 +68,7 @@ assert struct.calcsize("@IQQQQ") == ctypes.sizeof(MemoryV2)
 _UNPACK_PROCESS = struct.Struct("@IQII").unpack_from
 _PROCESS_SIZE = ctypes.sizeof(ProcessInfo)
 assert struct.calcsize("@IQII") == _PROCESS_SIZE
+_MEMORY_V2, _MEMORY_V2_VERSION = "nvmlDeviceGetMemoryInfo_v2", pynvml.nvmlMemory_v2
 PROCESSES_KEPT = 64
 """Room for this many processes per list before the buffer grows (nvml.h: a list that
 does not fit answers INSUFFICIENT_SIZE with the count it needs)."""
@@ -91,6 +92,8 @@ class Direct:
         self._count = ctypes.c_uint()
         self._count_ref = ctypes.byref(self._count)
         self._procs = (ProcessInfo * PROCESSES_KEPT)()
+        self._capacity = PROCESSES_KEPT
+        """len(self._procs), kept as a number."""
 
     # --- one output -----------------------------------------------------------------
 
@@ -167,13 +170,14 @@ class Direct:
         """(used, total, free, reserved) bytes: nvmlDeviceGetMemoryInfo_v2 (R510 and
         later), else nvmlDeviceGetMemoryInfo: (used, total, free), reserved counted as
         used."""
-        name = "nvmlDeviceGetMemoryInfo_v2"
+        name = _MEMORY_V2
         fn = self._fns.get(name) or self._resolve(name)
         if fn is not _GONE:
-            self._mem2.version = pynvml.nvmlMemory_v2
+            mem2 = self._mem2
+            mem2.version = _MEMORY_V2_VERSION
             ret = fn(handle, self._mem2_ref)
             if ret == _SUCCESS:
-                _, total, reserved, free, used = _UNPACK_MEMORY_V2(self._mem2)
+                _, total, reserved, free, used = _UNPACK_MEMORY_V2(mem2)
                 return (float(used), float(total), float(free), float(reserved))
             self._failed(name, ret)
         if not self._lacks(name):
@@ -197,14 +201,30 @@ class Direct:
         fn = self._fns.get(name) or self._resolve(name)
         if fn is _GONE:
             return None
-        for _ in range(3):  # the list may grow between the calls
-            self._count.value = len(self._procs)
+        count = self._count
+        count.value = self._capacity
+        ret = fn(handle, self._count_ref, self._procs)
+        if ret == _SUCCESS:  # (most lists of most cycles: one call, nobody listed)
+            return self._listed() if count.value else []
+        return self._processes_again(name, fn, handle, ret)
+
+    def _processes_again(
+        self, name: str, fn: Any, handle: Any, ret: int
+    ) -> list[tuple[int, float | None]] | None:
+        """`processes` after a first call that did not succeed: a list that did not fit
+        grows the buffer and is asked again (it may grow between the calls), three calls in
+        all."""
+        calls = 1
+        while ret == _INSUFFICIENT_SIZE:
+            self._procs = (ProcessInfo * (self._count.value * 2 + 5))()
+            self._capacity = len(self._procs)
+            if calls == 3:
+                break
+            self._count.value = self._capacity
             ret = fn(handle, self._count_ref, self._procs)
+            calls += 1
             if ret == _SUCCESS:
                 return self._listed() if self._count.value else []
-            if ret != _INSUFFICIENT_SIZE:
-                break
-            self._procs = (ProcessInfo * (self._count.value * 2 + 5))()
         self._failed(name, ret, handle=True)
         return None
 

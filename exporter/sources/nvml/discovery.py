@@ -44,7 +44,7 @@ class Gpu:
     gpm: Gpm | None = None
     process_seen_us: int = 0
     slow_read_at: float = -math.inf
-    """When the slow values (see readings.FIELDS) were last read."""
+    """When the slow values (see fields.FIELDS) were last read."""
     slow_now: bool = True
     """Whether this cycle reads them."""
 

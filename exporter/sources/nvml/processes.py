@@ -44,12 +44,12 @@ class ProcessLists:
         """`read` of every MIG slice of `gpu`, into `out`: a slice whose lists were
         all empty is asked its compute list only, here, and goes no further while it stays
         empty (most slices of most cycles)."""
-        slow, used_of, direct = gpu.slow_now, self._lists_used, self.direct
+        slow, used_of, processes = gpu.slow_now, self._lists_used, self.direct.processes
         compute = PROCESS_LISTS[0]
         for mig in gpu.migs:
             device_id, listing = mig.device.id, None
             if not slow and used_of.get(device_id) is _NONE_LISTED:
-                listing = direct.processes(compute, mig.handle)
+                listing = processes(compute, mig.handle)
                 if not listing:
                     continue
             for pid, memory, util in self.read(

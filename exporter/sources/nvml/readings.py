@@ -9,29 +9,9 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml
-from pynvml import (
-    NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-    NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-    NVML_FI_DEV_MEMORY_TEMP,
-    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-    NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
-    NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-    NVML_FI_DEV_PCIE_REPLAY_COUNTER,
-    NVML_FI_DEV_REMAPPED_COR,
-    NVML_FI_DEV_REMAPPED_FAILURE,
-    NVML_FI_DEV_REMAPPED_PENDING,
-    NVML_FI_DEV_REMAPPED_UNC,
-    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
-)
 
 from exporter.metrics import THROTTLE_REASONS
 from exporter.model import Key, Sample
@@ -40,6 +20,7 @@ from exporter.sources.nvml.behaviour import NOT_HERE
 from exporter.sources.nvml.calls import Calls, GpuLost
 from exporter.sources.nvml.direct import Direct
 from exporter.sources.nvml.discovery import Gpu, Mig
+from exporter.sources.nvml.fields import REQUEST_ALL, REQUEST_FAST, FieldPlan
 from exporter.sources.nvml.gpm import Gpm
 from exporter.sources.nvml.gpm import read as gpm_read
 from exporter.sources.nvml.processes import ProcessLists
@@ -75,73 +56,22 @@ _THROTTLED: tuple[tuple[int, Key], ...] = tuple(
     (bit, ("hw.gpu.clock.throttled", (("hw.gpu.clock.throttle_reason", r),)))
     for r, bit in THROTTLE_REASONS
 )
+_THROTTLED_KEYS = tuple(key for _, key in _THROTTLED)
+_THROTTLE_MASK = sum(bit for bit, _ in _THROTTLED)
+_THROTTLED_VALUES: dict[int, tuple[float, ...]] = {}
+"""The values of `_THROTTLED_KEYS` per mask of the reasons they say (at most 2^9), each
+made once: a GPU's reasons change seldom, and are read on every cycle."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Field:
-    field_id: int
-    metric: str
-    attributes: tuple[tuple[str, str], ...] = ()
-    scale: float = 1.0
-    counter: bool = False
-    scope: int = 0
-    slow: bool = False
-    """A costly call on a real driver (docs/nvml.md): read every `slow-interval`, not every
-    cycle."""
+def _throttled(reasons: int) -> tuple[float, ...]:
+    """The values of `_THROTTLED_KEYS` for these clock event reasons (kept)."""
+    mask = reasons & _THROTTLE_MASK
+    found = _THROTTLED_VALUES[mask] = tuple(1.0 if mask & bit else 0.0 for bit, _ in _THROTTLED)
+    return found
 
 
-_ALL_LINKS = 0xFFFFFFFF
-"""scopeId that sums a per-link NVLink field over every link."""
-
-
-def _count(field_id: int, metric: str, key: str, value: str, **kw: Any) -> _Field:
-    return _Field(field_id, metric, ((key, value),), counter=True, **kw)
-
-
-def _errors(field_id: int, error_type: str) -> _Field:
-    return _count(field_id, "hw.errors", "error.type", error_type)
-
-
-_IO, _REMAP = "network.io.direction", "hw.gpu.memory.remap_cause"
-_NVLINK = {"scale": 1024.0, "scope": _ALL_LINKS}  # KiB over all links
-
-# The slow fields cost a real driver far more per call than the others (measured with
-# `python -m bench.nvml_probe`: docs/design-figures.md). They are counters; between reads
-# they keep their last value.
-FIELDS = (
-    _Field(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "hw.energy", scale=1e-3, counter=True, slow=True),
-    _Field(NVML_FI_DEV_MEMORY_TEMP, "hw.temperature", (("hw.sensor_location", "memory"),)),
-    _count(NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "hw.gpu.io", _IO, "transmit", slow=True),
-    _count(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, "hw.gpu.io", _IO, "receive", slow=True),
-    _count(NVML_FI_DEV_PCIE_REPLAY_COUNTER, "hw.errors", "error.type", "pcie_replay", slow=True),
-    _errors(NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "ecc_corrected"),
-    _errors(NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "ecc_uncorrected"),
-    _Field(NVML_FI_DEV_REMAPPED_COR, "hw.gpu.memory.remapped_rows", ((_REMAP, "correctable"),)),
-    _Field(NVML_FI_DEV_REMAPPED_UNC, "hw.gpu.memory.remapped_rows", ((_REMAP, "uncorrectable"),)),
-    _Field(NVML_FI_DEV_REMAPPED_PENDING, "hw.gpu.memory.row_remap.pending"),
-    _Field(NVML_FI_DEV_REMAPPED_FAILURE, "hw.gpu.memory.row_remap.failed"),
-    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "hw.gpu.nvlink.io", _IO, "transmit", **_NVLINK),
-    _count(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "hw.gpu.nvlink.io", _IO, "receive", **_NVLINK),
-    _errors(NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, "nvlink_crc"),
-    _errors(NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, "nvlink_crc_flit"),
-    _errors(NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, "nvlink_replay"),
-    _errors(NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, "nvlink_recovery"),
-)
-"""Everything read through the one batched field-value call per GPU."""
-_FAST = tuple(f for f in FIELDS if not f.slow)
-_SLOW = tuple(f for f in FIELDS if f.slow)
-_REMAP_FLAGS = frozenset(
-    f.field_id for f in FIELDS if f.metric.startswith("hw.gpu.memory.row_remap")
-)
-_ALL_KEYED, _FAST_KEYED, _SLOW_KEYED = (
-    tuple((f, (f.metric, f.attributes), f.field_id in _REMAP_FLAGS) for f in fields)
-    for fields in (FIELDS, _FAST, _SLOW)
-)
-"""Each field with its key (made once) and whether it says the GPU is degraded."""
-_REQUEST_ALL = tuple((f.field_id, f.scope) for f in FIELDS)
-_REQUEST_FAST = tuple((f.field_id, f.scope) for f in _FAST)
-"""The field-value requests of a cycle with the slow fields and of one without."""
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_NEVER = -math.inf
 
 
 def _unread(fields: int) -> tuple[int, ...]:
@@ -170,7 +100,7 @@ class Reader:
         """Per device: when its GPM sample was last taken on the GPM interval."""
         self.direct = Direct(calls)
         self.procs = ProcessLists(calls, self.direct)
-        self._all, self._fast = FieldBatch(_REQUEST_ALL), FieldBatch(_REQUEST_FAST)
+        self._all, self._fast = FieldBatch(REQUEST_ALL), FieldBatch(REQUEST_FAST)
         """Reused on every call: a Reader is used by one thread at a time (collect())."""
         self._gpm_last: dict[str, list[Sample]] = {}
         """The last GPM activity per device (between GPM reads)."""
@@ -180,6 +110,8 @@ class Reader:
         """The cycle's start (the source sets it): no GPM call is due before the quiet time."""
         self._gpm_empty: dict[str, int] = {}
         """Per device: how many GPM reads in a row gave no rate."""
+        self._plans: dict[str, FieldPlan] = {}
+        """Per device: its fields with their counter keys (`FieldPlan`)."""
 
     def slow_due(self, gpu: Gpu) -> bool:
         """Whether this cycle reads the slow values of `gpu` (decided once per cycle)."""
@@ -227,9 +159,8 @@ class Reader:
                 vput(mhz * 1e6)
         reasons = direct.clock_reasons(h)
         if reasons is not None:
-            for bit, key in _THROTTLED:
-                kput(key)
-                vput(1.0 if reasons & bit else 0.0)
+            keys += _THROTTLED_KEYS
+            values += _THROTTLED_VALUES.get(reasons & _THROTTLE_MASK) or _throttled(reasons)
         return self.field_values(gpu, keys, values)
 
     def memory_values(self, handle: Any, keys: list[Key], values: list[float]) -> None:
@@ -240,49 +171,75 @@ class Reader:
 
     def field_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
         """The batched counters, appended; True when a row remap is pending or has failed."""
-        fields, batch = (_ALL_KEYED, self._all) if gpu.slow_now else (_FAST_KEYED, self._fast)
-        device_id, counters = gpu.device.id, self.counters
+        plan = self._plans.get(gpu.device.id) or self._plan(gpu.device.id)
+        counters = self.counters
+        update = counters.update
         kput, vput = keys.append, values.append
-        for spec, key, _ in () if gpu.slow_now else _SLOW_KEYED:  # between slow reads: the last
-            last = counters.last((device_id, spec.field_id))
-            if last is not None:
-                kput(key)
-                vput(float(last))
+        if gpu.slow_now:
+            fields, batch = plan.all, self._all
+        else:
+            fields, batch = plan.fast, self._fast
+            last_of = counters.last
+            for key, counter, _, _ in plan.slow:  # between slow reads: the last
+                last = last_of(counter)
+                if last is not None:
+                    kput(key)
+                    vput(last)
         flat = self.calls.get(batch.answers, gpu.handle, name="nvmlDeviceGetFieldValues")
         read = flat is not None
         if flat is None:
             flat = _unread(len(fields))
         degraded = False
-        for (spec, key, remap), value_type, ret, raw in zip(
+        types, rets = flat[0::3], flat[1::3]
+        shape = plan.shapes[gpu.slow_now]
+        if shape is not None and shape[0] == rets and shape[1] == types:
+            # The fields that answered as last cycle did: the present ones only, unchecked.
+            raws = flat[2::3]
+            for at, value_type, key, counter, scale, remap in shape[2]:
+                raw = raws[at]
+                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * scale
+                total = value if counter is None else update(counter, value)
+                if total is not None:
+                    kput(key)
+                    vput(total)
+                    if remap and total > 0:
+                        degraded = True
+            return degraded
+        if read:
+            plan.remember(gpu.slow_now, fields, types, rets)
+        for (key, counter, scale, remap), value_type, ret, raw in zip(
             fields, flat[0::3], flat[1::3], flat[2::3], strict=True
         ):
             if ret == _SUCCESS:
-                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * spec.scale
-                total = (
-                    counters.update((device_id, spec.field_id), value) if spec.counter else value
-                )
+                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * scale
+                total = value if counter is None else update(counter, value)
                 if total is not None:
                     kput(key)
-                    vput(float(total))
-                    degraded |= remap and total > 0
+                    vput(total)
+                    if remap and total > 0:
+                        degraded = True
             elif ret == _GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetFieldValues")
             elif ret not in NOT_HERE:
                 if read:  # (a failed call was counted once, not per field)
                     self.calls.errors += 1
                 # A counter that failed to read keeps its last value; it does not vanish.
-                last = counters.last((device_id, spec.field_id)) if spec.counter else None
+                last = None if counter is None else counters.last(counter)
                 if last is not None:
                     kput(key)
-                    vput(float(last))
+                    vput(last)
         return degraded
+
+    def _plan(self, device_id: str) -> FieldPlan:
+        plan = self._plans[device_id] = FieldPlan.of(device_id)
+        return plan
 
     def mig_gpm(self, gpu: Gpu, mig: Mig) -> list[Sample] | None:
         """A MIG slice's GPM activity (`_gpm`), without a call in the cycles where it would
         only hand the last back."""
         assert mig.gpm is not None
         device_id = mig.device.id
-        if self.now < self._gpm_quiet.get(device_id, -math.inf):
+        if self.now < self._gpm_quiet.get(device_id, _NEVER):
             return self._gpm_last.get(device_id)
         return self._gpm(
             device_id, pynvml.nvmlGpmMigSampleGet, gpu.handle, mig.gi, gpm=mig.gpm, mig=True
