@@ -215,3 +215,27 @@ def test_gpm_interval_respects_nvml_h_100ms() -> None:
     assert interval("250ms") == 0.25
     with pytest.raises(ValueError, match="100ms apart"):
         interval("100ms")
+
+
+def test_a_request_the_driver_wrote_over_is_written_again_before_the_next_read(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """Each device keeps one nvmlGpmMetricsGet_t; nvml.h does not say the driver leaves its
+    inputs alone, so they are written again before every call: a request whose version,
+    count and metric ids were overwritten still reads what a fresh one reads."""
+    node = nvidia_node("dense")
+    kept, fresh = node.source(), node.source()
+    node.collect_at(kept, T0)
+    node.collect_at(kept, T1)
+    node.collect_at(fresh, T1)
+    gpms = [g.gpm for g in kept._gpus or []] + [m.gpm for g in kept._gpus or [] for m in g.migs]
+    scribbled = [gpm for gpm in gpms if gpm is not None and gpm.metrics_get is not None]
+    assert len(scribbled) == len(gpms) > 8  # every GPU and slice of dense has read GPM
+    for gpm in scribbled:
+        raw = memoryview(gpm.metrics_get).cast("B")
+        raw[: len(raw)] = b"\xff" * len(raw)
+    later = T1 + 30.0
+    want = {r.device.id: found(r) for r in node.collect_at(fresh, later).readings}
+    got = {r.device.id: found(r) for r in node.collect_at(kept, later).readings}
+    assert got == want
+    assert sum(len(v) for v in got.values()) > 100  # rates, not an empty answer on both sides

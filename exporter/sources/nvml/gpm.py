@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,10 @@ class Gpm:
     previous: Any
     current: Any
     primed: bool = False
+    metrics_get: Any = None
+    """This device's nvmlGpmMetricsGet_t, made on its first read and written again before
+    each (`_prepare`): a new one per read zeroed the whole struct, room for every GPM metric
+    NVML has, to ask for twelve."""
 
 
 def allocate(calls: Calls) -> Gpm | None:
@@ -117,6 +123,50 @@ def request(gpm: Gpm) -> Any:
     return req
 
 
+_METRICS_AT = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+_METRIC_SIZE = ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+_WRITTEN = _METRICS_AT + len(METRICS) * _METRIC_SIZE
+"""The bytes of a request that METRICS use: its header and their entries."""
+
+
+def _answers() -> struct.Struct:
+    """Each metric's nvmlReturn and value, at the offsets ctypes gives the C struct (native
+    byte order, no alignment of its own: the pads are spelled out)."""
+    parts, at = ["="], 0
+    for i in range(len(METRICS)):
+        entry = _METRICS_AT + i * _METRIC_SIZE
+        for offset, code in (
+            (pynvml.c_nvmlGpmMetric_t.nvmlReturn.offset, "I"),
+            (pynvml.c_nvmlGpmMetric_t.value.offset, "d"),
+        ):
+            parts.append(f"{entry + offset - at}x{code}")
+            at = entry + offset + struct.calcsize(f"={code}")
+    return struct.Struct("".join(parts))
+
+
+_ANSWERS = _answers()
+
+
+def _template() -> bytes:
+    """A request's used bytes with no samples: written over a device's request before each
+    call, as nvml.h says the driver fills the outputs, not that it leaves the inputs alone."""
+    req = request(Gpm(None, None))
+    return bytes(memoryview(req).cast("B")[:_WRITTEN])
+
+
+_TEMPLATE = _template()
+
+
+def _prepare(gpm: Gpm) -> Any:
+    """`gpm`'s request, its inputs written again, for its previous and current samples."""
+    req = gpm.metrics_get
+    if req is None:
+        req = gpm.metrics_get = pynvml.c_nvmlGpmMetricsGet_t()
+    memoryview(req).cast("B")[:_WRITTEN] = _TEMPLATE
+    req.sample1, req.sample2 = gpm.previous, gpm.current
+    return req
+
+
 def read(
     calls: Calls,
     gpm: Gpm,
@@ -131,14 +181,14 @@ def read(
         gpm.primed = False
         return
     if gpm.primed:
-        req = request(gpm)
+        req = _prepare(gpm)
         if calls.get(pynvml.nvmlGpmMetricsGet, req) is not None:
-            for i, spec in enumerate(METRICS):
-                result = req.metrics[i]
+            answers = _ANSWERS.unpack_from(memoryview(req).cast("B"))
+            for spec, ret, raw in zip(METRICS, answers[0::2], answers[1::2], strict=True):
                 # Per metric: one the driver does not support is no series, the others stay.
-                if result.nvmlReturn != pynvml.NVML_SUCCESS:
+                if ret != pynvml.NVML_SUCCESS:
                     continue
-                value = result.value * spec.scale
+                value = raw * spec.scale
                 add(samples, spec.metric, value, *spec.attributes)
                 if mig and spec.metric in _UNDER_MIG:
                     name, attributes = _UNDER_MIG[spec.metric]
