@@ -8,6 +8,11 @@ does: no binding, no Python around them); it serves a fixed /metrics body (gzip,
 scraped) from a bare aiohttp handler. It is scraped as the exporter is. Its CPU is what the
 same work costs with nothing of ours in it.
 
+The NVML source reads some values only every `slow-interval` and GPM every `gpm-interval`
+(10 s each by default): two cycles are recorded, one with those reads due and one without,
+and the floor replays the first whenever the longer of the two intervals has passed since it
+last did (every cycle at 30 s, every tenth at 1 s), as the source makes them.
+
     python -m bench floor INTERVAL SOCKET BODY PORT    (the node's NVML environment set)
     python -m bench floor wake INTERVAL
 
@@ -26,6 +31,7 @@ import logging
 import sys
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +39,25 @@ from aiohttp import web
 
 from bench import nvml_calls
 
+Calls = list[tuple[Any, tuple[Any, ...]]]
 
-def _recorded_nvml_calls() -> list[tuple[Any, tuple[Any, ...]]]:
-    """One collect()'s C calls (function, arguments), from the NVML source itself."""
+
+@dataclass(frozen=True)
+class Recorded:
+    due: Calls
+    """A collect()'s C calls (function, arguments) with the slow and GPM reads due."""
+    plain: Calls
+    """A collect()'s C calls without them."""
+    every: float
+    """The longer of the slow and GPM intervals: how often `due` is replayed."""
+    source: Any
+    """The NVML source they came from, open: its handles (and its XID event set) are the
+    replay's arguments."""
+
+
+def recorded_nvml_calls() -> Recorded:
+    """The C calls of a collect() with the slow and GPM reads due and of one without them,
+    from the NVML source itself, on a clock of its own stepped past those intervals."""
     import pynvml
 
     from exporter.sources import SourceContext
@@ -50,27 +72,39 @@ def _recorded_nvml_calls() -> list[tuple[Any, tuple[Any, ...]]]:
             wrapped[name] = nvml_calls._Timed(name, resolve(name), totals)
         return wrapped[name]
 
+    now = [0.0]
     pynvml._nvmlGetFunctionPointer = recording_pointer
-    source = NvmlSource(SourceContext(logger=logging.getLogger("bench.floor")))
-    calls: list[tuple[Any, tuple[Any, ...]]] = []
+    ctx = SourceContext(logger=logging.getLogger("bench.floor"), clock=lambda: now[0])
+    source = NvmlSource(ctx)
+    every = max(source.slow_interval, source.gpm_interval)
+    due: Calls = []
+    plain: Calls = []
     try:
         for _ in range(3):  # warm-up: handles, GPM baselines, field ids
+            now[0] += every
             source.collect()
         nvml_calls.COUNTING[0] = threading.get_ident()
-        nvml_calls.RECORDING.append(calls)
-        source.collect()
+        for calls, step in ((due, every), (plain, 1.0)):
+            now[0] += step
+            nvml_calls.RECORDING.append(calls)
+            source.collect()
+            nvml_calls.RECORDING.clear()
     finally:
         nvml_calls.RECORDING.clear()
         nvml_calls.COUNTING[0] = 0
         pynvml._nvmlGetFunctionPointer = resolve
-    # The source stays open: its handles (and its XID event set) are the replay's arguments.
-    return [(fn._fn if isinstance(fn, nvml_calls._Timed) else fn, args) for fn, args in calls]
+
+    def bare(calls: Calls) -> Calls:
+        return [(fn._fn if isinstance(fn, nvml_calls._Timed) else fn, a) for fn, a in calls]
+
+    return Recorded(bare(due), bare(plain), every, source)
 
 
 async def _serve(interval: float, socket: str, body: bytes, port: int) -> None:
     import grpc.aio
 
-    nvml = _recorded_nvml_calls()
+    recorded = recorded_nvml_calls()
+    due, plain, every = recorded.due, recorded.plain, recorded.every
     channel = grpc.aio.insecure_channel(f"unix://{socket}")
     rpc = channel.unary_unary(
         "/v1.PodResourcesLister/List", request_serializer=lambda b: b, response_deserializer=None
@@ -90,9 +124,13 @@ async def _serve(interval: float, socket: str, body: bytes, port: int) -> None:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
+    due_at = loop.time()
     while True:
         started = loop.time()
         await rpc(b"", timeout=5)
+        nvml = plain
+        if started >= due_at:
+            nvml, due_at = due, started + every
         for fn, args in nvml:
             fn(*args)
         await asyncio.sleep(max(0.0, interval - (loop.time() - started)))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,9 +16,9 @@ from bench.cost import fit
 from bench.generate import scenario, write
 from simulator import nvml as simnvml
 from simulator.scenario import load_scenario
-from tests.nvml_support import fakenvml
+from tests.nvml_support import NvidiaNode, fakenvml, nvidia_node
 
-__all__ = ["fakenvml"]
+__all__ = ["fakenvml", "nvidia_node"]
 
 
 @pytest.mark.slow
@@ -331,3 +334,26 @@ def test_ab_runs_the_other_revision_from_its_own_copy(tmp_path: Path) -> None:
     ).stdout  # fmt: skip
     assert (tmp_path / "exporter" / "cycle" / "poller.py").read_text() == head
     assert not (tmp_path / "bench").exists()
+
+
+def test_the_floor_replays_the_slow_and_gpm_reads_on_the_sources_cadence(
+    nvidia_node: Callable[[str], NvidiaNode],
+) -> None:
+    """The floor's NVML work is the source's own: the calls of a cycle with the slow values
+    and GPM due, every `max(slow, gpm interval)`, and of a plain cycle in between."""
+    from bench.floor import recorded_nvml_calls
+
+    node = nvidia_node("dense")
+    recorded = recorded_nvml_calls()
+    node.sources.append(recorded.source)  # closed with the node
+
+    def names(calls: list[tuple[Any, tuple[Any, ...]]]) -> Counter[str]:
+        return Counter(fn.__name__ for fn, _ in calls)
+
+    due, plain = names(recorded.due), names(recorded.plain)
+    slices = sum(len(g.mig) for g in node.part.spec.gpus)
+    assert recorded.every == 10.0
+    assert due["nvmlGpmMetricsGet"] == len(node.part.spec.gpus) + slices
+    assert plain["nvmlGpmMetricsGet"] == 0
+    assert due["nvmlDeviceGetMemoryInfo_v2"] == plain["nvmlDeviceGetMemoryInfo_v2"] > 0
+    assert sum(due.values()) > sum(plain.values())
