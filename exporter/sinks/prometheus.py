@@ -87,39 +87,44 @@ class Layout:
     value's slot, written per cycle."""
     openmetrics: tuple[str, ...]
 
-    labels: dict[Attributes, str]
-    """Each label set's `{...}` text, for the next build to reuse."""
+    lines: dict[tuple[str, Attributes], str]
+    """Each series' line up to its value, after a newline (`"\\nname{...} "`), by its
+    element of `key`, for the next build to reuse: a pod coming or going changes a few."""
 
     @classmethod
     def build(
-        cls, pts: Sequence[Point], key: SeriesKey, reuse: dict[Attributes, str] | None = None
+        cls,
+        pts: Sequence[Point],
+        key: SeriesKey,
+        reuse: dict[tuple[str, Attributes], str] | None = None,
     ) -> Layout:
-        """The layout of `pts`; label sets already formatted in `reuse` (the last layout's)
-        are not formatted again: a pod coming or going changes a few of them."""
+        """The layout of `pts` (whose series are `key`); lines already made in `reuse` (the
+        last layout's) are not made again, nor a label set formatted twice in one build."""
         text: list[str] = []
         om: list[str] = []
-        labels: dict[Attributes, str] = {}
+        lines: dict[tuple[str, Attributes], str] = {}
         known = reuse or {}
+        labels: dict[Attributes, str] = {}
         previous: MetricSpec | None = None
-        for point in pts:
-            spec = point.spec
-            attrs = point.attributes
-            formatted = labels.get(attrs)
-            if formatted is None:
-                formatted = known.get(attrs)
+        for point, series in zip(pts, key, strict=True):
+            line = known.get(series)
+            if line is None:
+                attrs = series[1]
+                formatted = labels.get(attrs)
                 if formatted is None:
-                    formatted = _labels(attrs)
-                labels[attrs] = formatted
-            line = f"{spec.prom_name}{formatted} "
-            newline = "\n" if text else ""
+                    formatted = labels[attrs] = _labels(attrs)
+                line = f"\n{point.spec.prom_name}{formatted} "
+            lines[series] = line
+            spec = point.spec
             if spec is not previous:
-                text += (newline + _headers(spec, om=False) + line, "")
-                om += (newline + _headers(spec, om=True) + line, "")
+                newline = "\n" if text else ""
+                text += (newline + _headers(spec, om=False) + line[1:], "")
+                om += (newline + _headers(spec, om=True) + line[1:], "")
                 previous = spec
             else:
-                text += (newline + line, "")
-                om += (newline + line, "")
-        return cls(key, tuple(text), tuple(om), labels)
+                text += (line, "")
+                om += (line, "")
+        return cls(key, tuple(text), tuple(om), lines)
 
 
 def series_key(pts: Sequence[Point]) -> SeriesKey:
@@ -251,7 +256,7 @@ class Renderer:
         key = series_key(pts)
         layout = self._layout
         if layout is None or layout.key != key:
-            reuse = layout.labels if layout is not None else None
+            reuse = layout.lines if layout is not None else None
             layout = self._layout = Layout.build(pts, key, reuse)
         values = [float(p.value) for p in pts]
         return Rendered(layout, values, process=self._process, lookup=self._lookup)
