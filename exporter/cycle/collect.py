@@ -89,7 +89,16 @@ class Collect:
 
     async def run(self, cycle: Cycle) -> None:
         kubelet = self.kubelet.start()
-        cycle.results = list(await asyncio.gather(*(self._collect(s) for s in self._slots)))
+        started = self._clock()
+        results = [self._still_absent(s, started) for s in self._slots]
+        asked = [i for i, result in enumerate(results) if result is None]
+        if len(asked) == 1:  # the usual GPU node: one source with hardware, no task for it
+            results[asked[0]] = await self._collect(self._slots[asked[0]])
+        elif asked:
+            found = await asyncio.gather(*(self._collect(self._slots[i]) for i in asked))
+            for i, result in zip(asked, found, strict=True):
+                results[i] = result
+        cycle.results = [r for r in results if r is not None]
         kubelet = self.kubelet.devices_seen(_seen(cycle.results)) or kubelet
         budget = min(self.source_timeout, self.interval / 2)
         cycle.kubelet, cycle.answered = await self.kubelet.state(kubelet, cycle.started, budget)
@@ -127,12 +136,18 @@ class Collect:
             return await asyncio.to_thread(self.cpu_nodes.get)
         return self.cpu_nodes.get()
 
+    def _still_absent(
+        self, slot: _SourceSlot, now: float
+    ) -> tuple[SourceResult | None, SourceHealth] | None:
+        """The last result of a source that found no hardware, until it is asked again."""
+        if slot.absent is None or now - slot.absent_since >= self.absent_recheck:
+            return None
+        return slot.absent, SourceHealth(
+            slot.name, True, 0.0, slot.field_errors_total, absent=slot.absent.absent
+        )
+
     async def _collect(self, slot: _SourceSlot) -> tuple[SourceResult | None, SourceHealth]:
         started = self._clock()
-        if slot.absent is not None and started - slot.absent_since < self.absent_recheck:
-            return slot.absent, SourceHealth(
-                slot.name, True, 0.0, slot.field_errors_total, absent=slot.absent.absent
-            )
         if slot.running is not None and not slot.running.done():
             # Still stuck in last cycle's call (a hung driver): do not pile up threads.
             return None, self._fail(slot, started, "previous collection still running")

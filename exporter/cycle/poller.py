@@ -15,6 +15,7 @@ import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from exporter.cycle.pipeline import Pipeline
 from exporter.model import Snapshot
@@ -61,35 +62,39 @@ class Poller:
         return snapshot
 
     async def run_forever(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            started = self._clock()
-            try:
-                await self.run_once()
-            except Exception:  # a bug in one cycle must not end the agent
-                log.exception("cycle failed")
-            if self._cycles == 1:
-                # What lives after the first cycle (modules, sources, caches) lives for good:
-                # out of the collector's sight, later collections scan only what cycles make.
-                gc.collect()
-                gc.freeze()
-            delay = max(0.0, self.interval - (self._clock() - started))
-            await self._idle(stop, delay)
-
-    async def _idle(self, stop: asyncio.Event, delay: float) -> None:
-        """Until the next cycle: `delay` seconds, or less when the collect step has news (a
-        pod event the kubelet answered: podresources/schedule.py), or until `stop`."""
-        until = self._clock() + delay
-        waits = [
-            asyncio.ensure_future(stop.wait()),
-            asyncio.ensure_future(self.pipeline.collect.news()),
-        ]
+        stopping = asyncio.ensure_future(stop.wait())  # one wait for the whole run
         try:
-            done, _ = await asyncio.wait(waits, timeout=delay, return_when=FIRST_COMPLETED)
+            while not stop.is_set():
+                started = self._clock()
+                try:
+                    await self.run_once()
+                except Exception:  # a bug in one cycle must not end the agent
+                    log.exception("cycle failed")
+                if self._cycles == 1:
+                    # What lives after the first cycle (modules, sources, caches) lives for
+                    # good: out of the collector's sight, later collections scan only what
+                    # cycles make.
+                    gc.collect()
+                    gc.freeze()
+                delay = max(0.0, self.interval - (self._clock() - started))
+                await self._idle(stop, stopping, delay)
         finally:
-            for waiting in waits:
-                waiting.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-        news = waits[1]
+            stopping.cancel()
+            await asyncio.gather(stopping, return_exceptions=True)
+
+    async def _idle(self, stop: asyncio.Event, stopping: asyncio.Future[Any], delay: float) -> None:
+        """Until the next cycle: `delay` seconds, or less when the collect step has news (a
+        pod event the kubelet answered: podresources/schedule.py), or until `stop`
+        (`stopping`: the run's wait for it)."""
+        until = self._clock() + delay
+        news = asyncio.ensure_future(self.pipeline.collect.news())
+        try:
+            done, _ = await asyncio.wait(
+                (stopping, news), timeout=delay, return_when=FIRST_COMPLETED
+            )
+        finally:
+            news.cancel()
+            await asyncio.gather(news, return_exceptions=True)
         if news in done and not news.cancelled() and news.exception() is not None:
             self._states.failed(
                 "news", f"waiting for the kubelet's news failed: {news.exception()!r}"
