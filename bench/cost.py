@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -33,6 +35,23 @@ Run = tuple[str, tuple[str, ...], dict[str, str]]
 """One exporter of a side-by-side run: (interval, extra flags, environment beyond the
 image's)."""
 SCRAPE_EVERY = 15.0
+WARM_SCRAPES = 2
+"""Scrapes of every target, SCRAPE_EVERY apart, before a window (`learn_cadence`): the
+exporter builds a body ahead of a scrape once it knows that format's period, from its first
+scrapes (exporter/sinks/cadence.py), as it does for a Prometheus that has scraped it for
+hours. A window that held those first scrapes measured a target's first half minute, whose
+bodies are built at the scrape: at 30 s, two more bodies in a window of three cycles."""
+
+
+async def learn_cadence(scrapes: Sequence[Callable[[], Awaitable[object]]]) -> None:
+    """WARM_SCRAPES rounds of `scrapes`, SCRAPE_EVERY apart; the window that follows keeps
+    the cadence (its first scrape SCRAPE_EVERY after the last of these)."""
+    for _ in range(WARM_SCRAPES):
+        for scrape in scrapes:
+            await scrape()
+        await asyncio.sleep(SCRAPE_EVERY)
+
+
 SCRAPE_HEADERS = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
 
 
@@ -107,6 +126,7 @@ async def _run(
         async with aiohttp.ClientSession() as http:
             ready = [await e.wait_ready(http) for e in exporters]
             await asyncio.sleep(warmup)
+            await learn_cadence([partial(e.scrape, http) for e in exporters])
             windows = await _side_by_side(exporters, http, window)
     finally:
         for e in exporters:
@@ -230,12 +250,17 @@ async def floor_ratios(
             pids = [e.pid for e in exporters] + [f.pid for f in floors]
             urls = [f"{e.url}metrics" for e in exporters]
             urls += [f"http://127.0.0.1:{p}/metrics" for p in ports]
+
+            async def scrape(url: str) -> None:
+                async with http.get(url, headers=SCRAPE_HEADERS) as r:
+                    await r.read()
+
+            await learn_cadence([partial(scrape, url) for url in urls])
             cpu0, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
             while (left := window - (time.monotonic() - t0)) > 0:
                 await asyncio.sleep(min(SCRAPE_EVERY, left))
                 for url in urls:
-                    async with http.get(url, headers=SCRAPE_HEADERS) as r:
-                        await r.read()
+                    await scrape(url)
             elapsed = time.monotonic() - t0
             shares = [(cpu_seconds(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
     finally:

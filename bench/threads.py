@@ -18,13 +18,14 @@ import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
 
+from bench.cost import SCRAPE_EVERY, learn_cadence
 from bench.procs import ExporterProcess, NodeProcess, cpu_seconds, thread_cpu, thread_sleeps
 
-SCRAPE_EVERY = 15.0
 ENDED = "(threads that ended in the window)"
 
 
@@ -58,6 +59,7 @@ async def measure(
         async with aiohttp.ClientSession() as http:
             await exporter.wait_ready(http)
             await asyncio.sleep(warmup)
+            await learn_cadence([partial(exporter.scrape, http)])
             cycles0, _ = await exporter.counters(http)
             before, total0, t0 = (
                 thread_cpu(exporter.pid),
