@@ -39,8 +39,10 @@ from exporter.model import (
     Layout,
     Sample,
     Snapshot,
+    joined_device,
 )
 from exporter.points import points
+from exporter.runtime.evolve import evolve
 from exporter.runtime.log import StateLog
 from exporter.settings.config import DEFAULTS
 from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
@@ -48,6 +50,7 @@ from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
 log = logging.getLogger("exporter.budget")
 
 _HolderKey = tuple[str, str, str]
+_new = tuple.__new__
 _NO_POD: _HolderKey = ("\uffff", "", "")
 """The processes of no pod (host processes): after every container."""
 _MAX_LAYOUTS = 1024
@@ -74,6 +77,8 @@ class Budget:
         self._numa = NumaSeries()
         self.last: Snapshot | None = None
         """What the last `apply` returned."""
+        self._own_samples: tuple[int, tuple[Sample, ...]] = (0, self._samples(0))
+        """(series dropped, the budget's own series saying so): the same most cycles."""
         self._masks: dict[Layout, tuple[tuple[bool, ...], Layout] | None] = {}
         """A reading's layout -> which of its values the groups keep and the layout of
         those, None for all: the decision reads nothing else, and a device's layout is the
@@ -85,7 +90,7 @@ class Budget:
         devices = tuple(map(self._grouped, snapshot.devices))
         energy = snapshot.container_energy if "energy" in self.groups else ()
         if energy is not snapshot.container_energy or any(map(is_not, devices, snapshot.devices)):
-            snapshot = replace(snapshot, devices=devices, container_energy=energy)
+            snapshot = evolve(snapshot, devices=devices, container_energy=energy)
         trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)), self._numa)
         if dropped:
             self._states.failed(
@@ -99,10 +104,16 @@ class Budget:
             )
         else:
             self._states.ok("series", "series budget: the node fits again")
-        self.last = replace(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
+        self.last = evolve(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
         return self.last
 
     def _own(self, dropped: int) -> tuple[Sample, ...]:
+        """The budget's own series (made again only when `dropped` changed)."""
+        if self._own_samples[0] != dropped:
+            self._own_samples = (dropped, self._samples(dropped))
+        return self._own_samples[1]
+
+    def _samples(self, dropped: int) -> tuple[Sample, ...]:
         enabled = "kube_device_exporter.metric_group.enabled"
         return (
             Sample("kube_device_exporter.series.limit", float(self.max_series)),
@@ -126,8 +137,8 @@ class Budget:
             return joined
         mask, kept = masked
         j = joined
-        reading = DeviceReading.of(reading.device, kept, tuple(compress(reading.values, mask)))
-        return JoinedDevice(reading, j.holder, j.holders, j.allocatable, j.resource)
+        reading = _new(DeviceReading, (reading.device, kept, tuple(compress(reading.values, mask))))
+        return joined_device(reading, j.holder, j.holders, j.allocatable, j.resource)
 
     def _mask(self, layout: Layout) -> tuple[tuple[bool, ...], Layout] | None:
         """Which values of `layout` the groups keep, and their layout; None for all."""
