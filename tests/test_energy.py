@@ -5,6 +5,7 @@ counter and never go down. The through-Prometheus acceptance is tests/test_energ
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from exporter.derive.energy import EnergyLedger
 from exporter.model import (
@@ -164,3 +165,31 @@ def test_series_stay_in_holder_order_as_holders_come_and_linger_out() -> None:
         assert set(holders) <= set(named)
         changed += len(named) != len(holders)
     assert changed  # some lingered past their last cycle
+
+
+def test_use_counts_only_on_the_devices_family_and_moves_with_the_process() -> None:
+    """A container's use of a device outside a GPU's family leaves that GPU split by size;
+    use on one of its slices decides the split, and as the process moves, so do the shares
+    (the ledger looks at each usage only when some usage is on the family)."""
+
+    def mig(uuid: str, memory: float) -> JoinedDevice:
+        device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
+        return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
+
+    slices = (mig("MIG-1", 10e9), mig("MIG-3", 40e9))
+    allocs = (
+        Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
+        Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
+    )
+
+    def snap(joules: float, device_id: str, holder: Holder) -> Snapshot:
+        snapshot = _snap(joules, extra=slices, allocations=allocs)
+        owner = Owner(holder.namespace, holder.pod, holder.container)
+        return replace(snapshot, container_usage=(ContainerUsage(device_id, owner, 1, None, 0.5),))
+
+    ledger = EnergyLedger()
+    ledger.account(snap(0.0, "GPU-9", A))
+    assert _by_holder(ledger, snap(100.0, "GPU-9", A)) == {None: 0.0, A: 20.0, B: 80.0}
+    assert _by_holder(ledger, snap(200.0, "MIG-1", A)) == {None: 0.0, A: 120.0, B: 80.0}
+    assert _by_holder(ledger, snap(300.0, "MIG-3", B)) == {None: 0.0, A: 120.0, B: 180.0}
+    assert _by_holder(ledger, snap(400.0, "GPU-9", B)) == {None: 0.0, A: 140.0, B: 260.0}

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
+from exporter.runtime.evolve import evolve
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
@@ -76,7 +77,7 @@ class EnergyLedger:
         shares."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
-        return replace(snapshot, container_energy=self.account(snapshot))
+        return evolve(snapshot, container_energy=self.account(snapshot))
 
     def account(self, snapshot: Snapshot) -> tuple[ContainerEnergy, ...]:
         now = snapshot.timestamp
@@ -91,11 +92,15 @@ class EnergyLedger:
             readings[reading.device.id] = reading.values[at]
         holders = self._family_holders(snapshot, metered)
         sizes = _SliceSizes(snapshot)
+        # The devices some container's processes are on: a device whose family has none
+        # is split by size without a look at each usage (nor a `Holder` made and hashed).
+        used_on = {u.device_id for u in snapshot.container_usage if u.owner is not None}
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                for holder, share in self._shares(snapshot, joined, previous, sizes).items():
+                shares = self._shares(snapshot, joined, previous, sizes, used_on)
+                for holder, share in shares.items():
                     account.pending[holder] += share
             self._settle(account, readings[device_id])
             # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
@@ -131,14 +136,16 @@ class EnergyLedger:
         joined: JoinedDevice,
         previous: Mapping[Holder, set[str]],
         sizes: _SliceSizes,
+        used_on: set[str],
     ) -> _Shares:
         """This cycle's shares (summing to 1) among the holders at the interval's start:
-        by measured use when any of them used the device, else by what each holds."""
+        by measured use when any of them used the device, else by what each holds.
+        `used_on`: the devices with a container's usage this cycle."""
         if not previous:
             return {None: 1.0}
         if len(previous) == 1:
             return {next(iter(previous)): 1.0}
-        used = _used(snapshot, previous)
+        used = _used(snapshot, previous, used_on)
         if used:
             return _split(used)
         device_id = joined.reading.device.id
@@ -208,10 +215,14 @@ def _family_holders(
     return out
 
 
-def _used(snapshot: Snapshot, previous: Mapping[Holder, set[str]]) -> dict[Holder, float]:
+def _used(
+    snapshot: Snapshot, previous: Mapping[Holder, set[str]], used_on: set[str]
+) -> dict[Holder, float]:
     """The utilization each holder's processes had on the device's family; empty when
-    none of them used it."""
+    none of them used it (at once when no container's usage is on the family)."""
     family = set().union(*previous.values())
+    if family.isdisjoint(used_on):
+        return {}
     used: dict[Holder, float] = defaultdict(float)
     for usage in snapshot.container_usage:
         owner = usage.owner
