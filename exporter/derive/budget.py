@@ -79,10 +79,12 @@ class Budget:
         """What the last `apply` returned."""
         self._own_samples: tuple[int, tuple[Sample, ...]] = (0, self._samples(0))
         """(series dropped, the budget's own series saying so): the same most cycles."""
-        self._masks: dict[Layout, tuple[tuple[bool, ...], Layout] | None] = {}
-        """A reading's layout -> which of its values the groups keep and the layout of
-        those, None for all: the decision reads nothing else, and a device's layout is the
-        same cycle after cycle, only the values change."""
+        self._masks: dict[int, tuple[Layout, tuple[tuple[bool, ...], Layout] | None]] = {}
+        """id of a reading's layout -> (the layout, which of its values the groups keep and
+        the layout of those, None for all): the decision reads nothing else, and a device's
+        layout is the same object cycle after cycle, only the values change. Keyed by
+        identity, checked against the layout kept here (so its id is not reused while the
+        entry lives): `Layout.__hash__` is Python code, one call per device and cycle."""
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the groups that are off left out, trimmed to the budget, and the
@@ -126,13 +128,14 @@ class Budget:
         the poller does: `dataclasses.replace` was most of this step's cost)."""
         reading = joined.reading
         layout = reading.layout
-        try:
-            masked = self._masks[layout]
-        except KeyError:
+        known = self._masks.get(id(layout))
+        if known is not None and known[0] is layout:
+            masked = known[1]
+        else:
             masked = self._mask(layout)
             if len(self._masks) >= _MAX_LAYOUTS:
                 self._masks.clear()
-            self._masks[layout] = masked
+            self._masks[id(layout)] = (layout, masked)
         if masked is None:
             return joined
         mask, kept = masked
