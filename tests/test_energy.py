@@ -193,3 +193,19 @@ def test_use_counts_only_on_the_devices_family_and_moves_with_the_process() -> N
     assert _by_holder(ledger, snap(200.0, "MIG-1", A)) == {None: 0.0, A: 120.0, B: 80.0}
     assert _by_holder(ledger, snap(300.0, "MIG-3", B)) == {None: 0.0, A: 120.0, B: 180.0}
     assert _by_holder(ledger, snap(400.0, "GPU-9", B)) == {None: 0.0, A: 140.0, B: 260.0}
+
+
+def test_series_change_only_when_totals_do_and_a_holder_lingers_out_without_a_reading() -> None:
+    """Cycles where the counter holds still give the same series; a holder that lingers
+    out leaves them on a cycle where the counter did not move, and a new holder joins at 0
+    on one; a moving counter is settled at once."""
+    ledger = EnergyLedger(linger=10.0)
+    ledger.account(_snap(0.0, (A, B), t=0.0))
+    assert _by_holder(ledger, _snap(100.0, (A, B), t=1.0)) == {None: 0.0, A: 50.0, B: 50.0}
+    settled = _by_holder(ledger, _snap(200.0, (A,), t=2.0))  # B left: lingers
+    assert settled == {None: 0.0, A: 100.0, B: 100.0}
+    assert _by_holder(ledger, _snap(200.0, (A,), t=3.0)) == settled
+    assert _by_holder(ledger, _snap(200.0, (A,), t=12.5)) == {None: 0.0, A: 100.0}
+    assert _by_holder(ledger, _snap(200.0, (A, C), t=13.0)) == {None: 0.0, A: 100.0, C: 0.0}
+    got = _by_holder(ledger, _snap(260.0, (A, C), t=14.0))  # shares: A 3.5, C 0.5
+    assert got == {None: 0.0, A: 152.5, C: 7.5}

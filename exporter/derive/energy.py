@@ -58,6 +58,10 @@ class _Account:
     order) when last sorted: sorted again only when the holders change (a thousand holders
     sort in a millisecond). Compared as a tuple, the same holders are the same objects:
     `Holder`'s hash and equality are Python code, never called while nothing changed."""
+    series: tuple[ContainerEnergy, ...] | None = None
+    """The device's series as `_series` last made them; None once `totals` changed (a
+    settlement, a new holder, one lingered out). Most cycles change none: the counter is
+    read every slow interval."""
 
 
 class EnergyLedger:
@@ -111,6 +115,7 @@ class EnergyLedger:
             account.seen.update(present)
             for holder in set(present).difference(account.totals):
                 account.totals[holder] = 0.0
+                account.series = None
         self._holders = holders
         if len(self._by_size) > len(metered):  # a device gone: its split goes with it
             self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
@@ -166,6 +171,7 @@ class EnergyLedger:
             return
         total = sum(account.pending.values())
         added = reading - last
+        account.series = None
         if total <= 0:
             account.totals[None] = account.totals.get(None, 0.0) + added
         else:
@@ -180,20 +186,28 @@ class EnergyLedger:
                 if not account.pending.get(holder):
                     del account.seen[holder]
                     account.totals.pop(holder, None)
+                    account.series = None
             if not account.seen:
                 del self._accounts[device_id]
                 continue
-            totals = account.totals
-            holders, joules = tuple(totals), tuple(totals.values())
-            if account.order is None or account.order[0] != holders:
-                placed = [i for i, h in enumerate(holders) if h is not None]
-                placed.sort(key=lambda i: _holder_order(holders[i]))
-                account.order = (holders, placed)
-            if None in totals:
-                out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
-            out += [
-                _new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]
-            ]
+            if account.series is None:
+                account.series = self._device_series(device_id, account)
+            out += account.series
+        return tuple(out)
+
+    @staticmethod
+    def _device_series(device_id: str, account: _Account) -> tuple[ContainerEnergy, ...]:
+        """One device's series: its unlabelled one first, then its holders in order."""
+        out: list[ContainerEnergy] = []
+        totals = account.totals
+        holders, joules = tuple(totals), tuple(totals.values())
+        if account.order is None or account.order[0] != holders:
+            placed = [i for i, h in enumerate(holders) if h is not None]
+            placed.sort(key=lambda i: _holder_order(holders[i]))
+            account.order = (holders, placed)
+        if None in totals:
+            out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
+        out += [_new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]]
         return tuple(out)
 
 
