@@ -209,3 +209,27 @@ def test_series_change_only_when_totals_do_and_a_holder_lingers_out_without_a_re
     assert _by_holder(ledger, _snap(200.0, (A, C), t=13.0)) == {None: 0.0, A: 100.0, C: 0.0}
     got = _by_holder(ledger, _snap(260.0, (A, C), t=14.0))  # shares: A 3.5, C 0.5
     assert got == {None: 0.0, A: 152.5, C: 7.5}
+
+
+def test_repeated_shares_sum_to_the_very_floats_of_adding_them_each_cycle() -> None:
+    """An account keeps a run of the same shares object as a count; what it sums is what
+    adding each cycle's shares in turn gives, float for float and in the same order, as the
+    shares repeat, change (a holder comes, use is measured) and are settled."""
+    from collections import defaultdict
+
+    from exporter.derive.energy import _Account
+
+    rng = random.Random(43)
+    third: dict[Holder | None, float] = {A: 1 / 3, B: 2 / 3}
+    nobody: dict[Holder | None, float] = {None: 1.0}
+    for _ in range(50):
+        account, plain = _Account(), defaultdict(float)
+        for _ in range(rng.randrange(1, 6)):
+            shares = rng.choice([third, nobody, {C: 0.1, A: 0.9}, {B: 1.0}])
+            for _ in range(rng.randrange(1, 30)):  # a run of the same object
+                account.add(shares)
+                for holder, share in shares.items():
+                    plain[holder] += share
+            if rng.random() < 0.2:  # read midway (a holder lingering out)
+                assert list(account.summed().items()) == list(plain.items())
+        assert list(account.summed().items()) == list(plain.items())

@@ -39,6 +39,8 @@ from exporter.runtime.evolve import evolve
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
+_NOBODY: _Shares = {None: 1.0}
+"""The shares of a device nobody held (one object: `_Account.add` sees it repeat)."""
 _new = tuple.__new__
 _holder_order = attrgetter("namespace", "pod", "container")
 """`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
@@ -49,7 +51,12 @@ LINGER_SECONDS = 600.0
 class _Account:
     last_reading: float | None = None
     pending: dict[Holder | None, float] = field(default_factory=lambda: defaultdict(float))
-    """Shares summed over the cycles since the last settlement."""
+    """Shares summed over the cycles since the last settlement (read through `summed`)."""
+    repeat: tuple[_Shares, int] | None = None
+    """(shares, cycles) while every cycle since the last settlement brought the same
+    shares object (the holders and their split did not change): summed into `pending`
+    when something reads it or other shares come, by the same additions in the same order,
+    so the sums are the very same floats. Most cycles then hash no `Holder` (Python code)."""
     totals: dict[Holder | None, float] = field(default_factory=dict)
     seen: dict[Holder | None, float] = field(default_factory=dict)
     """When each holder last held the device (snapshot time)."""
@@ -62,6 +69,36 @@ class _Account:
     """The device's series as `_series` last made them; None once `totals` changed (a
     settlement, a new holder, one lingered out). Most cycles change none: the counter is
     read every slow interval."""
+
+    def add(self, shares: _Shares) -> None:
+        """This cycle's shares, to be settled with the others since the last settlement."""
+        run = self.repeat
+        if run is not None:
+            if run[0] is shares:
+                self.repeat = (shares, run[1] + 1)
+                return
+            self._fold()
+        if not self.pending:
+            self.repeat = (shares, 1)
+            return
+        for holder, share in shares.items():
+            self.pending[holder] += share
+
+    def summed(self) -> dict[Holder | None, float]:
+        """Each holder's shares summed since the last settlement."""
+        if self.repeat is not None:
+            self._fold()
+        return self.pending
+
+    def _fold(self) -> None:
+        assert self.repeat is not None and not self.pending
+        shares, cycles = self.repeat
+        self.repeat = None
+        for holder, share in shares.items():
+            summed = 0.0
+            for _ in range(cycles):
+                summed += share
+            self.pending[holder] = summed
 
 
 class EnergyLedger:
@@ -79,6 +116,9 @@ class EnergyLedger:
         """Metered device -> (holders, slice sizes, shares) of its last split by size: the
         same holders (the same `previous` object, kept above) and sizes give the same
         shares."""
+        self._whole: dict[str, tuple[Mapping[Holder, set[str]], _Shares]] = {}
+        """Metered device -> (its one holder's mapping, its shares: all to that holder),
+        the same object while the holders are: `_Account.add` sees it repeat."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
         return evolve(snapshot, container_energy=self.account(snapshot))
@@ -103,9 +143,7 @@ class EnergyLedger:
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                shares = self._shares(snapshot, joined, previous, sizes, used_on)
-                for holder, share in shares.items():
-                    account.pending[holder] += share
+                account.add(self._shares(snapshot, joined, previous, sizes, used_on))
             self._settle(account, readings[device_id])
             # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
             # it stored, so every holder is marked seen, and the new ones given a total,
@@ -119,6 +157,8 @@ class EnergyLedger:
         self._holders = holders
         if len(self._by_size) > len(metered):  # a device gone: its split goes with it
             self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
+        if len(self._whole) > len(metered):
+            self._whole = {k: v for k, v in self._whole.items() if k in metered}
         return self._series(now)
 
     def _family_holders(
@@ -147,13 +187,16 @@ class EnergyLedger:
         by measured use when any of them used the device, else by what each holds.
         `used_on`: the devices with a container's usage this cycle."""
         if not previous:
-            return {None: 1.0}
+            return _NOBODY
+        device_id = joined.reading.device.id
         if len(previous) == 1:
-            return {next(iter(previous)): 1.0}
+            whole = self._whole.get(device_id)
+            if whole is None or whole[0] is not previous:
+                whole = self._whole[device_id] = (previous, {next(iter(previous)): 1.0})
+            return whole[1]
         used = _used(snapshot, previous, used_on)
         if used:
             return _split(used)
-        device_id = joined.reading.device.id
         of_parent = sizes.of(device_id)
         last = self._by_size.get(device_id)
         if last is not None and last[0] is previous and last[1] == of_parent:
@@ -169,13 +212,14 @@ class EnergyLedger:
         last, account.last_reading = account.last_reading, reading
         if last is None or reading <= last:  # first reading, no change, or a reset
             return
-        total = sum(account.pending.values())
+        pending = account.summed()
+        total = sum(pending.values())
         added = reading - last
         account.series = None
         if total <= 0:
             account.totals[None] = account.totals.get(None, 0.0) + added
         else:
-            for holder, share in account.pending.items():
+            for holder, share in pending.items():
                 account.totals[holder] = account.totals.get(holder, 0.0) + added * share / total
         account.pending.clear()
 
@@ -183,7 +227,7 @@ class EnergyLedger:
         out: list[ContainerEnergy] = []
         for device_id, account in sorted(self._accounts.items()):
             for holder in [h for h, at in account.seen.items() if now - at > self.linger]:
-                if not account.pending.get(holder):
+                if not account.summed().get(holder):
                     del account.seen[holder]
                     account.totals.pop(holder, None)
                     account.series = None
