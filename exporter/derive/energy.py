@@ -70,6 +70,11 @@ class _Account:
     settlement, a new holder, one lingered out). Most cycles change none: the counter is
     read every slow interval."""
 
+    members: tuple[Mapping[Holder, set[str]], int] | None = None
+    """(the holders this device had, the ledger's cycle) when they were last given their
+    totals: the same object the next cycle has them all still (seen that cycle, none
+    lingered out of it)."""
+
     def add(self, shares: _Shares) -> None:
         """This cycle's shares, to be settled with the others since the last settlement."""
         run = self.repeat
@@ -116,6 +121,8 @@ class EnergyLedger:
         """Metered device -> (holders, slice sizes, shares) of its last split by size: the
         same holders (the same `previous` object, kept above) and sizes give the same
         shares."""
+        self._cycles = 0
+        """`account` calls so far."""
         self._whole: dict[str, tuple[Mapping[Holder, set[str]], _Shares]] = {}
         """Metered device -> (its one holder's mapping, its shares: all to that holder),
         the same object while the holders are: `_Account.add` sees it repeat."""
@@ -139,6 +146,8 @@ class EnergyLedger:
         # The devices some container's processes are on: a device whose family has none
         # is split by size without a look at each usage (nor a `Holder` made and hashed).
         used_on = {u.device_id for u in snapshot.container_usage if u.owner is not None}
+        self._cycles += 1
+        cycle = self._cycles if self.linger >= 0 else -1  # (a negative linger: never kept)
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
@@ -148,9 +157,15 @@ class EnergyLedger:
             # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
             # it stored, so every holder is marked seen, and the new ones given a total,
             # without hashing one again (the order of `totals` is never read: `_series` sorts).
-            present: dict[Holder | None, float] = dict.fromkeys(holders.get(device_id, {}), now)
+            members = holders.get(device_id, {})
+            present: dict[Holder | None, float] = dict.fromkeys(members, now)
             present[None] = now
             account.seen.update(present)
+            last = account.members
+            if last is not None and last[0] is members and last[1] == cycle - 1:
+                account.members = (members, cycle)
+                continue  # the same holders as last cycle, all given a total then and kept
+            account.members = (members, cycle)
             for holder in set(present).difference(account.totals):
                 account.totals[holder] = 0.0
                 account.series = None
@@ -226,11 +241,14 @@ class EnergyLedger:
     def _series(self, now: float) -> tuple[ContainerEnergy, ...]:
         out: list[ContainerEnergy] = []
         for device_id, account in sorted(self._accounts.items()):
-            for holder in [h for h, at in account.seen.items() if now - at > self.linger]:
-                if not account.summed().get(holder):
-                    del account.seen[holder]
-                    account.totals.pop(holder, None)
-                    account.series = None
+            seen = account.seen
+            # The oldest sighting first (a C loop): most cycles nobody lingered out.
+            if seen and now - min(seen.values()) > self.linger:
+                for holder in [h for h, at in seen.items() if now - at > self.linger]:
+                    if not account.summed().get(holder):
+                        del seen[holder]
+                        account.totals.pop(holder, None)
+                        account.series = None
             if not account.seen:
                 del self._accounts[device_id]
                 continue
