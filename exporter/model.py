@@ -8,10 +8,10 @@ attribute names (`hw.id`, `k8s.pod.name`); the Prometheus sink translates them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from exporter.reading import Attributes, Device, DeviceReading, Key, Layout, Sample
 
@@ -186,6 +186,41 @@ class JoinedDevice:
     is known (a MIG-mode parent, a device no plugin advertises) or the kubelet's
     allocatable list is not known. `allocatable` False with a resource: the device plugin
     reported the device unhealthy (see docs/podresources.md)."""
+
+
+_new_object = object.__new__
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """The setter of one slot of `cls` (no frozen dataclass's check on the way)."""
+    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
+    return setter
+
+
+def joined_device(
+    reading: DeviceReading,
+    holder: Holder | None,
+    holders: int,
+    allocatable: bool,
+    resource: str,
+) -> JoinedDevice:
+    """`JoinedDevice(reading, holder, holders, allocatable, resource)`, its slots set
+    directly: the join and the series budget make one per device every cycle, and a frozen
+    dataclass's `__init__` goes through `object.__setattr__` for each field."""
+    joined: JoinedDevice = _new_object(JoinedDevice)
+    _set_reading(joined, reading)
+    _set_holder(joined, holder)
+    _set_holders(joined, holders)
+    _set_allocatable(joined, allocatable)
+    _set_resource(joined, resource)
+    return joined
+
+
+_set_reading = _slot_setter(JoinedDevice, "reading")
+_set_holder = _slot_setter(JoinedDevice, "holder")
+_set_holders = _slot_setter(JoinedDevice, "holders")
+_set_allocatable = _slot_setter(JoinedDevice, "allocatable")
+_set_resource = _slot_setter(JoinedDevice, "resource")
 
 
 @dataclass(frozen=True, slots=True)

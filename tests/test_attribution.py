@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.app import build_sources
 from exporter.attribution.resolver import ProcessResolver, start_time
 from exporter.cli.flags import parse_config
-from exporter.model import Snapshot
+from exporter.model import Owner, Snapshot
 from simulator import nvml as simnvml
 from simulator.node import SimulatedNode
 from simulator.procfs import container_id, pod_uid
@@ -316,6 +316,45 @@ def test_a_reused_pid_is_a_new_process(tmp_path: Path) -> None:
     (proc / "42" / "stat").unlink()
     _proc(proc, 43, 1, f"0::/kubepods/pod{uid}/{'e' * 64}\n")
     assert resolver.resolve([42, 43]) == {}
+
+
+def test_an_owner_is_made_again_when_its_process_or_its_log_link_changes(tmp_path: Path) -> None:
+    """The resolver hands on last cycle's owner object while the process and the listing
+    are the same; a new link for the container, a new process behind the PID, or the PID
+    gone each give the answer a fresh resolver gives."""
+    proc, logs = tmp_path / "proc", tmp_path / "containers"
+    logs.mkdir()
+    uid = "8c1e2f3a-4b5c-4d6e-8f70-123456789abc"
+    first, second = container_id("a", "p", "c"), container_id("b", "q", "c")
+    _proc(proc, 42, 500, f"0::/kubepods/pod{uid}/{first}\n")
+    _proc(proc, 43, 600, f"0::/kubepods/pod{uid}/{second}\n")
+    resolver = ProcessResolver(proc, logs)
+
+    def fresh(pids: list[int]) -> dict[int, Owner] | None:
+        return ProcessResolver(proc, logs).resolve(pids)
+
+    assert resolver.resolve([42, 43]) == fresh([42, 43]) == {}  # no links yet
+    link = logs / f"p_a_c-{first}.log"
+    os.symlink("/var/log/pods/x", link)
+    owners = resolver.resolve([42, 43])
+    assert owners == fresh([42, 43]) and owners is not None and owners[42].pod == "p"
+    again = resolver.resolve([42, 43])
+    assert again is not None and again[42] is owners[42]  # nothing changed: the same owner
+    link.unlink()  # the link made again under other names (a new listing)
+    os.symlink("/var/log/pods/x", logs / f"p2_a2_c2-{first}.log")
+    os.symlink("/var/log/pods/x", logs / f"q_b_c-{second}.log")
+    owners = resolver.resolve([42, 43])
+    assert owners == fresh([42, 43])
+    assert owners is not None and (owners[42].namespace, owners[42].pod) == ("a2", "p2")
+    _proc(proc, 42, 900, f"0::/kubepods/pod{uid}/{second}\n")  # the PID reused
+    owners = resolver.resolve([42, 43])
+    assert owners == fresh([42, 43]) and owners is not None and owners[42].pod == "q"
+    (proc / "43" / "stat").unlink()  # gone
+    assert resolver.resolve([42, 43]) == fresh([42, 43]) == {42: owners[42]}
+    other = "0a1b2c3d-4e5f-4a6b-8c7d-0123456789ab"  # a new process: another pod's cgroup
+    _proc(proc, 42, 1000, f"0::/kubepods/pod{other}/{second}\n")
+    owners = resolver.resolve([42])
+    assert owners == fresh([42]) and owners is not None and owners[42].pod_uid == other
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ counter and never go down. The through-Prometheus acceptance is tests/test_energ
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from exporter.derive.energy import EnergyLedger
 from exporter.model import (
@@ -164,3 +165,71 @@ def test_series_stay_in_holder_order_as_holders_come_and_linger_out() -> None:
         assert set(holders) <= set(named)
         changed += len(named) != len(holders)
     assert changed  # some lingered past their last cycle
+
+
+def test_use_counts_only_on_the_devices_family_and_moves_with_the_process() -> None:
+    """A container's use of a device outside a GPU's family leaves that GPU split by size;
+    use on one of its slices decides the split, and as the process moves, so do the shares
+    (the ledger looks at each usage only when some usage is on the family)."""
+
+    def mig(uuid: str, memory: float) -> JoinedDevice:
+        device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
+        return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
+
+    slices = (mig("MIG-1", 10e9), mig("MIG-3", 40e9))
+    allocs = (
+        Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
+        Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
+    )
+
+    def snap(joules: float, device_id: str, holder: Holder) -> Snapshot:
+        snapshot = _snap(joules, extra=slices, allocations=allocs)
+        owner = Owner(holder.namespace, holder.pod, holder.container)
+        return replace(snapshot, container_usage=(ContainerUsage(device_id, owner, 1, None, 0.5),))
+
+    ledger = EnergyLedger()
+    ledger.account(snap(0.0, "GPU-9", A))
+    assert _by_holder(ledger, snap(100.0, "GPU-9", A)) == {None: 0.0, A: 20.0, B: 80.0}
+    assert _by_holder(ledger, snap(200.0, "MIG-1", A)) == {None: 0.0, A: 120.0, B: 80.0}
+    assert _by_holder(ledger, snap(300.0, "MIG-3", B)) == {None: 0.0, A: 120.0, B: 180.0}
+    assert _by_holder(ledger, snap(400.0, "GPU-9", B)) == {None: 0.0, A: 140.0, B: 260.0}
+
+
+def test_series_change_only_when_totals_do_and_a_holder_lingers_out_without_a_reading() -> None:
+    """Cycles where the counter holds still give the same series; a holder that lingers
+    out leaves them on a cycle where the counter did not move, and a new holder joins at 0
+    on one; a moving counter is settled at once."""
+    ledger = EnergyLedger(linger=10.0)
+    ledger.account(_snap(0.0, (A, B), t=0.0))
+    assert _by_holder(ledger, _snap(100.0, (A, B), t=1.0)) == {None: 0.0, A: 50.0, B: 50.0}
+    settled = _by_holder(ledger, _snap(200.0, (A,), t=2.0))  # B left: lingers
+    assert settled == {None: 0.0, A: 100.0, B: 100.0}
+    assert _by_holder(ledger, _snap(200.0, (A,), t=3.0)) == settled
+    assert _by_holder(ledger, _snap(200.0, (A,), t=12.5)) == {None: 0.0, A: 100.0}
+    assert _by_holder(ledger, _snap(200.0, (A, C), t=13.0)) == {None: 0.0, A: 100.0, C: 0.0}
+    got = _by_holder(ledger, _snap(260.0, (A, C), t=14.0))  # shares: A 3.5, C 0.5
+    assert got == {None: 0.0, A: 152.5, C: 7.5}
+
+
+def test_repeated_shares_sum_to_the_very_floats_of_adding_them_each_cycle() -> None:
+    """An account keeps a run of the same shares object as a count; what it sums is what
+    adding each cycle's shares in turn gives, float for float and in the same order, as the
+    shares repeat, change (a holder comes, use is measured) and are settled."""
+    from collections import defaultdict
+
+    from exporter.derive.energy import _Account
+
+    rng = random.Random(43)
+    third: dict[Holder | None, float] = {A: 1 / 3, B: 2 / 3}
+    nobody: dict[Holder | None, float] = {None: 1.0}
+    for _ in range(50):
+        account, plain = _Account(), defaultdict(float)
+        for _ in range(rng.randrange(1, 6)):
+            shares = rng.choice([third, nobody, {C: 0.1, A: 0.9}, {B: 1.0}])
+            for _ in range(rng.randrange(1, 30)):  # a run of the same object
+                account.add(shares)
+                for holder, share in shares.items():
+                    plain[holder] += share
+            if rng.random() < 0.2:  # read midway (a holder lingering out)
+                assert list(account.summed().items()) == list(plain.items())
+        assert list(account.summed().items()) == list(plain.items())

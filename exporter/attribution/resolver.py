@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from exporter.attribution.cgroup import CgroupIdentity, parse_cgroup_file
-from exporter.attribution.containerlogs import ContainerLogDirectory
+from exporter.attribution.containerlogs import ContainerLogDirectory, ContainerName
 from exporter.model import Owner
 from exporter.runtime import hostfiles
 from exporter.runtime.threads import BoundedWorker, Stuck
@@ -53,7 +53,7 @@ def start_time(stat: str) -> int | None:
     """Field 22 (`starttime`, clock ticks after boot) of `/proc/<pid>/stat`. The command
     name (field 2) may hold spaces and parentheses: fields are counted after the last `)`."""
     _, paren, rest = stat.rpartition(")")
-    fields = rest.split()
+    fields = rest.split(None, 20)  # the first 20 fields, the rest left whole
     if not paren or len(fields) < 20 or not (fields[19].isascii() and fields[19].isdigit()):
         return None
     return int(fields[19])
@@ -92,6 +92,10 @@ class ProcessResolver:
         self.logs = ContainerLogDirectory(container_logs)
         self.timeout = timeout
         self._cgroups: dict[int, tuple[int, CgroupIdentity | None]] = {}
+        self._owners: dict[int, tuple[CgroupIdentity, ContainerName, Owner]] = {}
+        """PID -> the identity and name its owner was made of, and the owner: the same
+        owner object while both are the same objects (the cached identity of the same
+        process, the same listing of the container logs)."""
         self._off_reason: str | None = None
         self._worker = BoundedWorker("attribution")
 
@@ -121,10 +125,13 @@ class ProcessResolver:
                 reason = f"cannot list {self.logs.path}: {exc.strerror}"
         if names is None:
             self._cgroups.clear()
+            self._owners.clear()
             return reason, None
         owners: dict[int, Owner] = {}
         for pid in set(self._cgroups).difference(wanted):
             del self._cgroups[pid]
+        for pid in set(self._owners).difference(wanted):
+            del self._owners[pid]
         for pid in wanted:
             identity = self._identity(pid)
             if identity is None:
@@ -132,9 +139,15 @@ class ProcessResolver:
             name = names.get(identity.container_id) if identity.container_id else None
             if name is None:
                 continue  # a pod's pause or monitor process, or a link not made yet
-            owners[pid] = Owner(
+            made = self._owners.get(pid)
+            if made is not None and made[0] is identity and made[1] is name:
+                owners[pid] = made[2]
+                continue
+            owner = Owner(
                 name.namespace, name.pod, name.container, identity.pod_uid, name.container_id
             )
+            self._owners[pid] = (identity, name, owner)
+            owners[pid] = owner
         return "", owners
 
     def _identity(self, pid: int) -> CgroupIdentity | None:

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from exporter.model import Allocation, ContainerUsage, Device, Holder, Owner, ProcessUsage
+from exporter.model import Allocation, ContainerUsage, Device, Owner, ProcessUsage
+
+HolderKey = tuple[str, str, str]
+"""(namespace, pod, container): a holder as a plain tuple, hashed and compared in C
+(`Holder`'s and `Owner`'s hash and equality are Python code)."""
+_OwnerKey = tuple[str, str, str, str, str]
 
 
 def container_usage(
@@ -20,15 +25,20 @@ def container_usage(
     allocations: Sequence[Allocation],
     devices: Sequence[Device],
     *,
-    held: Callable[[], Mapping[str, set[Holder]]] | None = None,
+    held: Callable[[], Mapping[str, set[HolderKey]]] | None = None,
 ) -> tuple[ContainerUsage, ...]:
-    """`held`: device -> its holders (`HeldIndex.held`), asked only when a process has an
-    owner; by default worked out from `allocations` and `devices`."""
-    groups: dict[tuple[str, Owner | None], list[ProcessUsage]] = defaultdict(list)
+    """`held`: device -> its holders' keys (`HeldIndex.held`), asked only when a process
+    has an owner; by default worked out from `allocations` and `devices`. Processes are
+    grouped by their owner's fields (what makes two owners equal), as plain tuples."""
+    groups: dict[tuple[str, _OwnerKey | None], list[ProcessUsage]] = defaultdict(list)
+    owner_of: dict[_OwnerKey | None, Owner | None] = {None: None}
     for proc in processes:
-        groups[(proc.device_id, owners.get(proc.pid))].append(proc)
-    if not any(owner is not None for _, owner in groups):
-        held_by: Mapping[str, set[Holder]] = {}  # nobody's processes: nothing is requested
+        o = owners.get(proc.pid)
+        key = None if o is None else (o.namespace, o.pod, o.container, o.pod_uid, o.container_id)
+        owner_of.setdefault(key, o)
+        groups[(proc.device_id, key)].append(proc)
+    if len(owner_of) == 1:
+        held_by: Mapping[str, set[HolderKey]] = {}  # nobody's processes: nothing requested
     elif held is None:
         held_by = _held(allocations, devices)
     else:
@@ -36,13 +46,13 @@ def container_usage(
     out = [
         ContainerUsage(
             device_id=device_id,
-            owner=owner,
+            owner=owner_of[key],
             processes=len(procs),
             memory_bytes=_sum(p.memory_bytes for p in procs),
             utilization=_sum(p.utilization for p in procs),
-            requested=owner is not None and owner.holder in held_by.get(device_id, ()),
+            requested=key is not None and key[:3] in held_by.get(device_id, ()),
         )
-        for (device_id, owner), procs in groups.items()
+        for (device_id, key), procs in groups.items()
     ]
     out.sort(key=lambda u: (u.device_id, u.owner is not None, _key(u.owner)))
     return tuple(out)
@@ -53,33 +63,36 @@ class HeldIndex:
     poller's join keeps both from cycle to cycle while the node does not change)."""
 
     def __init__(self) -> None:
-        self._last: tuple[object, dict[str, set[Holder]]] | None = None
+        self._last: tuple[object, dict[str, set[HolderKey]]] | None = None
 
     def held(
         self, allocations: Sequence[Allocation], devices: Sequence[Device]
-    ) -> dict[str, set[Holder]]:
+    ) -> dict[str, set[HolderKey]]:
         key = (tuple(allocations), tuple(devices))
         if self._last is None or self._last[0] != key:
             self._last = (key, _held(allocations, devices))
         return self._last[1]
 
 
-def _held(allocations: Sequence[Allocation], devices: Sequence[Device]) -> dict[str, set[Holder]]:
-    """Device -> containers holding it, its parent or a slice of it (a process on an AMD
-    GPU counts for the pod that holds one of its partitions, a process on a MIG slice
-    for the pod holding the whole GPU)."""
+def _held(
+    allocations: Sequence[Allocation], devices: Sequence[Device]
+) -> dict[str, set[HolderKey]]:
+    """Device -> the keys of the containers holding it, its parent or a slice of it (a
+    process on an AMD GPU counts for the pod that holds one of its partitions, a process on
+    a MIG slice for the pod holding the whole GPU)."""
     related: dict[str, set[str]] = defaultdict(set)
     for device in devices:
         related[device.id].add(device.id)
         if device.parent:
             related[device.id].add(device.parent)
             related[device.parent].add(device.id)
-    held: dict[str, set[Holder]] = defaultdict(set)
+    held: dict[str, set[HolderKey]] = defaultdict(set)
     for alloc in allocations:
         if not alloc.device_id:
             continue
+        h = alloc.holder
         for device_id in related.get(alloc.device_id, {alloc.device_id}):
-            held[device_id].add(alloc.holder)
+            held[device_id].add((h.namespace, h.pod, h.container))
     return held
 
 

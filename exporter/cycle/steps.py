@@ -21,7 +21,14 @@ from exporter.derive.budget import Budget
 from exporter.dra.view import DraView
 from exporter.ids import ResourceMatcher
 from exporter.join import JoinResult, join
-from exporter.model import JoinedDevice, KubeApiHealth, PodInfo, PodResourcesHealth, Snapshot
+from exporter.model import (
+    KubeApiHealth,
+    PodInfo,
+    PodResourcesHealth,
+    Snapshot,
+    joined_device,
+)
+from exporter.runtime.evolve import evolve
 from exporter.runtime.log import StateLog
 from exporter.sinks import SelfMetrics, SnapshotSink
 
@@ -52,11 +59,10 @@ class Joiner:
 
     def run(self, cycle: Cycle) -> None:
         cycle.joined = self._join(cycle)
-        self._resources.update(
-            (d.reading.device.id, d.resource) for d in cycle.joined.devices if d.resource
-        )
 
     def _join(self, cycle: Cycle) -> JoinResult:
+        """This cycle's join; `_resources` learns its devices' resources when it is made
+        anew (last cycle's assignment, handed on, names the ones it already learned)."""
         results = cycle.collected
         readings = [r for result in results for r in result.readings]
         devices = tuple(r.device for r in readings)
@@ -69,10 +75,10 @@ class Joiner:
         if self._cache is not None and self._cache[0] == key:
             last = self._cache[1]
             joined_devices = tuple(
-                JoinedDevice(r, j.holder, j.holders, j.allocatable, j.resource)
+                joined_device(r, j.holder, j.holders, j.allocatable, j.resource)
                 for r, j in zip(readings, last.devices, strict=True)
             )
-            return replace(last, devices=joined_devices)
+            return evolve(last, devices=joined_devices)
         joined = join(
             results,
             kubelet,
@@ -83,6 +89,9 @@ class Joiner:
             dra_numa=dra_numa,
         )
         self._cache = (key, joined)
+        self._resources.update(
+            (d.reading.device.id, d.resource) for d in joined.devices if d.resource
+        )
         return joined
 
 
@@ -93,7 +102,7 @@ def dra_allocations(dra: DraView) -> Step:
     def run(cycle: Cycle) -> None:
         assert cycle.joined is not None
         allocations = tuple(dra.extended(cycle.joined.allocations))
-        cycle.joined = replace(cycle.joined, allocations=allocations)
+        cycle.joined = evolve(cycle.joined, allocations=allocations)
         dra.observe(allocations)
 
     return Step("dra", Stage.BUILD, run)
@@ -171,7 +180,7 @@ class Attribution:
         devices = [d.reading.device for d in snapshot.devices]
         held = partial(self._held.held, snapshot.allocations, devices)
         usage = container_usage(processes, owners, snapshot.allocations, devices, held=held)
-        cycle.snapshot = replace(snapshot, owners=owners, container_usage=usage, attribution=True)
+        cycle.snapshot = evolve(snapshot, owners=owners, container_usage=usage, attribution=True)
 
 
 def derive(name: str, part: SnapshotPart) -> Step:
@@ -204,7 +213,7 @@ def exporter_series(providers: Sequence[SelfMetrics]) -> Step:
     def run(cycle: Cycle) -> None:
         assert cycle.snapshot is not None
         own = tuple(s for provider in providers for s in provider.self_samples())
-        cycle.snapshot = replace(cycle.snapshot, self_samples=own)
+        cycle.snapshot = evolve(cycle.snapshot, self_samples=own)
 
     return Step("exporter-series", Stage.PUBLISH, run)
 

@@ -39,8 +39,10 @@ from exporter.model import (
     Layout,
     Sample,
     Snapshot,
+    joined_device,
 )
 from exporter.points import points
+from exporter.runtime.evolve import evolve
 from exporter.runtime.log import StateLog
 from exporter.settings.config import DEFAULTS
 from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
@@ -48,6 +50,7 @@ from exporter.settings.table import DEFAULT_GROUPS, GROUP_NAMES
 log = logging.getLogger("exporter.budget")
 
 _HolderKey = tuple[str, str, str]
+_new = tuple.__new__
 _NO_POD: _HolderKey = ("\uffff", "", "")
 """The processes of no pod (host processes): after every container."""
 _MAX_LAYOUTS = 1024
@@ -74,18 +77,22 @@ class Budget:
         self._numa = NumaSeries()
         self.last: Snapshot | None = None
         """What the last `apply` returned."""
-        self._masks: dict[Layout, tuple[tuple[bool, ...], Layout] | None] = {}
-        """A reading's layout -> which of its values the groups keep and the layout of
-        those, None for all: the decision reads nothing else, and a device's layout is the
-        same cycle after cycle, only the values change."""
+        self._own_samples: tuple[int, tuple[Sample, ...]] = (0, self._samples(0))
+        """(series dropped, the budget's own series saying so): the same most cycles."""
+        self._masks: dict[int, tuple[Layout, tuple[tuple[bool, ...], Layout] | None]] = {}
+        """id of a reading's layout -> (the layout, which of its values the groups keep and
+        the layout of those, None for all): the decision reads nothing else, and a device's
+        layout is the same object cycle after cycle, only the values change. Keyed by
+        identity, checked against the layout kept here (so its id is not reused while the
+        entry lives): `Layout.__hash__` is Python code, one call per device and cycle."""
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the groups that are off left out, trimmed to the budget, and the
         budget's own series added."""
-        devices = tuple(map(self._grouped, snapshot.devices))
+        devices = self._grouped(snapshot.devices)
         energy = snapshot.container_energy if "energy" in self.groups else ()
         if energy is not snapshot.container_energy or any(map(is_not, devices, snapshot.devices)):
-            snapshot = replace(snapshot, devices=devices, container_energy=energy)
+            snapshot = evolve(snapshot, devices=devices, container_energy=energy)
         trimmed, dropped, holders = trim(snapshot, self.max_series - len(self._own(0)), self._numa)
         if dropped:
             self._states.failed(
@@ -99,10 +106,16 @@ class Budget:
             )
         else:
             self._states.ok("series", "series budget: the node fits again")
-        self.last = replace(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
+        self.last = evolve(trimmed, self_samples=trimmed.self_samples + self._own(dropped))
         return self.last
 
     def _own(self, dropped: int) -> tuple[Sample, ...]:
+        """The budget's own series (made again only when `dropped` changed)."""
+        if self._own_samples[0] != dropped:
+            self._own_samples = (dropped, self._samples(dropped))
+        return self._own_samples[1]
+
+    def _samples(self, dropped: int) -> tuple[Sample, ...]:
         enabled = "kube_device_exporter.metric_group.enabled"
         return (
             Sample("kube_device_exporter.series.limit", float(self.max_series)),
@@ -110,24 +123,32 @@ class Budget:
             *(Sample(enabled, float(g in self.groups), (("group", g),)) for g in GROUP_NAMES),
         )
 
-    def _grouped(self, joined: JoinedDevice) -> JoinedDevice:
-        """The device with the values of groups that are off left out (built directly, as
-        the poller does: `dataclasses.replace` was most of this step's cost)."""
-        reading = joined.reading
-        layout = reading.layout
-        try:
-            masked = self._masks[layout]
-        except KeyError:
-            masked = self._mask(layout)
-            if len(self._masks) >= _MAX_LAYOUTS:
-                self._masks.clear()
-            self._masks[layout] = masked
-        if masked is None:
-            return joined
-        mask, kept = masked
-        j = joined
-        reading = DeviceReading.of(reading.device, kept, tuple(compress(reading.values, mask)))
-        return JoinedDevice(reading, j.holder, j.holders, j.allocatable, j.resource)
+    def _grouped(self, joined: tuple[JoinedDevice, ...]) -> tuple[JoinedDevice, ...]:
+        """The devices with the values of groups that are off left out (each built
+        directly, in one loop: `dataclasses.replace` was most of this step's cost)."""
+        masks = self._masks
+        out: list[JoinedDevice] = []
+        for j in joined:
+            reading = j.reading
+            layout = reading.layout
+            known = masks.get(id(layout))
+            masked = known[1] if known is not None and known[0] is layout else self._memo(layout)
+            if masked is None:
+                out.append(j)
+                continue
+            mask, kept = masked
+            values = tuple(compress(reading.values, mask))
+            reading = _new(DeviceReading, (reading.device, kept, values))
+            out.append(joined_device(reading, j.holder, j.holders, j.allocatable, j.resource))
+        return tuple(out)
+
+    def _memo(self, layout: Layout) -> tuple[tuple[bool, ...], Layout] | None:
+        """`_mask`, remembered for the layout."""
+        masked = self._mask(layout)
+        if len(self._masks) >= _MAX_LAYOUTS:
+            self._masks.clear()
+        self._masks[id(layout)] = (layout, masked)
+        return masked
 
     def _mask(self, layout: Layout) -> tuple[tuple[bool, ...], Layout] | None:
         """Which values of `layout` the groups keep, and their layout; None for all."""

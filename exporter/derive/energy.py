@@ -31,13 +31,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 from exporter.model import ContainerEnergy, Holder, JoinedDevice, Snapshot
+from exporter.runtime.evolve import evolve
 
 ENERGY = "hw.energy"
 _Shares = dict[Holder | None, float]
+_NOBODY: _Shares = {None: 1.0}
+"""The shares of a device nobody held (one object: `_Account.add` sees it repeat)."""
 _new = tuple.__new__
 _holder_order = attrgetter("namespace", "pod", "container")
 """`Holder`'s own order (its fields, in turn) as a plain tuple: compared without a call."""
@@ -48,7 +51,12 @@ LINGER_SECONDS = 600.0
 class _Account:
     last_reading: float | None = None
     pending: dict[Holder | None, float] = field(default_factory=lambda: defaultdict(float))
-    """Shares summed over the cycles since the last settlement."""
+    """Shares summed over the cycles since the last settlement (read through `summed`)."""
+    repeat: tuple[_Shares, int] | None = None
+    """(shares, cycles) while every cycle since the last settlement brought the same
+    shares object (the holders and their split did not change): summed into `pending`
+    when something reads it or other shares come, by the same additions in the same order,
+    so the sums are the very same floats. Most cycles then hash no `Holder` (Python code)."""
     totals: dict[Holder | None, float] = field(default_factory=dict)
     seen: dict[Holder | None, float] = field(default_factory=dict)
     """When each holder last held the device (snapshot time)."""
@@ -57,6 +65,45 @@ class _Account:
     order) when last sorted: sorted again only when the holders change (a thousand holders
     sort in a millisecond). Compared as a tuple, the same holders are the same objects:
     `Holder`'s hash and equality are Python code, never called while nothing changed."""
+    series: tuple[ContainerEnergy, ...] | None = None
+    """The device's series as `_series` last made them; None once `totals` changed (a
+    settlement, a new holder, one lingered out). Most cycles change none: the counter is
+    read every slow interval."""
+
+    members: tuple[Mapping[Holder, set[str]], int] | None = None
+    """(the holders this device had, the ledger's cycle) when they were last given their
+    totals: the same object the next cycle has them all still (seen that cycle, none
+    lingered out of it)."""
+
+    def add(self, shares: _Shares) -> None:
+        """This cycle's shares, to be settled with the others since the last settlement."""
+        run = self.repeat
+        if run is not None:
+            if run[0] is shares:
+                self.repeat = (shares, run[1] + 1)
+                return
+            self._fold()
+        if not self.pending:
+            self.repeat = (shares, 1)
+            return
+        for holder, share in shares.items():
+            self.pending[holder] += share
+
+    def summed(self) -> dict[Holder | None, float]:
+        """Each holder's shares summed since the last settlement."""
+        if self.repeat is not None:
+            self._fold()
+        return self.pending
+
+    def _fold(self) -> None:
+        assert self.repeat is not None and not self.pending
+        shares, cycles = self.repeat
+        self.repeat = None
+        for holder, share in shares.items():
+            summed = 0.0
+            for _ in range(cycles):
+                summed += share
+            self.pending[holder] = summed
 
 
 class EnergyLedger:
@@ -74,9 +121,14 @@ class EnergyLedger:
         """Metered device -> (holders, slice sizes, shares) of its last split by size: the
         same holders (the same `previous` object, kept above) and sizes give the same
         shares."""
+        self._cycles = 0
+        """`account` calls so far."""
+        self._whole: dict[str, tuple[Mapping[Holder, set[str]], _Shares]] = {}
+        """Metered device -> (its one holder's mapping, its shares: all to that holder),
+        the same object while the holders are: `_Account.add` sees it repeat."""
 
     def step(self, snapshot: Snapshot, cpu_nodes: Mapping[int, int]) -> Snapshot:
-        return replace(snapshot, container_energy=self.account(snapshot))
+        return evolve(snapshot, container_energy=self.account(snapshot))
 
     def account(self, snapshot: Snapshot) -> tuple[ContainerEnergy, ...]:
         now = snapshot.timestamp
@@ -91,24 +143,37 @@ class EnergyLedger:
             readings[reading.device.id] = reading.values[at]
         holders = self._family_holders(snapshot, metered)
         sizes = _SliceSizes(snapshot)
+        # The devices some container's processes are on: a device whose family has none
+        # is split by size without a look at each usage (nor a `Holder` made and hashed).
+        used_on = {u.device_id for u in snapshot.container_usage if u.owner is not None}
+        self._cycles += 1
+        cycle = self._cycles if self.linger >= 0 else -1  # (a negative linger: never kept)
         for device_id, joined in metered.items():
             account = self._accounts.setdefault(device_id, _Account())
             if account.last_reading is not None:  # an interval since the last cycle
                 previous = self._holders.get(device_id, {})
-                for holder, share in self._shares(snapshot, joined, previous, sizes).items():
-                    account.pending[holder] += share
+                account.add(self._shares(snapshot, joined, previous, sizes, used_on))
             self._settle(account, readings[device_id])
             # Holder's hash is Python code: dicts and sets built from a dict reuse the hashes
             # it stored, so every holder is marked seen, and the new ones given a total,
             # without hashing one again (the order of `totals` is never read: `_series` sorts).
-            present: dict[Holder | None, float] = dict.fromkeys(holders.get(device_id, {}), now)
+            members = holders.get(device_id, {})
+            present: dict[Holder | None, float] = dict.fromkeys(members, now)
             present[None] = now
             account.seen.update(present)
+            last = account.members
+            if last is not None and last[0] is members and last[1] == cycle - 1:
+                account.members = (members, cycle)
+                continue  # the same holders as last cycle, all given a total then and kept
+            account.members = (members, cycle)
             for holder in set(present).difference(account.totals):
                 account.totals[holder] = 0.0
+                account.series = None
         self._holders = holders
         if len(self._by_size) > len(metered):  # a device gone: its split goes with it
             self._by_size = {k: v for k, v in self._by_size.items() if k in metered}
+        if len(self._whole) > len(metered):
+            self._whole = {k: v for k, v in self._whole.items() if k in metered}
         return self._series(now)
 
     def _family_holders(
@@ -131,17 +196,22 @@ class EnergyLedger:
         joined: JoinedDevice,
         previous: Mapping[Holder, set[str]],
         sizes: _SliceSizes,
+        used_on: set[str],
     ) -> _Shares:
         """This cycle's shares (summing to 1) among the holders at the interval's start:
-        by measured use when any of them used the device, else by what each holds."""
+        by measured use when any of them used the device, else by what each holds.
+        `used_on`: the devices with a container's usage this cycle."""
         if not previous:
-            return {None: 1.0}
+            return _NOBODY
+        device_id = joined.reading.device.id
         if len(previous) == 1:
-            return {next(iter(previous)): 1.0}
-        used = _used(snapshot, previous)
+            whole = self._whole.get(device_id)
+            if whole is None or whole[0] is not previous:
+                whole = self._whole[device_id] = (previous, {next(iter(previous)): 1.0})
+            return whole[1]
+        used = _used(snapshot, previous, used_on)
         if used:
             return _split(used)
-        device_id = joined.reading.device.id
         of_parent = sizes.of(device_id)
         last = self._by_size.get(device_id)
         if last is not None and last[0] is previous and last[1] == of_parent:
@@ -157,36 +227,49 @@ class EnergyLedger:
         last, account.last_reading = account.last_reading, reading
         if last is None or reading <= last:  # first reading, no change, or a reset
             return
-        total = sum(account.pending.values())
+        pending = account.summed()
+        total = sum(pending.values())
         added = reading - last
+        account.series = None
         if total <= 0:
             account.totals[None] = account.totals.get(None, 0.0) + added
         else:
-            for holder, share in account.pending.items():
+            for holder, share in pending.items():
                 account.totals[holder] = account.totals.get(holder, 0.0) + added * share / total
         account.pending.clear()
 
     def _series(self, now: float) -> tuple[ContainerEnergy, ...]:
         out: list[ContainerEnergy] = []
         for device_id, account in sorted(self._accounts.items()):
-            for holder in [h for h, at in account.seen.items() if now - at > self.linger]:
-                if not account.pending.get(holder):
-                    del account.seen[holder]
-                    account.totals.pop(holder, None)
+            seen = account.seen
+            # The oldest sighting first (a C loop): most cycles nobody lingered out.
+            if seen and now - min(seen.values()) > self.linger:
+                for holder in [h for h, at in seen.items() if now - at > self.linger]:
+                    if not account.summed().get(holder):
+                        del seen[holder]
+                        account.totals.pop(holder, None)
+                        account.series = None
             if not account.seen:
                 del self._accounts[device_id]
                 continue
-            totals = account.totals
-            holders, joules = tuple(totals), tuple(totals.values())
-            if account.order is None or account.order[0] != holders:
-                placed = [i for i, h in enumerate(holders) if h is not None]
-                placed.sort(key=lambda i: _holder_order(holders[i]))
-                account.order = (holders, placed)
-            if None in totals:
-                out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
-            out += [
-                _new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]
-            ]
+            if account.series is None:
+                account.series = self._device_series(device_id, account)
+            out += account.series
+        return tuple(out)
+
+    @staticmethod
+    def _device_series(device_id: str, account: _Account) -> tuple[ContainerEnergy, ...]:
+        """One device's series: its unlabelled one first, then its holders in order."""
+        out: list[ContainerEnergy] = []
+        totals = account.totals
+        holders, joules = tuple(totals), tuple(totals.values())
+        if account.order is None or account.order[0] != holders:
+            placed = [i for i, h in enumerate(holders) if h is not None]
+            placed.sort(key=lambda i: _holder_order(holders[i]))
+            account.order = (holders, placed)
+        if None in totals:
+            out.append(_new(ContainerEnergy, (device_id, None, totals[None])))
+        out += [_new(ContainerEnergy, (device_id, holders[i], joules[i])) for i in account.order[1]]
         return tuple(out)
 
 
@@ -208,10 +291,14 @@ def _family_holders(
     return out
 
 
-def _used(snapshot: Snapshot, previous: Mapping[Holder, set[str]]) -> dict[Holder, float]:
+def _used(
+    snapshot: Snapshot, previous: Mapping[Holder, set[str]], used_on: set[str]
+) -> dict[Holder, float]:
     """The utilization each holder's processes had on the device's family; empty when
-    none of them used it."""
+    none of them used it (at once when no container's usage is on the family)."""
     family = set().union(*previous.values())
+    if family.isdisjoint(used_on):
+        return {}
     used: dict[Holder, float] = defaultdict(float)
     for usage in snapshot.container_usage:
         owner = usage.owner

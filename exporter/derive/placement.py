@@ -33,12 +33,20 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-from exporter.model import Allocation, Device, Holder, JoinedDevice, PairPlacement, Snapshot
+from exporter.model import (
+    Allocation,
+    Device,
+    Holder,
+    JoinedDevice,
+    PairPlacement,
+    Snapshot,
+)
 from exporter.runtime import hostfiles
+from exporter.runtime.evolve import evolve
 
 _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -194,7 +202,7 @@ class PlacementReader:
             looked_up = self._looked_up
             pairs = self.placements(snapshot.allocations, snapshot.devices, cpu_nodes)
             last = self._last = (key, self._looked_up != looked_up, pairs)
-        return replace(snapshot, placements=last[2])
+        return evolve(snapshot, placements=last[2])
 
     def placements(
         self,
