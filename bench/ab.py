@@ -17,11 +17,12 @@ import os
 import subprocess
 import tarfile
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import aiohttp
 
-from bench.cost import _side_by_side
+from bench.cost import _side_by_side, learn_cadence
 from bench.procs import ExporterProcess, NodeProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +53,7 @@ async def compare(rev: str, scenario: str, window: float, rounds: int) -> list[s
                 for e in exporters:
                     await e.wait_ready(http)
                 await asyncio.sleep(5.0)
+                await learn_cadence([partial(e.scrape, http) for e in exporters])
                 for n in range(rounds):
                     windows = await _side_by_side(exporters, http, window)
                     for name, w in zip((rev, "this tree"), windows, strict=True):
