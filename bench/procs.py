@@ -39,12 +39,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+_ENDED = (FileNotFoundError, ProcessLookupError)
+"""What reading a thread's /proc/PID/task/TID files raises once it has ended: ENOENT, or
+ESRCH for a thread that ended between opening a file and reading it (make bench stopped on
+one)."""
+
+
 def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
     """(TID, name as the kernel shows it) -> CPU seconds on a CPU so far, of each live
     thread (/proc/PID/task/*/schedstat, nanoseconds)."""
     out: dict[tuple[int, str], float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):  # just ended
+        with contextlib.suppress(*_ENDED, ValueError, IndexError):  # just ended
             ns = int((task / "schedstat").read_text().split()[0])
             out[(int(task.name), (task / "comm").read_text().strip())] = ns / 1e9
     return out
@@ -55,7 +61,7 @@ def thread_sleeps(pid: int) -> dict[tuple[int, str], int]:
     switches, /proc/PID/task/*/status): each one is a wake-up paid for later."""
     out: dict[tuple[int, str], int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):  # just ended
+        with contextlib.suppress(*_ENDED, ValueError, IndexError):  # just ended
             status = (task / "status").read_text()
             line = status.split("voluntary_ctxt_switches:", 1)[1].split("\n", 1)[0]
             out[(int(task.name), (task / "comm").read_text().strip())] = int(line)
@@ -68,7 +74,7 @@ def threads_and_switches(pid: int) -> tuple[int, int]:
     wake-up undone; their rate is what an idle process costs the CPUs beyond its CPU time."""
     threads = switches = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+        with contextlib.suppress(*_ENDED):  # a thread that just ended
             for line in (task / "status").read_text().splitlines():
                 if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
                     switches += int(line.split()[1])

@@ -357,3 +357,35 @@ def test_the_floor_replays_the_slow_and_gpm_reads_on_the_sources_cadence(
     assert plain["nvmlGpmMetricsGet"] == 0
     assert due["nvmlDeviceGetMemoryInfo_v2"] == plain["nvmlDeviceGetMemoryInfo_v2"] > 0
     assert sum(due.values()) > sum(plain.values())
+
+
+def test_a_thread_that_ends_while_it_is_read_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread can end between the task listing and the read of its files, and the read
+    then fails with ESRCH: that thread is left out, the others are counted."""
+    import os
+    import threading
+    from pathlib import Path as RealPath
+
+    from bench.procs import thread_cpu, thread_sleeps, threads_and_switches
+
+    gone = threading.get_native_id()
+    real_read = RealPath.read_text
+
+    def read_text(self: RealPath, *args: Any, **kwargs: Any) -> str:
+        if self.parent.name == str(gone):
+            raise ProcessLookupError(3, "No such process")
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(RealPath, "read_text", read_text)
+    done = threading.Event()
+    idle = threading.Thread(target=done.wait, args=(10.0,), daemon=True)
+    idle.start()
+    try:
+        cpu, sleeps = thread_cpu(os.getpid()), thread_sleeps(os.getpid())
+        threads, _ = threads_and_switches(os.getpid())
+    finally:
+        done.set()
+        idle.join()
+    assert gone not in {tid for tid, _ in cpu} | {tid for tid, _ in sleeps}
+    assert idle.native_id in {tid for tid, _ in cpu} & {tid for tid, _ in sleeps}
+    assert threads == len(cpu) >= 1
