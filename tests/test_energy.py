@@ -26,6 +26,20 @@ B = Holder("ml", "b", "c")
 C = Holder("ml", "c", "c")
 
 
+def _mig(uuid: str, memory: float) -> JoinedDevice:
+    device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
+    return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
+
+
+_SLICES = (_mig("MIG-1", 10e9), _mig("MIG-3", 40e9))
+"""Two MIG slices of GPU-0, a 1g.10gb and a 3g.40gb."""
+_SLICE_ALLOCATIONS = (
+    Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
+    Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
+)
+"""A holds the small slice, B the big one."""
+
+
 def _snap(
     joules: float,
     holders: tuple[Holder, ...] = (),
@@ -109,15 +123,7 @@ def test_a_counter_that_went_down_only_moves_the_baseline() -> None:
 
 
 def test_mig_slices_share_their_gpus_energy_by_size() -> None:
-    def mig(uuid: str, memory: float) -> JoinedDevice:
-        device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
-        return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
-
-    slices = (mig("MIG-1", 10e9), mig("MIG-3", 40e9))
-    allocs = (
-        Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
-        Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
-    )
+    slices, allocs = _SLICES, _SLICE_ALLOCATIONS
     ledger = EnergyLedger()
     ledger.account(_snap(0.0, extra=slices, allocations=allocs))
     got = _by_holder(ledger, _snap(100.0, extra=slices, allocations=allocs))
@@ -172,15 +178,7 @@ def test_use_counts_only_on_the_devices_family_and_moves_with_the_process() -> N
     use on one of its slices decides the split, and as the process moves, so do the shares
     (the ledger looks at each usage only when some usage is on the family)."""
 
-    def mig(uuid: str, memory: float) -> JoinedDevice:
-        device = Device(uuid, "gpu", "nvidia", "H100 MIG", "nvml", parent=GPU)
-        return JoinedDevice(DeviceReading(device, (Sample("hw.gpu.memory.limit", memory),)))
-
-    slices = (mig("MIG-1", 10e9), mig("MIG-3", 40e9))
-    allocs = (
-        Allocation(A, "nvidia.com/mig-1g.10gb", "MIG-1", "MIG-1"),
-        Allocation(B, "nvidia.com/mig-3g.40gb", "MIG-3", "MIG-3"),
-    )
+    slices, allocs = _SLICES, _SLICE_ALLOCATIONS
 
     def snap(joules: float, device_id: str, holder: Holder) -> Snapshot:
         snapshot = _snap(joules, extra=slices, allocations=allocs)
@@ -222,10 +220,12 @@ def test_repeated_shares_sum_to_the_very_floats_of_adding_them_each_cycle() -> N
     rng = random.Random(43)
     third: dict[Holder | None, float] = {A: 1 / 3, B: 2 / 3}
     nobody: dict[Holder | None, float] = {None: 1.0}
+    choices: list[dict[Holder | None, float]] = [third, nobody, {C: 0.1, A: 0.9}, {B: 1.0}]
     for _ in range(50):
-        account, plain = _Account(), defaultdict(float)
+        account = _Account()
+        plain: defaultdict[Holder | None, float] = defaultdict(float)
         for _ in range(rng.randrange(1, 6)):
-            shares = rng.choice([third, nobody, {C: 0.1, A: 0.9}, {B: 1.0}])
+            shares = rng.choice(choices)
             for _ in range(rng.randrange(1, 30)):  # a run of the same object
                 account.add(shares)
                 for holder, share in shares.items():

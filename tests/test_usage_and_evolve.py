@@ -84,7 +84,9 @@ def _usage(
 def test_usage_groups_by_owner_and_says_requested_as_holders_change() -> None:
     index = HeldIndex()
     devices = (GPU, MIG, OTHER)
-    allocs = (Allocation(Holder("ns", "a", "c"), "nvidia.com/mig-1g.10gb", "MIG-0", "MIG-0"),)
+    allocs: tuple[Allocation, ...] = (
+        Allocation(Holder("ns", "a", "c"), "nvidia.com/mig-1g.10gb", "MIG-0", "MIG-0"),
+    )
     procs = [
         ProcessUsage("MIG-0", 1, memory_bytes=10.0, utilization=0.25),
         ProcessUsage("MIG-0", 2, memory_bytes=5.0, utilization=0.5),
