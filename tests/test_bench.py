@@ -389,3 +389,27 @@ def test_a_thread_that_ends_while_it_is_read_is_left_out(monkeypatch: pytest.Mon
     assert gone not in {tid for tid, _ in cpu} | {tid for tid, _ in sleeps}
     assert idle.native_id in {tid for tid, _ in cpu} & {tid for tid, _ in sleeps}
     assert threads == len(cpu) >= 1
+
+
+def test_process_cpu_is_read_finer_than_procs_ticks() -> None:
+    """A process's CPU, in nanoseconds: what /proc/PID/stat says in 10 ms ticks, to within a
+    tick, and not rounded to one (an exporter at 30 s spends about ten ticks in a 90 s
+    window). Read here of this process, through the same PID clock as of any other."""
+    import os
+    import time
+
+    from bench.procs import TICKS, cpu_seconds
+
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    readings = []
+    for _ in range(5):
+        fine = cpu_seconds(os.getpid())
+        fields = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / TICKS
+        assert abs(fine - ticks) <= 2.0 / TICKS
+        assert abs(fine - time.process_time()) < 0.01  # the very clock of this process
+        readings.append(fine * TICKS % 1)
+        sum(range(10_000))  # a little CPU between readings
+    assert any(0.01 < part < 0.99 for part in readings)  # not whole ticks
