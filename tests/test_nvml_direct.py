@@ -15,6 +15,8 @@ import pytest
 
 from exporter.sources.nvml.calls import Calls, GpuLost
 from exporter.sources.nvml.direct import Direct
+from exporter.sources.nvml.fields import REQUEST_FAST
+from exporter.sources.nvml.structs import FieldBatch
 
 SUCCESS: int = pynvml.NVML_SUCCESS
 
@@ -102,3 +104,21 @@ def test_an_older_driver_answers_through_the_older_functions(
         assert direct.temperature(None, ctypes.c_uint(0)) == 41
     assert driver.calls == {"nvmlDeviceGetMemoryInfo": 2, "nvmlDeviceGetTemperature": 2}
     assert {"nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV"} <= direct.calls.missing
+
+
+def test_a_failed_field_value_call_is_one_error_and_a_lost_gpu_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = "nvmlDeviceGetFieldValues"
+    driver = _Driver({name: pynvml.NVML_ERROR_UNKNOWN})
+    direct = _direct(monkeypatch, driver)
+    batch = FieldBatch(REQUEST_FAST)
+    assert direct.field_values(batch, None) is None
+    assert direct.field_values(batch, None) is None
+    assert driver.calls[name] == 2 and direct.calls.errors == 2  # one per failed call
+    driver.answers[name] = pynvml.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(GpuLost):
+        direct.field_values(batch, None)
+    driver.answers[name] = pynvml.NVML_ERROR_NO_PERMISSION
+    assert [direct.field_values(batch, None) for _ in range(2)] == [None, None]
+    assert driver.calls[name] == 4  # denied: not asked again

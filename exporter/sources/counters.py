@@ -37,7 +37,9 @@ JUMP_LIMIT = float(2**48)
 
 
 @dataclass(slots=True)
-class _Series:
+class Series:
+    """One counter's state (`MonotonicCounters.series`)."""
+
     raw: float | None = None
     """The last trusted raw value; None until one is trusted."""
     total: float | None = None
@@ -50,7 +52,7 @@ class MonotonicCounters:
 
     def __init__(self, jump_limit: float = JUMP_LIMIT) -> None:
         self.jump_limit = jump_limit
-        self._series: dict[Hashable, _Series] = {}
+        self._series: dict[Hashable, Series] = {}
         self.rejected = 0
         """Reads dropped as out of range or as glitches (field errors for the caller)."""
 
@@ -70,11 +72,43 @@ class MonotonicCounters:
             return s.total
         return self._update(key, raw)
 
+    def series(self, key: Hashable) -> Series:
+        """The series of `key`, made when it is new (an empty one reads as no total): kept
+        by a caller that reads the same keys every cycle (`update_each`, `totals`), so that
+        none of them is looked up again."""
+        return self._series.setdefault(key, Series())
+
+    def update_each(
+        self, row: list[float | None], at: tuple[tuple[int, Hashable, Series], ...]
+    ) -> bool:
+        """`update` of each raw value `row[i]`, for every (i, key, `series(key)`) in `at`:
+        the value is replaced by the total (None while nothing is trusted). One call for a
+        row of reads; the common case is `update`'s, written out here, the rest goes the
+        same way. True when every total is trusted (no None put in `row`)."""
+        limit, trusted = self.jump_limit, True
+        for i, key, s in at:
+            raw: float = row[i]  # type: ignore[assignment]  # a raw read, not yet a total
+            last = s.raw
+            if (
+                s.held is None
+                and last is not None
+                and s.total is not None
+                and last <= raw <= last + limit
+                and raw <= COUNTER_MAX
+            ):
+                s.total += raw - last
+                s.raw = raw
+                row[i] = s.total
+            else:
+                total = row[i] = self._update(key, raw)
+                trusted = trusted and total is not None
+        return trusted
+
     def _update(self, key: Hashable, raw: float) -> float | None:
         if not (math.isfinite(raw) and 0.0 <= raw <= COUNTER_MAX):
             self.rejected += 1
             return self.last(key)
-        s = self._series.setdefault(key, _Series())
+        s = self._series.setdefault(key, Series())
         if s.raw is None or s.total is None:
             confirms = s.held is not None and self._continues(s.held, raw)
             if s.held is not None and not confirms:
@@ -102,6 +136,11 @@ class MonotonicCounters:
         """The total last returned for `key` (to keep reporting it while a read fails)."""
         s = self._series.get(key)
         return None if s is None else s.total
+
+    @staticmethod
+    def totals(series: tuple[Series, ...]) -> list[float | None]:
+        """`last` of each of these series (`series(key)`), in one call."""
+        return [s.total for s in series]
 
     def take_rejected(self) -> int:
         """Reads rejected since the last call (added to a cycle's field errors)."""

@@ -25,7 +25,7 @@ import pynvml
 
 from exporter.sources.nvml.behaviour import STALE_HANDLE
 from exporter.sources.nvml.calls import Calls
-from exporter.sources.nvml.structs import MemoryV1, MemoryV2
+from exporter.sources.nvml.structs import FieldBatch, MemoryV1, MemoryV2
 
 _SUCCESS = pynvml.NVML_SUCCESS
 _INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
@@ -130,6 +130,20 @@ class Direct:
         if ret == _SUCCESS:
             return self._util.gpu, self._util.memory
         self._failed(name, ret, handle=True)
+        return None
+
+    def field_values(self, batch: FieldBatch, handle: Any) -> tuple[int, ...] | None:
+        """nvmlDeviceGetFieldValues of `batch`'s requests: each field's value type and
+        return code (`FieldBatch.codes()`; its values stay in the batch), None when the
+        call itself failed."""
+        name = "nvmlDeviceGetFieldValues"
+        fn = self._fns.get(name) or self._resolve(name)
+        if fn is _GONE:
+            return None
+        ret = batch.ask(fn, handle)
+        if ret == _SUCCESS:
+            return batch.codes()
+        self._failed(name, ret)
         return None
 
     # --- newer functions first, older drivers fall through ----------------------------

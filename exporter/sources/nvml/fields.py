@@ -3,6 +3,7 @@ which fields, their keys and scales, and each device's plan of them (made once).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,9 @@ from pynvml import (
 )
 
 from exporter.model import Key
+from exporter.sources.counters import MonotonicCounters, Series
 from exporter.sources.nvml.behaviour import NOT_HERE
+from exporter.sources.nvml.structs import typed_values
 
 _SUCCESS = pynvml.NVML_SUCCESS
 
@@ -102,9 +105,48 @@ PlannedField = tuple[Key, tuple[str, int] | None, float, bool]
 whether it says the GPU is degraded."""
 
 
-Shape = tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int, *PlannedField], ...]]
-"""A field-value answer's return codes and value types, every code SUCCESS or one that
-means no such value here, with the fields that answered: (index, value type, field)."""
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A field-value answer's value types and return codes (`codes`: `FieldBatch.codes()`),
+    every code SUCCESS or one that means no such value here, and how to read an answer
+    coded alike: the answered fields' values in one unpack (`structs.typed_values`), their
+    keys, scales, counters (position, counter key, its series) and the positions of the
+    fields that say the GPU is degraded."""
+
+    codes: tuple[int, ...]
+    values: Callable[[memoryview], tuple[Any, ...]]
+    keys: tuple[Key, ...]
+    scales: tuple[float, ...]
+    counters: tuple[tuple[int, tuple[str, int], Series], ...]
+    remaps: tuple[int, ...]
+
+    def read(
+        self,
+        buffer: memoryview,
+        counters: MonotonicCounters,
+        keys: list[Key],
+        values: list[float],
+    ) -> bool:
+        """The answered fields of an answer coded `codes` (no return code checked; the
+        fields with no value here not visited), appended; True when a row remap is pending
+        or has failed. Each value as the checked path makes it: its member, as a float,
+        times its scale, a counter's through its `MonotonicCounters`."""
+        row: list[float | None] = [
+            v * scale for v, scale in zip(self.values(buffer), self.scales, strict=True)
+        ]
+        if counters.update_each(row, self.counters):
+            keys += self.keys
+            values += row  # type: ignore[arg-type]  # every total trusted: no None
+        else:  # a counter with no trusted total yet has no series
+            for key, total in zip(self.keys, row, strict=True):
+                if total is not None:
+                    keys.append(key)
+                    values.append(total)
+        for at in self.remaps:
+            total = row[at]
+            if total is not None and total > 0:
+                return True
+        return False
 
 
 @dataclass(slots=True)
@@ -119,10 +161,14 @@ class FieldPlan:
     fast: tuple[PlannedField, ...]
     slow: tuple[PlannedField, ...]
     shapes: list[Shape | None] = field(default_factory=lambda: [None, None])
+    slow_keys: tuple[Key, ...] = ()
+    slow_series: tuple[Series, ...] = ()
+    """The slow fields' keys and counters (every slow field is a counter)."""
 
     @classmethod
-    def of(cls, device_id: str) -> FieldPlan:
-        """The plan of the device `device_id` (what it holds depends on the id alone)."""
+    def of(cls, device_id: str, counters: MonotonicCounters) -> FieldPlan:
+        """The plan of the device `device_id` (what it holds depends on the id alone), its
+        counters kept in `counters`."""
         all_, fast, slow = (
             tuple(
                 (key, (device_id, f.field_id) if f.counter else None, f.scale, remap)
@@ -130,26 +176,37 @@ class FieldPlan:
             )
             for keyed in (_ALL_KEYED, _FAST_KEYED, _SLOW_KEYED)
         )
-        return cls(all_, fast, slow)
+        series = tuple(counters.series(counter) for _, counter, _, _ in slow if counter)
+        assert len(series) == len(slow), "a slow field that is no counter has no last total"
+        return cls(all_, fast, slow, slow_keys=tuple(key for key, *_ in slow), slow_series=series)
 
     def remember(
         self,
         slow: bool,
         fields: tuple[PlannedField, ...],
-        types: tuple[int, ...],
-        rets: tuple[int, ...],
+        codes: tuple[int, ...],
+        counters: MonotonicCounters,
     ) -> None:
-        """Keep the shape of this answer to `fields` (`Shape`) when every field of it
-        answered or has no such value here; any other answer is checked field by field."""
-        if all(ret == _SUCCESS or ret in NOT_HERE for ret in rets):
-            self.shapes[slow] = (
-                rets,
-                types,
-                tuple(
-                    (at, value_type, *planned)
-                    for at, (planned, value_type, ret) in enumerate(
-                        zip(fields, types, rets, strict=True)
-                    )
-                    if ret == _SUCCESS
-                ),
-            )
+        """Keep the shape of this answer to `fields` (`Shape`; `codes`: its value types and
+        return codes, `FieldBatch.codes()`) when every field of it answered or has no such
+        value here; any other answer is checked field by field."""
+        types, rets = codes[0::2], codes[1::2]
+        if not all(ret == _SUCCESS or ret in NOT_HERE for ret in rets):
+            return
+        answered = [
+            (at, value_type, planned)
+            for at, (planned, value_type, ret) in enumerate(zip(fields, types, rets, strict=True))
+            if ret == _SUCCESS
+        ]
+        self.shapes[slow] = Shape(
+            codes,
+            typed_values((at, value_type) for at, value_type, _ in answered),
+            tuple(key for _, _, (key, _, _, _) in answered),
+            tuple(scale for _, _, (_, _, scale, _) in answered),
+            tuple(
+                (i, counter, counters.series(counter))
+                for i, (_, _, (_, counter, _, _)) in enumerate(answered)
+                if counter is not None
+            ),
+            tuple(i for i, (_, _, (_, _, _, remap)) in enumerate(answered) if remap),
+        )

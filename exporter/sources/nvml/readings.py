@@ -20,7 +20,7 @@ from exporter.sources.nvml.behaviour import NOT_HERE
 from exporter.sources.nvml.calls import Calls, GpuLost
 from exporter.sources.nvml.direct import Direct
 from exporter.sources.nvml.discovery import Gpu, Mig
-from exporter.sources.nvml.fields import REQUEST_ALL, REQUEST_FAST, FieldPlan
+from exporter.sources.nvml.fields import REQUEST_ALL, REQUEST_FAST, FieldPlan, PlannedField
 from exporter.sources.nvml.gpm import Gpm
 from exporter.sources.nvml.gpm import read as gpm_read
 from exporter.sources.nvml.processes import ProcessLists
@@ -172,41 +172,45 @@ class Reader:
     def field_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
         """The batched counters, appended; True when a row remap is pending or has failed."""
         plan = self._plans.get(gpu.device.id) or self._plan(gpu.device.id)
-        counters = self.counters
-        update = counters.update
-        kput, vput = keys.append, values.append
-        if gpu.slow_now:
+        counters, slow = self.counters, gpu.slow_now
+        if slow:
             fields, batch = plan.all, self._all
         else:
             fields, batch = plan.fast, self._fast
-            last_of = counters.last
-            for key, counter, _, _ in plan.slow:  # between slow reads: the last
-                last = last_of(counter)
-                if last is not None:
-                    kput(key)
-                    vput(last)
-        flat = self.calls.get(batch.answers, gpu.handle, name="nvmlDeviceGetFieldValues")
+            lasts = counters.totals(plan.slow_series)  # between slow reads: the last
+            if None in lasts:
+                for key, last in zip(plan.slow_keys, lasts, strict=True):
+                    if last is not None:
+                        keys.append(key)
+                        values.append(last)
+            else:
+                keys += plan.slow_keys
+                values += lasts  # type: ignore[arg-type]  # no None in it
+        codes = self.direct.field_values(batch, gpu.handle)
+        shape = plan.shapes[slow]
+        if codes is not None and shape is not None and shape.codes == codes:
+            # The fields that answered as last cycle did: the present ones only, unchecked.
+            return shape.read(batch.buffer, counters, keys, values)
+        if codes is not None:
+            plan.remember(slow, fields, codes, counters)
+        return self._checked(fields, None if codes is None else batch.answered(), keys, values)
+
+    def _checked(
+        self,
+        fields: tuple[PlannedField, ...],
+        flat: tuple[int, ...] | None,
+        keys: list[Key],
+        values: list[float],
+    ) -> bool:
+        """`field_values` of an answer (`FieldBatch.answered()`, None when the call failed)
+        checked field by field."""
+        counters = self.counters
+        update = counters.update
+        kput, vput = keys.append, values.append
         read = flat is not None
         if flat is None:
             flat = _unread(len(fields))
         degraded = False
-        types, rets = flat[0::3], flat[1::3]
-        shape = plan.shapes[gpu.slow_now]
-        if shape is not None and shape[0] == rets and shape[1] == types:
-            # The fields that answered as last cycle did: the present ones only, unchecked.
-            raws = flat[2::3]
-            for at, value_type, key, counter, scale, remap in shape[2]:
-                raw = raws[at]
-                value = (float(raw) if value_type == _ULL else number(value_type, raw)) * scale
-                total = value if counter is None else update(counter, value)
-                if total is not None:
-                    kput(key)
-                    vput(total)
-                    if remap and total > 0:
-                        degraded = True
-            return degraded
-        if read:
-            plan.remember(gpu.slow_now, fields, types, rets)
         for (key, counter, scale, remap), value_type, ret, raw in zip(
             fields, flat[0::3], flat[1::3], flat[2::3], strict=True
         ):
@@ -231,7 +235,7 @@ class Reader:
         return degraded
 
     def _plan(self, device_id: str) -> FieldPlan:
-        plan = self._plans[device_id] = FieldPlan.of(device_id)
+        plan = self._plans[device_id] = FieldPlan.of(device_id, self.counters)
         return plan
 
     def mig_gpm(self, gpu: Gpu, mig: Mig) -> list[Sample] | None:

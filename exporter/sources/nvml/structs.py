@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pynvml
@@ -94,6 +95,11 @@ _VALUE_TYPE_RETURN_AND_VALUE = f"{FieldValue.valueType.offset}xIIQ"
 """One nvmlFieldValue_t: the ids, timestamp and latency skipped, then valueType,
 nvmlReturn (adjacent) and the value union's 8 bytes."""
 assert struct.calcsize("@" + _VALUE_TYPE_RETURN_AND_VALUE) == ctypes.sizeof(FieldValue)
+_VALUE_TYPE_AND_RETURN = f"{FieldValue.valueType.offset}xII8x"
+"""One nvmlFieldValue_t's valueType and nvmlReturn, the rest skipped."""
+assert struct.calcsize("@" + _VALUE_TYPE_AND_RETURN) == ctypes.sizeof(FieldValue)
+_FIELD_SIZE = ctypes.sizeof(FieldValue)
+_VALUE_OFFSET = FieldValue.value.offset
 assert FieldValue.value.offset == FieldValue.valueType.offset + 8
 
 
@@ -120,6 +126,8 @@ class FieldBatch:
         """Both as bytes: copied with a slice assignment (ctypes.memmove is a foreign call)."""
         self._unpack = struct.Struct("@" + _VALUE_TYPE_RETURN_AND_VALUE * len(request)).unpack_from
         """Every field's valueType, nvmlReturn and value (as unsigned 64-bit), in one call."""
+        self._unpack_codes = struct.Struct("@" + _VALUE_TYPE_AND_RETURN * len(request)).unpack_from
+        """Every field's valueType and nvmlReturn, without the values."""
         self._count = ctypes.c_int32(len(request))
         self._ref = ctypes.byref(self._array)
 
@@ -133,18 +141,50 @@ class FieldBatch:
         ]
 
     def answers(self, handle: Any) -> tuple[int, ...]:
-        """valueType, nvmlReturn and the value's bytes as unsigned 64-bit (`number` reads
-        them), per requested field, in one flat tuple; the call's own failure raises
-        NVMLError. The requests are written again on every call: nvml.h says the driver
-        fills the outputs, not that it leaves the inputs alone."""
+        """`answered()` after a call through the binding's function; the call's own failure
+        raises NVMLError."""
+        _check(self.ask(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"), handle))
+        return self.answered()
+
+    def ask(self, fn: Any, handle: Any) -> int:
+        """`fn` (nvmlDeviceGetFieldValues) called on the requests: its return code. They are
+        written again on every call: nvml.h says the driver fills the outputs, not that it
+        leaves the inputs alone."""
         self._bytes[:] = self._request_bytes
-        _check(
-            pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")(
-                handle, self._count, self._ref
-            )
-        )
+        ret: int = fn(handle, self._count, self._ref)
+        return ret
+
+    def answered(self) -> tuple[int, ...]:
+        """valueType, nvmlReturn and the value's bytes as unsigned 64-bit (`number` reads
+        them), per requested field, in one flat tuple: the last call's answers."""
         answers: tuple[int, ...] = self._unpack(self._bytes)
         return answers
+
+    def codes(self) -> tuple[int, ...]:
+        """valueType and nvmlReturn per requested field, in one flat tuple (`answered()`
+        without the values)."""
+        codes: tuple[int, ...] = self._unpack_codes(self._bytes)
+        return codes
+
+    @property
+    def buffer(self) -> memoryview:
+        """The answers' bytes, for a `typed_values` reader."""
+        return self._bytes
+
+
+def typed_values(answered: Iterable[tuple[int, int]]) -> Callable[[memoryview], tuple[Any, ...]]:
+    """A reader of the values of the fields answered at these (index, nvmlValueType_t) of a
+    field-value array, each as the member of the union its type names (what `number` makes
+    of the unsigned 64-bit bytes, before `float`), in one call."""
+    parts, at = ["@"], 0
+    for index, value_type in answered:
+        offset = index * _FIELD_SIZE + _VALUE_OFFSET
+        code = _VALUE_FORMAT.get(value_type, "Q")
+        parts.append(f"{offset - at}x{code}")
+        at = offset + struct.calcsize("@" + code)
+        assert struct.calcsize("".join(parts)) == at  # no alignment padding of its own
+    reader: Callable[[memoryview], tuple[Any, ...]] = struct.Struct("".join(parts)).unpack_from
+    return reader
 
 
 def number(value_type: int, raw: int) -> float:
