@@ -14,6 +14,9 @@ from exporter.sources.nvml.calls import Calls, DriverGone
 from exporter.sources.nvml.discovery import Gpu
 
 NO_INSTANCE = 0xFFFFFFFF
+_SUCCESS, _TIMEOUT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_TIMEOUT
+_NO_WAIT = ctypes.c_uint(0)
+"""The wait's timeout: none (events queue in the set between cycles)."""
 
 
 def handle_address(handle: Any) -> int:
@@ -88,6 +91,10 @@ class XidEvents:
         self._gpus = {handle_address(g.handle): g for g in gpus}
         self._set = event_set
         self._failing = ""
+        self._wait: Any = None
+        """nvmlEventSetWait_v2, looked up through the binding at the first drain."""
+        self._data = pynvml.c_nvmlEventData_t()
+        self._data_ref = ctypes.byref(self._data)
         # Registered on the collecting thread at discovery: events from the moment
         # discovery returns are in the set, none is lost.
         try:
@@ -112,17 +119,25 @@ class XidEvents:
 
     def drain(self) -> int:
         """Count every event queued since the last call; how many were taken. A failing
-        wait is logged once per kind of failure (the readings say more) and ends the drain."""
+        wait is logged once per kind of failure (the readings say more) and ends the drain.
+
+        The wait is the C function, called with its arguments made once, and its return
+        code compared: a timeout (nothing queued, every cycle but the few with an event)
+        ends the drain without the binding's exception; any other code is the error the
+        binding would raise."""
         taken = 0
+        data = self._data
         while taken < self.MAX_PER_CYCLE:
             try:
-                data = pynvml.nvmlEventSetWait_v2(self._set, 0)
-            except pynvml.NVMLError_Timeout:
-                break
+                wait = self._wait or self._resolve()
             except pynvml.NVMLError as exc:
-                if str(exc) != self._failing:
-                    self._failing = str(exc)
-                    self.log.warning("reading XID events failed: %s", exc)
+                self._failed(exc)
+                return taken
+            ret = wait(self._set, self._data_ref, _NO_WAIT)
+            if ret == _TIMEOUT:
+                break
+            if ret != _SUCCESS:
+                self._failed(pynvml.NVMLError(ret))
                 return taken
             taken += 1
             device_id = self._device_id(data)
@@ -130,6 +145,15 @@ class XidEvents:
                 self.counts.add(device_id, int(data.eventData))
         self._failing = ""
         return taken
+
+    def _resolve(self) -> Any:
+        self._wait = pynvml._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
+        return self._wait
+
+    def _failed(self, exc: pynvml.NVMLError) -> None:
+        if str(exc) != self._failing:
+            self._failing = str(exc)
+            self.log.warning("reading XID events failed: %s", exc)
 
     def close(self) -> None:
         try:
