@@ -129,31 +129,52 @@ class CycleReadings:
         self, gpu: Gpu, last_xid: float | None, processes: list[ProcessUsage]
     ) -> list[DeviceReading]:
         """The GPU's MIG slices. Most have nothing to say beyond their memory, status and
-        last XID: they take that one layout, made once, without a list of keys."""
-        reader, layouts, memory = self.reader, self.layouts, self.reader.direct.memory
-        mig_gpm, xids = reader.mig_gpm, self._xids_by_device
+        last XID: they take that one layout, made once, without a list of keys. In a cycle
+        where no slice has GPM activity to report or a GPM call due (`Reader.gpm_quiet`),
+        their memory is read in one call for them all (`Direct.memories`: the same C calls
+        in the same order)."""
+        reader, xids = self.reader, self._xids_by_device
         tail = None if last_xid is None else (*STATUS_VALUES["ok"], last_xid)
         out: list[DeviceReading] = []
         put = out.append
-        for mig in gpu.migs:
-            device = mig.device
-            mem = memory(mig.handle)
-            gpm = None if mig.gpm is None else mig_gpm(gpu, mig)
-            if tail and not gpm and mem and len(mem) == 4 and device.id not in xids:
-                put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
-                continue
-            keys: list[Key] = []
-            values: list[float] = []
-            if mem:
-                keys += memory_keys(mem)
-                values += mem
-            if gpm:
-                put_samples(gpm, keys, values)
-            self._tail(device.id, "ok", last_xid, keys, values)
-            put(layouts.reading(device, keys, values))
+        if reader.gpm_quiet(gpu):
+            memories = reader.direct.memories([mig.handle for mig in gpu.migs])
+            for mig, mem in zip(gpu.migs, memories, strict=True):
+                device = mig.device
+                if tail and mem and len(mem) == 4 and device.id not in xids:
+                    put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
+                else:
+                    put(self._slice_reading(device, mem, None, last_xid))
+        else:
+            memory, mig_gpm = reader.direct.memory, reader.mig_gpm
+            for mig in gpu.migs:
+                device = mig.device
+                mem = memory(mig.handle)
+                gpm = None if mig.gpm is None else mig_gpm(gpu, mig)
+                if tail and not gpm and mem and len(mem) == 4 and device.id not in xids:
+                    put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
+                else:
+                    put(self._slice_reading(device, mem, gpm, last_xid))
         if self.processes:
             reader.procs.slices(gpu, processes)
         return out
+
+    def _slice_reading(
+        self,
+        device: Device,
+        mem: tuple[float, ...] | None,
+        gpm: list[Sample] | None,
+        last_xid: float | None,
+    ) -> DeviceReading:
+        keys: list[Key] = []
+        values: list[float] = []
+        if mem:
+            keys += memory_keys(mem)
+            values += mem
+        if gpm:
+            put_samples(gpm, keys, values)
+        self._tail(device.id, "ok", last_xid, keys, values)
+        return self.layouts.reading(device, keys, values)
 
     def _tail(
         self,

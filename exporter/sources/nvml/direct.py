@@ -64,7 +64,14 @@ class ProcessInfo(ctypes.Structure):
 
 
 _UNPACK_MEMORY_V2 = struct.Struct("@IQQQQ").unpack_from
+"""version, total, reserved, free, used."""
 assert struct.calcsize("@IQQQQ") == ctypes.sizeof(MemoryV2)
+_UNPACK_UTILIZATION = struct.Struct("@II").unpack_from
+assert struct.calcsize("@II") == ctypes.sizeof(Utilization)
+_UNPACK_TEMPERATURE = struct.Struct("@IIi").unpack_from
+"""version, sensorType, temperature."""
+assert struct.calcsize("@IIi") == ctypes.sizeof(TemperatureV1)
+_TEMPERATURE_VERSION = pynvml.nvmlTemperature_v1
 _UNPACK_PROCESS = struct.Struct("@IQII").unpack_from
 _PROCESS_SIZE = ctypes.sizeof(ProcessInfo)
 assert struct.calcsize("@IQII") == _PROCESS_SIZE
@@ -83,14 +90,28 @@ class Direct:
         self._uint, self._period, self._ull = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
         self._uint_ref, self._period_ref = ctypes.byref(self._uint), ctypes.byref(self._period)
         self._ull_ref = ctypes.byref(self._ull)
+        self._uint_view = memoryview(self._uint).cast("B").cast("I")
+        self._ull_view = memoryview(self._ull).cast("B").cast("Q")
+        """The outputs read as numbers (a ctypes `.value` costs more)."""
         self._util = Utilization()
         self._util_ref = ctypes.byref(self._util)
+        self._util_bytes = memoryview(self._util).cast("B")
         self._temp = TemperatureV1()
         self._temp_ref = ctypes.byref(self._temp)
+        self._temp_bytes = memoryview(self._temp).cast("B")
+        self._temp_sensor: ctypes.c_uint | None = None
+        """The sensor the temperature struct's inputs were last written for (None: write
+        them before the next call), and its type."""
+        self._temp_type = 0
         self._mem2, self._mem1 = MemoryV2(), MemoryV1()
+        self._mem2.version = _MEMORY_V2_VERSION
         self._mem2_ref, self._mem1_ref = ctypes.byref(self._mem2), ctypes.byref(self._mem1)
+        self._mem2_bytes = memoryview(self._mem2).cast("B")
+        """The v2 struct as bytes: its answer read in one unpack, not member by member."""
         self._count = ctypes.c_uint()
         self._count_ref = ctypes.byref(self._count)
+        self._count_view = memoryview(self._count).cast("B").cast("I")
+        """The list's count, written and read as a number (a ctypes `.value` costs more)."""
         self._procs = (ProcessInfo * PROCESSES_KEPT)()
         self._capacity = PROCESSES_KEPT
         """len(self._procs), kept as a number."""
@@ -104,7 +125,7 @@ class Direct:
             return None
         ret = fn(handle, *args, self._uint_ref)
         if ret == _SUCCESS:
-            return self._uint.value
+            return self._uint_view[0]
         self._failed(name, ret)
         return None
 
@@ -116,7 +137,7 @@ class Direct:
             return None
         ret = fn(handle, self._uint_ref, self._period_ref)
         if ret == _SUCCESS:
-            return self._uint.value
+            return self._uint_view[0]
         self._failed(name, ret)
         return None
 
@@ -128,7 +149,8 @@ class Direct:
             return None
         ret = fn(handle, self._util_ref)
         if ret == _SUCCESS:
-            return self._util.gpu, self._util.memory
+            util: tuple[int, int] = _UNPACK_UTILIZATION(self._util_bytes)
+            return util
         self._failed(name, ret, handle=True)
         return None
 
@@ -154,11 +176,17 @@ class Direct:
         name = "nvmlDeviceGetTemperatureV"
         fn = self._fns.get(name) or self._resolve(name)
         if fn is not _GONE:
-            temp = self._temp
-            temp.version, temp.sensorType = pynvml.nvmlTemperature_v1, sensor.value
+            if sensor is not self._temp_sensor:
+                self._temp_type = sensor.value
+                self._temp.version, self._temp.sensorType = _TEMPERATURE_VERSION, self._temp_type
+                self._temp_sensor = sensor
             ret = fn(handle, self._temp_ref)
             if ret == _SUCCESS:
-                return int(temp.temperature)
+                version, sensor_type, temperature = _UNPACK_TEMPERATURE(self._temp_bytes)
+                if version != _TEMPERATURE_VERSION or sensor_type != self._temp_type:
+                    self._temp_sensor = None  # inputs overwritten: written again
+                return int(temperature)
+            self._temp_sensor = None
             self._failed(name, ret)
         if not self._lacks(name):
             return None
@@ -174,7 +202,7 @@ class Direct:
             if fn is not _GONE:
                 ret = fn(handle, self._ull_ref)
                 if ret == _SUCCESS:
-                    return self._ull.value
+                    return self._ull_view[0]
                 self._failed(name, ret)
             if not self._lacks(name):
                 return None
@@ -183,18 +211,52 @@ class Direct:
     def memory(self, handle: Any) -> tuple[float, ...] | None:
         """(used, total, free, reserved) bytes: nvmlDeviceGetMemoryInfo_v2 (R510 and
         later), else nvmlDeviceGetMemoryInfo: (used, total, free), reserved counted as
-        used."""
-        name = _MEMORY_V2
-        fn = self._fns.get(name) or self._resolve(name)
-        if fn is not _GONE:
-            mem2 = self._mem2
-            mem2.version = _MEMORY_V2_VERSION
-            ret = fn(handle, self._mem2_ref)
+        used.
+
+        The v2 struct's version is written when the struct is made and again whenever a
+        call left another there (nvml.h does not say the driver leaves it alone): every
+        call finds it set, without a ctypes member write per call."""
+        fn = self._fns.get(_MEMORY_V2) or self._resolve(_MEMORY_V2)
+        if fn is _GONE:
+            return self._memory_without_v2(handle)
+        ret = fn(handle, self._mem2_ref)
+        if ret == _SUCCESS:
+            version, total, reserved, free, used = _UNPACK_MEMORY_V2(self._mem2_bytes)
+            if version != _MEMORY_V2_VERSION:
+                self._mem2.version = _MEMORY_V2_VERSION
+            return (float(used), float(total), float(free), float(reserved))
+        return self._memory_v2_failed(handle, ret)
+
+    def memories(self, handles: list[Any]) -> list[tuple[float, ...] | None]:
+        """`memory` of each handle, in order, in one call (the MIG slices of a GPU): the
+        same C calls, with the same outcome for each, as one `memory` call per handle."""
+        found: list[tuple[float, ...] | None] = []
+        put, ref, answer = found.append, self._mem2_ref, self._mem2_bytes
+        fn = self._fns.get(_MEMORY_V2) or self._resolve(_MEMORY_V2)
+        for handle in handles:
+            if fn is _GONE:
+                put(self._memory_without_v2(handle))
+                continue
+            ret = fn(handle, ref)
             if ret == _SUCCESS:
-                _, total, reserved, free, used = _UNPACK_MEMORY_V2(mem2)
-                return (float(used), float(total), float(free), float(reserved))
-            self._failed(name, ret)
-        if not self._lacks(name):
+                version, total, reserved, free, used = _UNPACK_MEMORY_V2(answer)
+                if version != _MEMORY_V2_VERSION:
+                    self._mem2.version = _MEMORY_V2_VERSION
+                put((float(used), float(total), float(free), float(reserved)))
+            else:
+                put(self._memory_v2_failed(handle, ret))
+                fn = self._fns[_MEMORY_V2]  # missing or denied now: not called again
+        return found
+
+    def _memory_v2_failed(self, handle: Any, ret: int) -> tuple[float, ...] | None:
+        """`memory` after nvmlDeviceGetMemoryInfo_v2 answered `ret`, not SUCCESS."""
+        self._mem2.version = _MEMORY_V2_VERSION
+        self._failed(_MEMORY_V2, ret)
+        return self._memory_without_v2(handle)
+
+    def _memory_without_v2(self, handle: Any) -> tuple[float, ...] | None:
+        """`memory` where v2 gave nothing: v1 where this driver lacks v2, else None."""
+        if not self._lacks(_MEMORY_V2):
             return None
         name = "nvmlDeviceGetMemoryInfo"
         fn = self._fns.get(name) or self._resolve(name)
@@ -215,11 +277,11 @@ class Direct:
         fn = self._fns.get(name) or self._resolve(name)
         if fn is _GONE:
             return None
-        count = self._count
-        count.value = self._capacity
+        count = self._count_view
+        count[0] = self._capacity
         ret = fn(handle, self._count_ref, self._procs)
         if ret == _SUCCESS:  # (most lists of most cycles: one call, nobody listed)
-            return self._listed() if count.value else []
+            return self._listed() if count[0] else []
         return self._processes_again(name, fn, handle, ret)
 
     def _processes_again(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import mul
 from typing import Any
 
 import pynvml
@@ -131,9 +132,7 @@ class Shape:
         fields with no value here not visited), appended; True when a row remap is pending
         or has failed. Each value as the checked path makes it: its member, as a float,
         times its scale, a counter's through its `MonotonicCounters`."""
-        row: list[float | None] = [
-            v * scale for v, scale in zip(self.values(buffer), self.scales, strict=True)
-        ]
+        row: list[float | None] = list(map(mul, self.values(buffer), self.scales))
         if counters.update_each(row, self.counters):
             keys += self.keys
             values += row  # type: ignore[arg-type]  # every total trusted: no None

@@ -238,6 +238,17 @@ class Reader:
         plan = self._plans[device_id] = FieldPlan.of(device_id, self.counters)
         return plan
 
+    def gpm_quiet(self, gpu: Gpu) -> bool:
+        """No MIG slice of `gpu` has GPM activity to report this cycle, nor a GPM call due
+        (`mig_gpm` would hand each of them nothing, without a call)."""
+        now, quiet, last = self.now, self._gpm_quiet, self._gpm_last
+        for mig in gpu.migs:
+            if mig.gpm is not None:
+                device_id = mig.device.id
+                if now >= quiet.get(device_id, _NEVER) or last.get(device_id):
+                    return False
+        return True
+
     def mig_gpm(self, gpu: Gpu, mig: Mig) -> list[Sample] | None:
         """A MIG slice's GPM activity (`_gpm`), without a call in the cycles where it would
         only hand the last back."""
