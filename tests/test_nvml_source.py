@@ -659,9 +659,21 @@ def test_gpm_activity_is_measured_every_gpm_interval(
     node.collect_at(source, 2.0)
     measured = node.calls("nvmlGpmMetricsGet")
     assert measured == 8  # four GPUs (three with MIG off, one MIG parent), four slices
+    sm = [
+        value(reading(result, device), "hw.gpu.sm.activity")
+        for result in [node.collect_at(source, 2.5)]
+        for device in (GPU.format(0), MIG.format(2))
+    ]
+    assert all(s is not None for s in sm)
     for t in (3.0, 5.0, 9.0):
-        r = reading(node.collect_at(source, t), MIG.format(2))
+        result = node.collect_at(source, t)
+        r = reading(result, MIG.format(2))
         assert value(r, "hw.gpu.utilization", hw__gpu__task="general") == pytest.approx(0.9)
+        # between two measurements, the last stands, on a whole GPU and on a slice
+        held = [
+            value(reading(result, d), "hw.gpu.sm.activity") for d in (GPU.format(0), MIG.format(2))
+        ]
+        assert held == sm
     assert node.calls("nvmlGpmMetricsGet") == measured
     node.collect_at(source, 12.0)
     assert node.calls("nvmlGpmMetricsGet") == 2 * measured

@@ -129,9 +129,13 @@ class Reader:
                 kput(_BANDWIDTH)
                 vput(util[1] / 100)
         if gpu.gpm is not None:
-            found = self._gpm_values(
-                gpu.device.id, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm, mig=gpu.mig_mode
-            )
+            device_id = gpu.device.id
+            if self.now < self._gpm_quiet.get(device_id, _NEVER):  # `_gpm` would call nothing
+                found = self._gpm_last.get(device_id)
+            else:
+                found = self._gpm(
+                    device_id, pynvml.nvmlGpmSampleGet, h, gpm=gpu.gpm, mig=gpu.mig_mode
+                )
             if found:
                 put_samples(found, keys, values)
         for name, key in _CODECS:
@@ -139,7 +143,10 @@ class Reader:
             if percent is not None:
                 kput(key)
                 vput(percent / 100)
-        self.memory_values(h, keys, values)
+        mem = direct.memory(h)
+        if mem is not None:
+            keys += memory_keys(mem)
+            values += mem
         power = direct.uint("nvmlDeviceGetPowerUsage", h)
         if power is not None:
             kput(_POWER)
@@ -162,12 +169,6 @@ class Reader:
             keys += _THROTTLED_KEYS
             values += _THROTTLED_VALUES.get(reasons & _THROTTLE_MASK) or _throttled(reasons)
         return self.field_values(gpu, keys, values)
-
-    def memory_values(self, handle: Any, keys: list[Key], values: list[float]) -> None:
-        mem = self.direct.memory(handle)
-        if mem is not None:
-            keys += memory_keys(mem)
-            values += mem
 
     def field_values(self, gpu: Gpu, keys: list[Key], values: list[float]) -> bool:
         """The batched counters, appended; True when a row remap is pending or has failed."""
@@ -284,14 +285,6 @@ class Reader:
         quiet = self._gpm_read_at.get(device_id, -math.inf) + self.gpm_interval
         self._gpm_quiet[device_id] = -math.inf if retrying else quiet
         return list(self._gpm_last.get(device_id, ()))
-
-    def _gpm_values(
-        self, device_id: str, sample: Callable[..., Any], *args: Any, gpm: Gpm, mig: bool
-    ) -> list[Sample]:
-        """`_gpm`, without a call in the cycles where it would only hand the last back."""
-        if self.now < self._gpm_quiet.get(device_id, -math.inf):
-            return self._gpm_last.get(device_id) or []
-        return self._gpm(device_id, sample, *args, gpm=gpm, mig=mig)
 
 
 def memory_keys(memory: tuple[float, ...]) -> tuple[Key, ...]:
