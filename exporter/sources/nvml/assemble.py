@@ -137,24 +137,17 @@ class CycleReadings:
         tail = None if last_xid is None else (*STATUS_VALUES["ok"], last_xid)
         out: list[DeviceReading] = []
         put = out.append
-        if reader.gpm_quiet(gpu):
-            memories = reader.direct.memories([mig.handle for mig in gpu.migs])
-            for mig, mem in zip(gpu.migs, memories, strict=True):
-                device = mig.device
-                if tail and mem and len(mem) == 4 and device.id not in xids:
-                    put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
-                else:
-                    put(self._slice_reading(device, mem, None, last_xid))
-        else:
-            memory, mig_gpm = reader.direct.memory, reader.mig_gpm
-            for mig in gpu.migs:
-                device = mig.device
-                mem = memory(mig.handle)
-                gpm = None if mig.gpm is None else mig_gpm(gpu, mig)
-                if tail and not gpm and mem and len(mem) == 4 and device.id not in xids:
-                    put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
-                else:
-                    put(self._slice_reading(device, mem, gpm, last_xid))
+        quiet = reader.gpm_quiet(gpu)
+        memories = reader.direct.memories([mig.handle for mig in gpu.migs]) if quiet else None
+        memory, mig_gpm = reader.direct.memory, reader.mig_gpm
+        for at, mig in enumerate(gpu.migs):
+            device = mig.device
+            mem = memory(mig.handle) if memories is None else memories[at]
+            gpm = None if quiet or mig.gpm is None else mig_gpm(gpu, mig)
+            if tail and not gpm and mem and len(mem) == 4 and device.id not in xids:
+                put(_new(DeviceReading, (device, _PLAIN_SLICE, mem + tail)))
+            else:
+                put(self._slice_reading(device, mem, gpm, last_xid))
         if self.processes:
             reader.procs.slices(gpu, processes)
         return out

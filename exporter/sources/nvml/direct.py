@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
@@ -216,18 +217,9 @@ class Direct:
         The v2 struct's version is written when the struct is made and again whenever a
         call left another there (nvml.h does not say the driver leaves it alone): every
         call finds it set, without a ctypes member write per call."""
-        fn = self._fns.get(_MEMORY_V2) or self._resolve(_MEMORY_V2)
-        if fn is _GONE:
-            return self._memory_without_v2(handle)
-        ret = fn(handle, self._mem2_ref)
-        if ret == _SUCCESS:
-            version, total, reserved, free, used = _UNPACK_MEMORY_V2(self._mem2_bytes)
-            if version != _MEMORY_V2_VERSION:
-                self._mem2.version = _MEMORY_V2_VERSION
-            return (float(used), float(total), float(free), float(reserved))
-        return self._memory_v2_failed(handle, ret)
+        return self.memories((handle,))[0]
 
-    def memories(self, handles: list[Any]) -> list[tuple[float, ...] | None]:
+    def memories(self, handles: Sequence[Any]) -> list[tuple[float, ...] | None]:
         """`memory` of each handle, in order, in one call (the MIG slices of a GPU): the
         same C calls, with the same outcome for each, as one `memory` call per handle."""
         found: list[tuple[float, ...] | None] = []

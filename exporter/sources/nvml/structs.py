@@ -195,25 +195,3 @@ def number(value_type: int, raw: int) -> float:
         return float((raw >> _UINT_SHIFT) & 0xFFFFFFFF)
     # the union's bytes again, read as the member the type names
     return float(_UNPACK_VALUE.get(value_type, _UNPACK_ULL)(_PACK_ULL(raw))[0])
-
-
-class MemoryRead:
-    """`nvmlDeviceGetMemoryInfo_v2` or the v1 call into one struct each, reused:
-    (total, free, used, reserved or None for v1)."""
-
-    def __init__(self) -> None:
-        self._v2 = MemoryV2()
-        self._v2_ref = ctypes.byref(self._v2)
-        self._v1 = MemoryV1()
-        self._v1_ref = ctypes.byref(self._v1)
-
-    def v2(self, handle: Any) -> tuple[int, int, int, int | None]:
-        mem = self._v2
-        mem.version = pynvml.nvmlMemory_v2
-        _check(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(handle, self._v2_ref))
-        return mem.total, mem.free, mem.used, mem.reserved
-
-    def v1(self, handle: Any) -> tuple[int, int, int, int | None]:
-        mem = self._v1
-        _check(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo")(handle, self._v1_ref))
-        return mem.total, mem.free, mem.used, None
