@@ -86,6 +86,7 @@ def clean_env() -> dict[str, str]:
 @pytest.mark.skipif(
     not Path("/dev/nvidiactl").exists(), reason="no NVIDIA driver here (/dev/nvidiactl)"
 )
+@pytest.mark.peer
 def test_the_source_reads_the_real_driver() -> None:
     check_report(run_report(clean_env()))
 
@@ -153,6 +154,7 @@ def check_gpm(devices: list[dict[str, Any]]) -> None:
 @pytest.mark.skipif(
     not Path("/dev/nvidiactl").exists(), reason="no NVIDIA driver here (/dev/nvidiactl)"
 )
+@pytest.mark.peer
 def test_gpm_on_the_real_driver() -> None:
     check_gpm(run_gpm(clean_env()))
 
