@@ -66,7 +66,34 @@ def _probe(probe: dict[str, Any]) -> list[str]:
     if gpm.get("supported") is True:
         costs = {k: v for k, v in gpm.items() if k.endswith("_us")}
         out += ["", "GPM on GPU 0: " + ", ".join(f"`{k}` {v} µs" for k, v in costs.items()) + "."]
-    return out
+    return out + _xid(probe.get("xid", {}))
+
+
+def _xid(xid: dict[str, Any]) -> list[str]:
+    """The zero-timeout XID drain the source runs every cycle, as the probe measured it."""
+    if not xid:
+        return []
+    head = (
+        f"XID events on GPU 0 (supported event types {xid.get('supported_event_types')}, "
+        f"XID critical errors {'among them' if xid.get('xid_supported') else 'not among them'})"
+    )
+    if "c_wait_0ms_us" not in xid:
+        failed = xid.get("nvmlDeviceRegisterEvents") or xid.get("nvmlEventSetCreate") or "?"
+        return ["", f"{head}: not measured, {failed}."]
+    returns = ", ".join(
+        f"{code} {count} times" for code, count in xid.get("c_wait_0ms_returns", {}).items()
+    )
+    long_wait = xid.get("c_wait_100ms", {})
+    return [
+        "",
+        f"{head}: the per-cycle drain's `nvmlEventSetWait_v2` with a zero timeout costs "
+        f"{xid['c_wait_0ms_us']} µs as the C function the source calls (returns: {returns}; "
+        f"10 is TIMEOUT, nothing queued) and {xid.get('binding_wait_0ms_us')} µs through the "
+        f"binding, which raises {xid.get('binding_wait_0ms_answer')}. The set costs "
+        f"{xid.get('nvmlEventSetCreate_us')} µs to create and "
+        f"{xid.get('nvmlDeviceRegisterEvents_us')} µs to register, once; a 100 ms wait "
+        f"returned {long_wait.get('return')} after {long_wait.get('ms')} ms.",
+    ]
 
 
 def page(raw: Path, date: str) -> str:

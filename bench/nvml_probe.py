@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +112,7 @@ def probe(load_seconds: float) -> dict[str, Any]:
         lambda: pynvml.nvmlDeviceGetHandleByIndex(64), repeat=1
     )[1]
     out["gpm"] = _gpm(handle)
+    out["xid"] = _xid(handle)
     if load_seconds > 0:
         out["load"] = _under_load(handle, load_seconds)
     pynvml.nvmlShutdown()
@@ -155,6 +157,59 @@ def _gpm(handle: Any, spacing: float = 1.0) -> dict[str, Any]:
         "nvmlGpmMetricsGet_5_metrics_us": round(five_s * 1e6, 1),
         "values_in_nvml_units": values,
     }
+
+
+def _xid(handle: Any, repeat: int = 200) -> dict[str, Any]:
+    """The XID drain as the NVML source runs it every cycle (exporter/sources/nvml/xid.py):
+    an event set with GPU 0's XID critical errors registered, then nvmlEventSetWait_v2 with
+    a zero timeout, through the binding (which raises on the timeout) and as the C function
+    the source calls (its return code compared). Each answer's code is kept: on a quiet GPU
+    every wait should time out (10) at once, never block."""
+    import ctypes
+
+    try:
+        supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+    except pynvml.NVMLError as exc:
+        return {"supported_event_types": f"NVMLError({exc.value}: {exc})"}
+    out: dict[str, Any] = {
+        "supported_event_types": hex(supported),
+        "xid_supported": bool(supported & pynvml.nvmlEventTypeXidCriticalError),
+    }
+    create_s, event_set = timed(pynvml.nvmlEventSetCreate, repeat=1)
+    out["nvmlEventSetCreate_us"] = round(create_s * 1e6, 1)
+    if isinstance(event_set, str):
+        out["nvmlEventSetCreate"] = event_set
+        return out
+    try:
+        register_s, answer = timed(
+            lambda: pynvml.nvmlDeviceRegisterEvents(
+                handle, pynvml.nvmlEventTypeXidCriticalError, event_set
+            ),
+            repeat=1,
+        )
+        out["nvmlDeviceRegisterEvents_us"] = round(register_s * 1e6, 1)
+        if answer is not None:
+            out["nvmlDeviceRegisterEvents"] = answer
+            return out
+        binding_s, answer = timed(lambda: pynvml.nvmlEventSetWait_v2(event_set, 0), repeat)
+        out["binding_wait_0ms_us"] = round(binding_s * 1e6, 1)
+        out["binding_wait_0ms_answer"] = describe(answer)
+        wait = pynvml._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
+        data = pynvml.c_nvmlEventData_t()
+        data_ref, no_wait = ctypes.byref(data), ctypes.c_uint(0)
+        codes: list[int] = []
+        c_s, _ = timed(lambda: codes.append(wait(event_set, data_ref, no_wait)), repeat)
+        out["c_wait_0ms_us"] = round(c_s * 1e6, 1)
+        out["c_wait_0ms_returns"] = dict(sorted(Counter(codes).items()))
+        started = time.perf_counter()
+        code = wait(event_set, data_ref, ctypes.c_uint(100))
+        out["c_wait_100ms"] = {
+            "return": int(code),
+            "ms": round((time.perf_counter() - started) * 1e3, 1),
+        }
+    finally:
+        pynvml.nvmlEventSetFree(event_set)
+    return out
 
 
 def _field_request() -> list[tuple[int, int]]:
