@@ -46,7 +46,7 @@ from bench import (
     threads,
 )
 from bench.procs import ExporterProcess, NodeProcess
-from bench.report import Results, fleet_section, write
+from bench.report import GPU64, Results, fleet_section, write
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("demo", "dense", "mixed")
@@ -99,7 +99,7 @@ def run_all(args: argparse.Namespace) -> Results:
             wanted = args.scenarios.split(",")
             names = [n for n in names if Path(n).stem in wanted or n in wanted]
         for name in names:
-            label = Path(name).stem if name.endswith(".yaml") else name
+            label = cost.label(name)
             rows = asyncio.run(
                 cost.measure(name, work / label, warmup=args.warmup, window=args.window)
             )
@@ -110,6 +110,20 @@ def run_all(args: argparse.Namespace) -> Results:
                 for c in rows
             )
             print(f"{label}: {summary}", flush=True)
+        bigger = [n for n in names if cost.label(n) in (GPU64, generate.held_name())]
+        if "dense" in names and bigger:
+            results.growth = asyncio.run(
+                cost.growth(
+                    "dense",
+                    bigger,
+                    work / "growth",
+                    warmup=args.warmup,
+                    window=max(args.window, 45.0),
+                    rounds=args.growth_rounds,
+                )
+            )
+            for g in results.growth:
+                print(f"growth {g.scenario}/dense: {g.ratio:.2f}x, rounds {g.ratios}", flush=True)
         if not args.scenarios or "dense" in args.scenarios.split(","):
             results.breakdown = asyncio.run(
                 cost.breakdown("dense", work / "breakdown", warmup=args.warmup, window=args.window)
@@ -260,6 +274,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--grpc-idle-window", type=float, default=30.0, help="seconds per gRPC idle pair"
+    )
+    parser.add_argument(
+        "--growth-rounds",
+        type=int,
+        default=3,
+        help="side-by-side windows of the 64-GPU and 1,000-pod nodes against dense",
     )
     parser.add_argument("--churn-cycles", type=int, default=10_000)
     parser.add_argument("--big-pods", type=int, default=1_000)

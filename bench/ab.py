@@ -54,8 +54,8 @@ async def compare(rev: str, scenario: str, window: float, rounds: int) -> list[s
                     await e.wait_ready(http)
                 await asyncio.sleep(5.0)
                 await learn_cadence([partial(e.scrape, http) for e in exporters])
-                for n in range(rounds):
-                    windows = await _side_by_side(exporters, http, window)
+                measured = await _side_by_side(exporters, http, window, rounds)
+                for n, windows in enumerate(measured):
                     for name, w in zip((rev, "this tree"), windows, strict=True):
                         lines.append(
                             f"| {n + 1} | {name} | {w.cpu_s / w.cycles * 1e3:.2f} ms | "

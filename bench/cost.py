@@ -10,6 +10,7 @@ their CPU (user + system, all threads, the stand-in NVML library included) is re
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -87,28 +88,39 @@ class Wakeups:
 
 
 async def _side_by_side(
-    exporters: list[ExporterProcess], http: aiohttp.ClientSession, window: float
-) -> list[_Window]:
-    """CPU of each exporter over the same window, all scraped every SCRAPE_EVERY seconds."""
-    before = [await e.counters(http) for e in exporters]
+    exporters: list[ExporterProcess],
+    http: aiohttp.ClientSession,
+    window: float,
+    rounds: int = 1,
+) -> list[list[_Window]]:
+    """CPU of each exporter over `rounds` consecutive windows, the same windows for all, all
+    scraped every SCRAPE_EVERY seconds. The scrape that ends a window (and is counted in it)
+    starts the next one, so consecutive rounds keep the cadence the exporters learnt."""
+    start = [await e.counters(http) for e in exporters]
     cpu0 = [cpu_seconds(e.pid) for e in exporters]
     sw0 = [threads_and_switches(e.pid)[1] for e in exporters]
-    t0 = time.monotonic()
-    while (left := window - (time.monotonic() - t0)) > 0:
-        await asyncio.sleep(min(SCRAPE_EVERY, left))
-        if time.monotonic() - t0 < window - 0.5:  # the last one is the reading below
-            for e in exporters:
-                await e.scrape(http)
-    sw1 = [threads_and_switches(e.pid) for e in exporters]  # before our last scrape
-    after = [await e.counters(http) for e in exporters]
-    cpu1 = [cpu_seconds(e.pid) for e in exporters]
-    elapsed = time.monotonic() - t0
-    return [
-        _Window(a[0] - b[0], a[1], c1 - c0, elapsed, rss_bytes(e.pid), s1[0], s1[1] - s0)
-        for e, b, a, c0, c1, s0, s1 in zip(
-            exporters, before, after, cpu0, cpu1, sw0, sw1, strict=True
+    out: list[list[_Window]] = []
+    for _ in range(rounds):
+        t0 = time.monotonic()
+        while (left := window - (time.monotonic() - t0)) > 0:
+            await asyncio.sleep(min(SCRAPE_EVERY, left))
+            if time.monotonic() - t0 < window - 0.5:  # the last one is the reading below
+                for e in exporters:
+                    await e.scrape(http)
+        sw1 = [threads_and_switches(e.pid) for e in exporters]  # before our last scrape
+        end = [await e.counters(http) for e in exporters]
+        cpu1 = [cpu_seconds(e.pid) for e in exporters]
+        elapsed = time.monotonic() - t0
+        out.append(
+            [
+                _Window(a[0] - b[0], a[1], c1 - c0, elapsed, rss_bytes(e.pid), s1[0], s1[1] - s0)
+                for e, b, a, c0, c1, s0, s1 in zip(
+                    exporters, start, end, cpu0, cpu1, sw0, sw1, strict=True
+                )
+            ]
         )
-    ]
+        start, cpu0, sw0 = end, cpu1, [s[1] for s in sw1]
+    return out
 
 
 async def _run(
@@ -127,7 +139,7 @@ async def _run(
             ready = [await e.wait_ready(http) for e in exporters]
             await asyncio.sleep(warmup)
             await learn_cadence([partial(e.scrape, http) for e in exporters])
-            windows = await _side_by_side(exporters, http, window)
+            (windows,) = await _side_by_side(exporters, http, window)
     finally:
         for e in exporters:
             e.stop()
@@ -149,6 +161,81 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
             ready_s=r,
         )
         for interval, w, r in zip(INTERVALS, windows, ready, strict=True)
+    ]
+
+
+def label(scenario: str) -> str:
+    """How a run names a node: a built-in scenario by its name, a generated one (a path to
+    its YAML) by the file's stem."""
+    return Path(scenario).stem if scenario.endswith(".yaml") else scenario
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A bigger node's exporter against `base`'s, both at 1 s, measured in the same windows."""
+
+    scenario: str
+    base: str
+    series: int
+    per_cycle_s: tuple[tuple[float, float], ...]
+    """Per round: (CPU per cycle on this node, on `base`)."""
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        return tuple(node / base for node, base in self.per_cycle_s)
+
+    @property
+    def ratio(self) -> float:
+        """The median round's: one round's ratio swings with where the held pods' timeline
+        is in it; the median of several says where the exporter stands."""
+        return statistics.median(self.ratios)
+
+
+async def growth(
+    base: str,
+    bigger: Sequence[str],
+    workdir: Path,
+    *,
+    warmup: float,
+    window: float,
+    rounds: int,
+) -> list[Growth]:
+    """CPU per cycle of an exporter at 1 s on each `bigger` node against one on `base`: every
+    node and its exporter running at once, read over the same `rounds` windows, one ratio a
+    round. Two nodes measured in windows minutes apart and divided compare two moments of
+    this machine's load as much as two exporters (the 1,000-pod row read 1.16x and 2.04x on
+    one tree that way)."""
+    names = [base, *bigger]
+    nodes: list[NodeProcess] = []
+    exporters: list[ExporterProcess] = []
+    try:
+        for n, name in enumerate(names):
+            nodes.append(NodeProcess.start(name, workdir / f"node{n}"))
+            exporters.append(ExporterProcess(nodes[-1], "1s"))
+        async with aiohttp.ClientSession() as http:
+            for e in exporters:
+                await e.wait_ready(http)
+            await asyncio.sleep(warmup)
+            await learn_cadence([partial(e.scrape, http) for e in exporters])
+            measured = await _side_by_side(exporters, http, window, rounds)
+    finally:
+        for e in exporters:
+            e.stop()
+        for node in nodes:
+            node.stop()
+
+    def per_cycle(w: _Window) -> float:
+        return w.cpu_s / w.cycles if w.cycles else float("nan")
+
+    return [
+        Growth(
+            scenario=label(name),
+            base=base,
+            series=measured[-1][n].series,
+            per_cycle_s=tuple((per_cycle(ws[n]), per_cycle(ws[0])) for ws in measured),
+        )
+        for n, name in enumerate(names)
+        if n
     ]
 
 
