@@ -1,6 +1,7 @@
 """`FieldBatch` (exporter/sources/nvml/structs.py) reads a field-value answer from the bytes
 of its array, not through ctypes members: every `nvmlValueType_t` must come out as the
-binding's own `c_nvmlFieldValue_t` holds it. The simulated library answers only unsigned
+binding's own `c_nvmlFieldValue_t` holds it, through both readers the source uses
+(`answered()` with `number`, and `typed_values`). The simulated library answers only unsigned
 int and unsigned long long fields, so the driver here is a stand-in C function that writes
 the answers through the binding's struct into the very memory the batch passes."""
 
@@ -10,9 +11,9 @@ import ctypes
 from typing import Any
 
 import pynvml
-import pytest
 
-from exporter.sources.nvml.structs import FieldBatch
+from exporter.sources.nvml import structs
+from exporter.sources.nvml.structs import FieldBatch, typed_values
 
 ANSWERS = (
     (pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 12.5),
@@ -53,22 +54,50 @@ class _Driver:
         return SUCCESS
 
 
-def test_every_value_type_reads_as_the_binding_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def _ask(batch: FieldBatch, driver: Any) -> list[tuple[int, float]]:
+    """What the checked path (readings.py `_checked`) makes of one call: (nvmlReturn,
+    number) per requested field, from `answered()`."""
+    assert batch.ask(driver, None) == SUCCESS
+    flat = batch.answered()
+    return [
+        (ret, structs.number(value_type, raw) if ret == SUCCESS else 0.0)
+        for value_type, ret, raw in zip(flat[0::3], flat[1::3], flat[2::3], strict=True)
+    ]
+
+
+def test_every_value_type_reads_as_the_binding_holds_it() -> None:
     driver = _Driver()
-    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lambda name: driver)
     batch = FieldBatch(REQUEST)
-    expected = [(pynvml.NVML_SUCCESS, float(number)) for _, _, number in ANSWERS]
+    expected = [(SUCCESS, float(number)) for _, _, number in ANSWERS]
     expected.append((pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0))
-    assert batch.read(None) == expected
-    # The driver wiped the requests: the second read asks for the same fields again.
-    assert batch.read(None) == expected
+    assert _ask(batch, driver) == expected
+    # The driver wiped the requests: the second call asks for the same fields again.
+    assert _ask(batch, driver) == expected
     assert driver.calls == 2
 
 
-def test_a_failed_call_raises_the_bindings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fast_reader_agrees_with_the_checked_one() -> None:
+    """fields.py reads an answer shaped like the last one with `typed_values` over the
+    answered fields alone, each in its own C type: the same numbers as `number` makes."""
+    batch = FieldBatch(REQUEST)
+    assert batch.ask(_Driver(), None) == SUCCESS
+    codes = batch.codes()
+    assert codes[0::2][:-1] == tuple(kind for kind, _, _ in ANSWERS)
+    answered = [
+        (at, kind)
+        for at, (kind, ret) in enumerate(zip(codes[0::2], codes[1::2], strict=True))
+        if ret == SUCCESS
+    ]
+    assert len(answered) == len(ANSWERS)  # the unsupported last field is left out
+    read = typed_values(answered)
+    assert [float(v) for v in read(batch.buffer)] == [float(n) for _, _, n in ANSWERS]
+
+
+def test_a_failed_call_is_its_return_code() -> None:
+    """The call's own failure comes back as its code, for Direct.field_values to interpret
+    (tests/test_nvml_direct.py), not as an exception from here."""
+
     def lost(*_: Any) -> int:
         return GPU_IS_LOST
 
-    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lambda name: lost)
-    with pytest.raises(pynvml.NVMLError_GpuIsLost):
-        FieldBatch(REQUEST).read(None)
+    assert FieldBatch(REQUEST).ask(lost, None) == GPU_IS_LOST

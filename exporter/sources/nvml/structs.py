@@ -103,11 +103,6 @@ _VALUE_OFFSET = FieldValue.value.offset
 assert FieldValue.value.offset == FieldValue.valueType.offset + 8
 
 
-def _check(ret: int) -> None:
-    if ret != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(ret)  # the binding's subclass for the code
-
-
 class FieldBatch:
     """One GPU's field-value request, as a ctypes array made once and reused; the answers
     are read from one copy of its bytes (a ctypes member read per value costs more than
@@ -130,21 +125,6 @@ class FieldBatch:
         """Every field's valueType and nvmlReturn, without the values."""
         self._count = ctypes.c_int32(len(request))
         self._ref = ctypes.byref(self._array)
-
-    def read(self, handle: Any) -> list[tuple[int, float]]:
-        """(nvmlReturn, number) per requested field, in request order; the call's own
-        failure raises NVMLError."""
-        flat = self.answers(handle)
-        return [
-            (ret, number(value_type, raw) if ret == _SUCCESS else 0.0)
-            for value_type, ret, raw in zip(flat[0::3], flat[1::3], flat[2::3], strict=True)
-        ]
-
-    def answers(self, handle: Any) -> tuple[int, ...]:
-        """`answered()` after a call through the binding's function; the call's own failure
-        raises NVMLError."""
-        _check(self.ask(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"), handle))
-        return self.answered()
 
     def ask(self, fn: Any, handle: Any) -> int:
         """`fn` (nvmlDeviceGetFieldValues) called on the requests: its return code. They are
