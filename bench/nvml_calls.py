@@ -154,5 +154,5 @@ def main(argv: list[str]) -> int:
     print(
         f"| **floor: the same C calls replayed bare through ctypes** | | | **{floor * 1e6:.0f}** |"
     )
-    print(f"\ncollect() / floor: {per_cycle / floor:.1f}x")
+    print(f"\ncollect() / floor: {per_cycle / floor:.2f}x")
     return 0
