@@ -46,7 +46,7 @@ from bench import (
     threads,
 )
 from bench.procs import ExporterProcess, NodeProcess
-from bench.report import GPU64, Results, fleet_section, write
+from bench.report import Results, fleet_section, write
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("demo", "dense", "mixed")
@@ -110,7 +110,8 @@ def run_all(args: argparse.Namespace) -> Results:
                 for c in rows
             )
             print(f"{label}: {summary}", flush=True)
-        bigger = [n for n in names if cost.label(n) in (GPU64, generate.held_name())]
+        growing = (generate.generated_name(64), generate.held_name())
+        bigger = [n for n in names if cost.label(n) in growing]
         if "dense" in names and bigger:
             results.growth = asyncio.run(
                 cost.growth(

@@ -58,7 +58,7 @@ async def compare(rev: str, scenario: str, window: float, rounds: int) -> list[s
                 for n, windows in enumerate(measured):
                     for name, w in zip((rev, "this tree"), windows, strict=True):
                         lines.append(
-                            f"| {n + 1} | {name} | {w.cpu_s / w.cycles * 1e3:.2f} ms | "
+                            f"| {n + 1} | {name} | {w.per_cycle_s * 1e3:.2f} ms | "
                             f"{w.cpu_s / w.elapsed_s:.3%} | {w.series} |"
                         )
                         print(lines[-1], flush=True)

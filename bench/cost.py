@@ -78,6 +78,11 @@ class _Window:
     switches: int = 0
     """Context switches of all its threads over the window."""
 
+    @property
+    def per_cycle_s(self) -> float:
+        """CPU seconds per cycle run in the window (NaN when none ran)."""
+        return self.cpu_s / self.cycles if self.cycles else float("nan")
+
 
 @dataclass(frozen=True)
 class Wakeups:
@@ -155,7 +160,7 @@ async def measure(scenario: str, workdir: Path, *, warmup: float, window: float)
             interval=interval,
             series=w.series,
             cycles=w.cycles,
-            cpu_per_cycle_s=w.cpu_s / w.cycles if w.cycles else float("nan"),
+            cpu_per_cycle_s=w.per_cycle_s,
             core_share=w.cpu_s / w.elapsed_s,
             rss_bytes=w.rss_bytes,
             ready_s=r,
@@ -224,15 +229,12 @@ async def growth(
         for node in nodes:
             node.stop()
 
-    def per_cycle(w: _Window) -> float:
-        return w.cpu_s / w.cycles if w.cycles else float("nan")
-
     return [
         Growth(
             scenario=label(name),
             base=base,
             series=measured[-1][n].series,
-            per_cycle_s=tuple((per_cycle(ws[n]), per_cycle(ws[0])) for ws in measured),
+            per_cycle_s=tuple((ws[n].per_cycle_s, ws[0].per_cycle_s) for ws in measured),
         )
         for n, name in enumerate(names)
         if n
@@ -257,10 +259,7 @@ async def breakdown(
     """CPU seconds per cycle of each BREAKDOWN configuration, at a 1 s interval."""
     runs = [("1s", extra, env) for _, extra, env in BREAKDOWN]
     _, windows = await _run(scenario, workdir, runs, warmup, window)
-    return {
-        name: w.cpu_s / w.cycles if w.cycles else float("nan")
-        for (name, _, _), w in zip(BREAKDOWN, windows, strict=True)
-    }
+    return {name: w.per_cycle_s for (name, _, _), w in zip(BREAKDOWN, windows, strict=True)}
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:

@@ -39,6 +39,11 @@ def _renamed(obj: Any, copy_index: int) -> Any:
     return obj
 
 
+def generated_name(gpus: int) -> str:
+    """The name of the generated node of `gpus` GPUs (its file's stem, its `node`)."""
+    return f"generated-{gpus}gpu"
+
+
 def scenario(gpus: int) -> dict[str, Any]:
     """A node of `gpus` GPUs (a multiple of 8) as a scenario document."""
     if gpus % 8 or not 8 <= gpus <= 64:
@@ -47,7 +52,7 @@ def scenario(gpus: int) -> dict[str, Any]:
     copies = gpus // 8
     nvidia = dense["nvidia"]
     doc: dict[str, Any] = {
-        "node": f"generated-{gpus}gpu",
+        "node": generated_name(gpus),
         "description": f"{copies}x dense side by side: {gpus} GPUs, {200 * copies} pods",
         "kubelet": dense["kubelet"],
         "allocatable": [],
@@ -77,7 +82,7 @@ def scenario(gpus: int) -> dict[str, Any]:
 
 
 def write(gpus: int, folder: Path) -> Path:
-    path = folder / f"generated-{gpus}gpu.yaml"
+    path = folder / f"{generated_name(gpus)}.yaml"
     path.write_text(yaml.safe_dump(scenario(gpus), sort_keys=False))
     return path
 

@@ -10,6 +10,7 @@ like while a process keeps the GPU busy (a CUDA load started with PyTorch when i
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import statistics
@@ -165,8 +166,6 @@ def _xid(handle: Any, repeat: int = 200) -> dict[str, Any]:
     a zero timeout, through the binding (which raises on the timeout) and as the C function
     the source calls (its return code compared). Each answer's code is kept: on a quiet GPU
     every wait should time out (10) at once, never block."""
-    import ctypes
-
     try:
         supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
     except pynvml.NVMLError as exc:

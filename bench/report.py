@@ -10,7 +10,7 @@ from bench import measured
 from bench.churn import SHRUNK_CYCLES, SWINGS, VARIANTS
 from bench.cost import BREAKDOWN, Cost, FloorRatio, Growth, Wakeups, fit
 from bench.fleet import Fleet, OtlpVolume
-from bench.generate import HELD_PODS, held_name
+from bench.generate import HELD_PODS, generated_name, held_name
 from bench.labels import Placement
 from bench.scrape import OURS, SLOW_EXPORTERS, STATIC, WARMUP_ROUNDS, Latency, table
 from bench.startup import IMPORT, Startup
@@ -70,9 +70,6 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
 
-GPU64 = "generated-64gpu"
-
-
 def _budget(r: Results) -> list[str]:
     dense = _cost(r, "dense", "1s")
     p50 = {(lat.target, lat.cadence): lat.p50_ms for lat in r.latency}
@@ -87,7 +84,9 @@ def _budget(r: Results) -> list[str]:
         f"{_verdict(dense.rss_bytes < BUDGET_RSS)} |\n",
         f"| `/metrics` p50 / static handler's, scraped every cycle and every 15 s | < 1.5x | "
         f"{ratios[0]:.2f}x, {ratios[1]:.2f}x | {_verdict(max(ratios) < BUDGET_P50)} |\n",
-        _growth_row(r, GPU64, "64 GPUs (1,600 pods) / 8 GPUs", BUDGET_SCALE, "{:.1f}x"),
+        _growth_row(
+            r, generated_name(64), "64 GPUs (1,600 pods) / 8 GPUs", BUDGET_SCALE, "{:.1f}x"
+        ),
         _growth_row(
             r,
             held_name(),
@@ -124,8 +123,8 @@ def _growth_note(r: Results) -> list[str]:
     return [
         f"The growth rows: `{g.base}` and each bigger node ran at once, an exporter on each at "
         f"1 s,\nread over the same {rounds} consecutive windows (scraped every 15 s); each "
-        "round's ratio is\nthe bigger node's CPU per cycle over `dense`'s in that window, and "
-        "the row's figure is\nthe median round's. `dense` in those rounds: "
+        f"round's ratio is\nthe bigger node's CPU per cycle over `{g.base}`'s in that window, "
+        f"and the row's figure is\nthe median round's. `{g.base}` in those rounds: "
         f"{base} per cycle.\n\n",
     ]
 
@@ -571,7 +570,7 @@ def _figures(r: Results) -> dict[str, str]:
     figures = {
         "bench.dense_1s_cpu_per_cycle": _ms(dense.cpu_per_cycle_s),
         "bench.dense_1s_core_share": f"{dense.core_share:.2%}",
-        "bench.gpu64_1s_rss": f"{_cost(r, 'generated-64gpu', '1s').rss_bytes / MIB:.0f} MiB",
+        "bench.gpu64_1s_rss": f"{_cost(r, generated_name(64), '1s').rss_bytes / MIB:.0f} MiB",
     }
     if r.churn:
         peak = max(r.churn[f"big_rss_{n}"] for n in range(1, SWINGS + 1))
