@@ -46,7 +46,7 @@ from bench import (
     threads,
 )
 from bench.procs import ExporterProcess, NodeProcess
-from bench.report import Results, fleet_section, write
+from bench.report import Results, fleet_section, floor_rounds, write
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("demo", "dense", "mixed")
@@ -138,7 +138,11 @@ def run_all(args: argparse.Namespace) -> Results:
             print(f"wake-ups: {results.wakeups}", flush=True)
             results.floor = asyncio.run(
                 cost.floor_ratios(
-                    "dense", work / "floor", warmup=args.warmup, window=max(args.window, 90.0)
+                    "dense",
+                    work / "floor",
+                    warmup=args.warmup,
+                    window=max(args.window, 90.0),
+                    rounds=args.floor_rounds,
                 )
             )
             print(f"floor: {results.floor}", flush=True)
@@ -198,17 +202,20 @@ def _floor_only(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench floor-ratios")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=1, help="windows; the median one's")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kde-floor-") as tmp:
         rows = asyncio.run(
-            cost.floor_ratios("dense", Path(tmp), warmup=args.warmup, window=args.window)
+            cost.floor_ratios(
+                "dense", Path(tmp), warmup=args.warmup, window=args.window, rounds=args.rounds
+            )
         )
     print("| interval | exporter | floor | ratio | a process that only wakes |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r.interval} | {r.exporter_share:.3%} | {r.floor_share:.3%} | {r.ratio:.2f}x "
-            f"| {r.wake_share:.3%} |"
+            f"| {r.interval} | {r.exporter_share:.3%} | {r.floor_share:.3%} | "
+            f"{r.ratio:.2f}x{floor_rounds(r.rounds)} | {r.wake_share:.3%} |"
         )
     return 0
 
@@ -281,6 +288,12 @@ def main(argv: list[str]) -> int:
         type=int,
         default=3,
         help="side-by-side windows of the 64-GPU and 1,000-pod nodes against dense",
+    )
+    parser.add_argument(
+        "--floor-rounds",
+        type=int,
+        default=3,
+        help="side-by-side windows of the exporters against the floor of the same work",
     )
     parser.add_argument("--churn-cycles", type=int, default=10_000)
     parser.add_argument("--big-pods", type=int, default=1_000)

@@ -288,26 +288,42 @@ async def wakeups(scenario: str, workdir: Path, *, warmup: float, window: float)
 
 @dataclass(frozen=True)
 class FloorRatio:
+    """One interval's exporter against its floor: the shares of the median round (the
+    round whose ratio is the median of `rounds`; the only one when there was one)."""
+
     interval: str
     exporter_share: float
     floor_share: float
     wake_share: float = 0.0
     """A process that only wakes every interval (bench/floor.py `wake`): the machine's
     own price of waking, which neither the exporter nor the floor can go below."""
+    rounds: tuple[float, ...] = ()
+    """Every round's ratio, in the order they ran (empty: one window, not reported)."""
 
     @property
     def ratio(self) -> float:
         return self.exporter_share / self.floor_share
 
 
+def _median_round(interval: str, shares: list[tuple[float, float, float]]) -> FloorRatio:
+    """The round whose exporter/floor ratio is the median (the lower middle one of an even
+    count: a round that ran, not an average of two), with every round's ratio."""
+    ratios = [e / f for e, f, _ in shares]
+    middle = sorted(range(len(shares)), key=ratios.__getitem__)[(len(shares) - 1) // 2]
+    e, f, w = shares[middle]
+    return FloorRatio(interval, e, f, w, tuple(ratios) if len(shares) > 1 else ())
+
+
 FLOOR_INTERVALS = ("1s", "30s")
 
 
 async def floor_ratios(
-    scenario: str, workdir: Path, *, warmup: float, window: float
+    scenario: str, workdir: Path, *, warmup: float, window: float, rounds: int = 1
 ) -> list[FloorRatio]:
     """CPU of exporters at 1 s and 30 s against the floor of the same work at the same
-    intervals (bench/floor.py), all four side by side on one node, scraped every 15 s."""
+    intervals (bench/floor.py), all side by side on one node, scraped every 15 s, over
+    `rounds` consecutive windows: each interval's figure is its median round's (a 30 s
+    cycle is rare in a window, and one kubelet poll more or less in it moves the ratio)."""
     node = NodeProcess.start(scenario, workdir)
     exporters = [ExporterProcess(node, i) for i in FLOOR_INTERVALS]
     floors: list[Process] = []
@@ -342,13 +358,17 @@ async def floor_ratios(
                     await r.read()
 
             await learn_cadence([partial(scrape, url) for url in urls])
+            measured: list[list[float]] = []
             cpu0, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
-            while (left := window - (time.monotonic() - t0)) > 0:
-                await asyncio.sleep(min(SCRAPE_EVERY, left))
-                for url in urls:
-                    await scrape(url)
-            elapsed = time.monotonic() - t0
-            shares = [(cpu_seconds(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
+            for _ in range(rounds):
+                # The scrape that ends a round is the next one's first: the cadence holds.
+                while (left := window - (time.monotonic() - t0)) > 0:
+                    await asyncio.sleep(min(SCRAPE_EVERY, left))
+                    for url in urls:
+                        await scrape(url)
+                cpu1, t1 = [cpu_seconds(p) for p in pids], time.monotonic()
+                measured.append([(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)])
+                cpu0, t0 = cpu1, t1
     finally:
         for f in floors:
             f.stop()
@@ -357,6 +377,6 @@ async def floor_ratios(
         node.stop()
     n = len(FLOOR_INTERVALS)
     return [
-        FloorRatio(i, shares[k], shares[n + k], shares[2 * n + k])
+        _median_round(i, [(s[k], s[n + k], s[2 * n + k]) for s in measured])
         for k, i in enumerate(FLOOR_INTERVALS)
     ]

@@ -6,7 +6,8 @@
 #  4. the exporter alone at a 1 s interval for 60 s, no kubelet: share of a core, RSS,
 #     /healthz, and the time SIGTERM takes (cpu.txt, which bench.measured reads);
 #  5. with FLOOR=1 (the stand-in built: make fakenvml): on the simulated `dense` node, the
-#     exporter against the floor of the same work at 1 s and 30 s, and the per-thread table,
+#     exporter against the floor of the same work at 1 s and 30 s (the median of three 60 s
+#     windows: at 30 s one holds two cycles), and the per-thread table,
 #     on this machine's CPU (a GPU node's CPU, not the 2-core VM of make bench).
 # Writes $OUT/gpu-node.md (bench/gpu_node.py: copy it to docs/) and $OUT/raw.tgz, the files
 # it was made from (default OUT: ./bench-out). Deps installed or on PYTHONPATH.
@@ -64,7 +65,7 @@ cat "$OUT/cpu.txt"
 
 if [ -n "${FLOOR:-}" ]; then
   step "floor ratios on dense (this CPU)"
-  timeout 240 $PY -m bench floor-ratios --window 60 > "$OUT/floor.md" 2>&1
+  timeout 330 $PY -m bench floor-ratios --window 60 --rounds 3 > "$OUT/floor.md" 2>&1
   cat "$OUT/floor.md"
   step "threads on dense at 1 s (this CPU)"
   timeout 150 $PY -m bench threads --window 45 > "$OUT/threads.md" 2>&1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench import measured
@@ -129,10 +130,18 @@ def _growth_note(r: Results) -> list[str]:
     ]
 
 
+def floor_rounds(ratios: Sequence[float]) -> str:
+    """Each side-by-side round's exporter/floor ratio, after the median one's figure ("" for
+    a single window)."""
+    if not ratios:
+        return ""
+    return " (rounds: " + ", ".join(f"{x:.2f}x" for x in ratios) + ")"
+
+
 def _floor_row(r: Results) -> list[str]:
     if not r.floor:
         return []
-    ratios = ", ".join(f"{f.ratio:.2f}x ({f.interval})" for f in r.floor)
+    ratios = ", ".join(f"{f.ratio:.2f}x at {f.interval}{floor_rounds(f.rounds)}" for f in r.floor)
     ok = all(f.ratio <= BUDGET_FLOOR for f in r.floor)
     return [
         f"| exporter CPU / the floor of the same work (below), at 1 s and 30 s | "
@@ -321,16 +330,30 @@ def _floor(r: Results) -> list[str]:
         "exporter saves.) The last column is a\n"
         "process that does nothing but wake once per interval (`bench/floor.py` `wake`),\n"
         "in the same run: what this machine charges for waking at all, below which neither\n"
-        "can go.\n\n",
+        "can go.",
+        _floor_rounds_note(r.floor),
+        "\n\n",
         "| interval | exporter, share of a core | floor | ratio | | a process that only wakes |\n",
         "|---|---|---|---|---|---|\n",
     ]
     out += [
-        f"| {f.interval} | {f.exporter_share:.2%} | {f.floor_share:.2%} | {f.ratio:.2f}x | "
+        f"| {f.interval} | {f.exporter_share:.2%} | {f.floor_share:.2%} | "
+        f"{f.ratio:.2f}x{floor_rounds(f.rounds)} | "
         f"{_verdict(f.ratio <= BUDGET_FLOOR)} | {f.wake_share:.2%} |\n"
         for f in r.floor
     ]
     return [*out, "\n"]
+
+
+def _floor_rounds_note(floor: Sequence[FloorRatio]) -> str:
+    rounds = len(floor[0].rounds)
+    if not rounds:
+        return ""
+    return (
+        f" All of them ran over the same {rounds} consecutive windows; each interval's\n"
+        "shares are those of its median round (at 30 s a window holds a few cycles, and one\n"
+        "kubelet poll more or less in it moves the ratio), every round's ratio beside them."
+    )
 
 
 def _latency(r: Results) -> list[str]:

@@ -93,7 +93,7 @@ def test_the_budget_table_has_every_row_of_issue_43() -> None:
         "| < 2x | 2.10x (rounds: 1.90x, 2.20x, 2.10x; 4,200 series) | **not met** |"
     ) in table
     assert "`dense` in those rounds: 10.0 ms, 10.0 ms, 10.0 ms per cycle" in table
-    assert "| ≤ 1.2x | 1.20x (1s), 1.50x (30s) | **not met** |" in table
+    assert "| ≤ 1.2x | 1.20x at 1s, 1.50x at 30s | **not met** |" in table
     assert "| ≤ 3x | 3.02x | **not met** |" in table
 
 
@@ -261,6 +261,33 @@ def test_the_floor_table_gives_the_exporter_as_a_multiple_of_the_floor() -> None
     table = "".join(_floor(r))
     assert "| 1s | 0.40% | 0.34% | 1.18x | met | 0.22% |" in table  # issue 43: <= 1.2x
     assert "| 30s | 0.30% | 0.12% | 2.50x | **not met** | 0.00% |" in table
+
+
+def test_the_floor_row_is_the_median_round_with_every_round_beside_it() -> None:
+    """Over several windows each interval's figure is one round's (the median ratio's,
+    the lower middle one of an even count), never an average of rounds; the rounds are
+    listed in the order they ran, in the table and in the budget row."""
+    from bench.cost import _median_round
+    from bench.report import Results, _floor, _floor_row
+
+    one_s = _median_round(
+        "1s", [(0.0080, 0.0040, 0.0003), (0.0090, 0.0040, 0.0003), (0.0075, 0.0050, 0.0003)]
+    )
+    assert (one_s.exporter_share, one_s.floor_share) == (0.0080, 0.0040)
+    assert one_s.ratio == 2.0
+    assert [round(x, 2) for x in one_s.rounds] == [2.0, 2.25, 1.5]
+    even = _median_round("30s", [(0.0013, 0.0010, 0.0), (0.0011, 0.0010, 0.0)])
+    assert even.exporter_share == 0.0011  # the lower middle round: 1.10x, not 1.20x
+    assert _median_round("30s", [(0.0011, 0.0010, 0.0)]).rounds == ()
+
+    r = Results(machine="test")
+    r.floor = [one_s, even]
+    table = "".join(_floor(r))
+    assert "the same 3 consecutive windows" in table
+    assert "| 1s | 0.80% | 0.40% | 2.00x (rounds: 2.00x, 2.25x, 1.50x) | **not met** |" in table
+    assert "| 30s | 0.11% | 0.10% | 1.10x (rounds: 1.30x, 1.10x) | met |" in table
+    row = "".join(_floor_row(r))
+    assert "2.00x at 1s (rounds: 2.00x, 2.25x, 1.50x), 1.10x at 30s (rounds: 1.30x, 1.10x)" in row
 
 
 def test_process_cpu_counts_a_thread_that_has_ended() -> None:
