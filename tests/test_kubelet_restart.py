@@ -254,3 +254,36 @@ async def test_a_plugin_stopped_without_a_restart_reads_not_registered_until_it_
     assert {c.get(REGISTERED, hw_allocation_resource=RESOURCES[0]) for c in node.cycles} == {1.0}
     assert all(c.get(HELD, method="GetAllocatableResources") == 0.0 for c in node.cycles)
     assert all(c.allocated("train") for c in node.cycles)
+
+
+async def test_a_kubelet_that_starts_between_the_stat_and_the_list_is_held(
+    tmp_path: Path,
+) -> None:
+    """The client stats the socket, then connects by path: a kubelet that replaces the
+    socket in between (the real-kubelet tier's timed restarts meet this under load) answers
+    this very List from its empty window. The answer's socket is new, so it is held, not
+    believed: no cycle loses the running pod, and the hold says so. (Seen in a clean-clone
+    CI run: one 1 s cycle of five timed restarts lost every allocation series.)"""
+    node = Node(tmp_path, 5.0, list_empty=0.97, allocatable_empty=0.5)
+    check = node.client._check_socket
+    restarted: list[float] = []
+
+    async def restart_after_the_stat() -> None:
+        await check()
+        if not restarted and node.scenario_t.now >= 9.0 - 1e-9:
+            restarted.append(node.scenario_t.now)
+            await node.kubelet.stop()
+            await node.kubelet.start()
+
+    node.client._check_socket = restart_after_the_stat  # type: ignore[method-assign]
+    await node.kubelet.start()
+    try:
+        await node.run_until(12.0)
+    finally:
+        await node.client.close()
+        await node.kubelet.stop()
+    assert restarted == [pytest.approx(9.0)]
+    raced = next(c for c in node.cycles if c.at >= 9.0 - 1e-9)
+    assert raced.get(HELD, method="List") == 1.0
+    assert [c.at for c in node.cycles if not c.allocated("train")] == []
+    assert all(c.get(ALLOCATABLE, **GPU_HELD) == 1.0 for c in node.cycles)

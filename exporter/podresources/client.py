@@ -12,7 +12,9 @@ Called once per cycle by the poller, never on a scrape. What it handles, and why
   are handed on unchanged (the poller's join cache then hits); identical bytes skip the
   parse (docs/podresources.md has the measured costs);
 - a kubelet's restart window, in which it answers successfully with nothing: the last good
-  answer is held while the socket is new (exporter/podresources/settle.py);
+  answer is held while the socket is new (exporter/podresources/settle.py), its identity
+  read before a poll and again after each answer (a kubelet can replace the socket in
+  between, and answer);
 - v1 answered UNIMPLEMENTED -> v1alpha1 `List`, and back to v1 every `v1_retry_interval`;
 - a receive limit far above gRPC's 4 MiB default (busy nodes exceed it: dcgm-exporter #509);
 - a deadline on every call (a hung kubelet must not stall the cycle);
@@ -208,6 +210,7 @@ class PodResourcesClient:
     ) -> tuple[Pod, ...]:
         """`List` as raw bytes, read by `answers` (parsed only when changed)."""
         raw: bytes = await self._call("List", self._raw_rpc(channel, api, "List"), b"")
+        self._check_answered_socket()
         try:
             return await self.answers.pods(api, response_type, raw)
         except Undecodable as exc:
@@ -238,6 +241,7 @@ class PodResourcesClient:
                 return
             self._allocatable_at = None
             raise
+        self._check_answered_socket()
         try:
             devices = self.answers.allocatable(raw)
         except Undecodable as exc:
@@ -314,6 +318,22 @@ class PodResourcesClient:
             await self._drop_channel()
             self._restarted = self._socket_id is not None  # the first one is no restart
             self._socket_id = socket_id
+            self._settle.new_socket()
+
+    def _check_answered_socket(self) -> None:
+        """After a call: the socket stat'ed again. A kubelet that replaced it between
+        `_check_socket`'s stat and the connect (the path is resolved at connect) may be the
+        one that answered, from its empty window: the window opens before the answer is
+        weighed (settle.py), or that answer would stand for a cycle and become the "last
+        good" one. The socket's identity is left to the next poll's `_check_socket`, which
+        rebuilds the channel as after any restart."""
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return  # gone since: the next poll says so
+        socket_id = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        if self._socket_id is not None and socket_id != self._socket_id:
+            self._restarted = True
             self._settle.new_socket()
 
     def _ensure_channel(self) -> grpc.aio.Channel:
