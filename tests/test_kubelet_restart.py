@@ -120,6 +120,15 @@ class Node:
         while self.scenario_t.now < t - 1e-9:
             await self.cycle()
 
+    async def run(self, until: float) -> None:
+        """Start the kubelet, poll until scenario time `until`, close both."""
+        await self.kubelet.start()
+        try:
+            await self.run_until(until)
+        finally:
+            await self.client.close()
+            await self.kubelet.stop()
+
     async def restart(self, down: float) -> None:
         """Stop the kubelet (its socket stays), keep polling for `down` s, start it again."""
         await self.kubelet.stop()
@@ -234,12 +243,7 @@ async def test_a_plugin_stopped_without_a_restart_reads_not_registered_until_it_
     missing driver) the client's memory of listed resources alone tells the plugin gone."""
     readings = READINGS if seen else SourceResult("nvml", ())
     node = Node(tmp_path, 5.0, readings, list_empty=0.97, allocatable_empty=0.5, plugin_b_back=14)
-    await node.kubelet.start()
-    try:
-        await node.run_until(18.0)
-    finally:
-        await node.client.close()
-        await node.kubelet.stop()
+    await node.run(18.0)
     state = {
         round(c.at, 1): (
             c.get(REGISTERED, hw_allocation_resource=RESOURCES[1]),
@@ -276,12 +280,7 @@ async def test_a_kubelet_that_starts_between_the_stat_and_the_list_is_held(
             await node.kubelet.start()
 
     node.client._check_socket = restart_after_the_stat  # type: ignore[method-assign]
-    await node.kubelet.start()
-    try:
-        await node.run_until(12.0)
-    finally:
-        await node.client.close()
-        await node.kubelet.stop()
+    await node.run(12.0)
     assert restarted == [pytest.approx(9.0)]
     raced = next(c for c in node.cycles if c.at >= 9.0 - 1e-9)
     assert raced.get(HELD, method="List") == 1.0

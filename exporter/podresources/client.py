@@ -89,8 +89,7 @@ class PodResourcesClient:
         self._wall_clock = wall_clock
         self._channel: grpc.aio.Channel | None = None
         self._socket_id: tuple[int, int, int] | None = None
-        """(device, inode, ctime) of the socket file: a new file (a restarted kubelet) is
-        a new ctime even where the filesystem hands the freed inode number straight back."""
+        """The socket file's `_identity` at the last poll."""
         self._restarted = False  # the socket changed identity since the first poll
         self._api = "v1"
         self._v1alpha1_since = 0.0
@@ -161,7 +160,7 @@ class PodResourcesClient:
             st = os.stat(self.socket_path)
         except OSError:
             return self._socket_id is not None
-        return self._socket_id not in (None, (st.st_dev, st.st_ino, st.st_ctime_ns))
+        return self._socket_id not in (None, _identity(st))
 
     def restarting(self) -> bool:
         """A restarted kubelet's socket is new: its answers may be filling in (settle.py)."""
@@ -297,7 +296,7 @@ class PodResourcesClient:
     async def _check_socket(self) -> None:
         try:
             st = os.stat(self.socket_path)
-            socket_id = (st.st_dev, st.st_ino, st.st_ctime_ns)
+            socket_id = _identity(st)
         except FileNotFoundError:
             await self._drop_channel()
             raise PodResourcesError(
@@ -331,8 +330,7 @@ class PodResourcesClient:
             st = os.stat(self.socket_path)
         except OSError:
             return  # gone since: the next poll says so
-        socket_id = (st.st_dev, st.st_ino, st.st_ctime_ns)
-        if self._socket_id is not None and socket_id != self._socket_id:
+        if self._socket_id is not None and _identity(st) != self._socket_id:
             self._restarted = True
             self._settle.new_socket()
 
@@ -384,3 +382,9 @@ __all__ = [
     "device_id_problem",
     "pod_from_proto",
 ]
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """A socket file's identity: (device, inode, ctime). A new file (a restarted kubelet) is
+    a new ctime even where the filesystem hands the freed inode number straight back."""
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
