@@ -156,11 +156,10 @@ class PodResourcesClient:
     def socket_changed(self) -> bool:
         """The socket file is not the one the last poll found (a kubelet restarted since, or
         it is gone); False before the first poll. One stat, asked every cycle."""
-        try:
-            st = os.stat(self.socket_path)
-        except OSError:
+        current = self._current_identity()
+        if current is None:
             return self._socket_id is not None
-        return self._socket_id not in (None, _identity(st))
+        return self._socket_id not in (None, current)
 
     def restarting(self) -> bool:
         """A restarted kubelet's socket is new: its answers may be filling in (settle.py)."""
@@ -325,14 +324,18 @@ class PodResourcesClient:
         one that answered, from its empty window: the window opens before the answer is
         weighed (settle.py), or that answer would stand for a cycle and become the "last
         good" one. The socket's identity is left to the next poll's `_check_socket`, which
-        rebuilds the channel as after any restart."""
-        try:
-            st = os.stat(self.socket_path)
-        except OSError:
-            return  # gone since: the next poll says so
-        if self._socket_id is not None and _identity(st) != self._socket_id:
+        rebuilds the channel as after any restart. Gone since: the next poll says so."""
+        current = self._current_identity()
+        if current is not None and self._socket_id not in (None, current):
             self._restarted = True
             self._settle.new_socket()
+
+    def _current_identity(self) -> tuple[int, int, int] | None:
+        """The socket file's `_identity` now; None when it cannot be stat'ed."""
+        try:
+            return _identity(os.stat(self.socket_path))
+        except OSError:
+            return None
 
     def _ensure_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -367,6 +370,12 @@ class PodResourcesClient:
             await channel.close(grace=None)
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """A socket file's identity: (device, inode, ctime). A new file (a restarted kubelet) is
+    a new ctime even where the filesystem hands the freed inode number straight back."""
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 def _serialize(request: bytes) -> bytes:
     return request  # an empty ListPodResourcesRequest is zero bytes in both versions
 
@@ -382,9 +391,3 @@ __all__ = [
     "device_id_problem",
     "pod_from_proto",
 ]
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int]:
-    """A socket file's identity: (device, inode, ctime). A new file (a restarted kubelet) is
-    a new ctime even where the filesystem hands the freed inode number straight back."""
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
